@@ -1,0 +1,238 @@
+"""``p2pfl`` command line: ``swarm``, ``node``, ``validate``, ``summarize``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from p2pfl.config import (
+    BrokerAddress,
+    ConfigError,
+    TopologyConfig,
+    load_node_overrides,
+    load_topology,
+)
+
+console = Console(stderr=True)
+
+
+def _setup_logging(verbose: bool, rich: bool = True) -> None:
+    level = logging.DEBUG if verbose else logging.INFO
+    if rich:
+        from rich.logging import RichHandler
+
+        handler: logging.Handler = RichHandler(console=console, show_path=False)
+        fmt = "%(message)s"
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=level, format=fmt, handlers=[handler], force=True)
+    for noisy in ("aiomqtt", "asyncio", "matplotlib", "PIL"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _print_config_error(exc: ConfigError) -> None:
+    for loc, msg in exc.errors:
+        where = f"{exc.source}: {loc}" if loc else exc.source
+        console.print(f"[red]error[/] {where}: {msg}", highlight=False)
+
+
+def _load(args: argparse.Namespace, extra: list[str] | None = None) -> TopologyConfig:
+    return load_topology(args.topology, [*(extra or []), *(args.set or [])])
+
+
+def _run_async(coro) -> int:
+    try:
+        import uvloop
+
+        return uvloop.run(coro)
+    except ImportError:
+        return asyncio.run(coro)
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from p2pfl.topology import build_graph, graph_warnings
+
+    cfg = _load(args)
+    graph = build_graph(cfg)
+    console.print(
+        f"[green]ok[/] {args.topology}: swarm {cfg.name!r}, {len(cfg.node_ids)} nodes, "
+        f"{graph.number_of_edges()} edges, {cfg.rounds} rounds of {cfg.algorithm.name} "
+        f"on {cfg.dataset.name} ({cfg.dataset.partition}), model {cfg.model.name}",
+        highlight=False,
+    )
+    for w in graph_warnings(cfg):
+        console.print(f"[yellow]warning[/] {args.topology}: {w}", highlight=False)
+    return 0
+
+
+def cmd_swarm(args: argparse.Namespace) -> int:
+    from p2pfl.swarm import run_swarm
+
+    extra = []
+    if args.data_root:
+        extra.append(f"dataset.root={args.data_root}")
+    if args.rounds:
+        extra.append(f"rounds={args.rounds}")
+    cfg = _load(args, extra)
+    out = Path(args.out or f"runs/{cfg.name}")
+
+    def on_term(signum, frame):  # SIGTERM behaves like Ctrl-C: stop everything we started
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    code, _ = run_swarm(
+        cfg,
+        out,
+        nodes_per_process=args.nodes_per_process,
+        broker=BrokerAddress.parse(args.broker) if args.broker else None,
+        progress=not args.no_progress,
+        verbose=args.verbose,
+        console=console,
+        timeout_s=args.timeout,
+    )
+    return code
+
+
+def cmd_node(args: argparse.Namespace) -> int:
+    from p2pfl.node import NodeOptions, run_nodes
+
+    extra = []
+    ids = list(args.id or [])
+    broker = args.broker
+    data_root, device = args.data_root, args.device
+    if args.node_config:
+        over = load_node_overrides(args.node_config)
+        if over.id and not ids:
+            ids = [over.id]
+        broker = broker or over.broker
+        data_root = data_root or over.data_root
+        device = device or over.device
+        if over.threads:
+            extra.append(f"training.threads={over.threads}")
+    if not ids:
+        console.print("[red]error[/] give --id (or an id in --node-config)")
+        return 2
+    cfg = _load(args, extra)
+    unknown = [i for i in ids if i not in cfg.node_ids]
+    if unknown:
+        console.print(f"[red]error[/] {args.topology}: nodes: no node with id {unknown}")
+        return 2
+    import torch
+
+    torch.set_num_threads(cfg.training.threads)
+    opts = NodeOptions(
+        broker=BrokerAddress.parse(broker) if broker else None,
+        data_root=data_root,
+        device=device,
+        out_dir=Path(args.out) if args.out else Path(f"runs/{cfg.name}"),
+    )
+
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        try:
+            failed = await run_nodes(cfg, ids, opts)
+        except asyncio.CancelledError:
+            logging.getLogger("p2pfl").warning("stopped by signal")
+            return 130
+        return 1 if failed else 0
+
+    return _run_async(main())
+
+
+def cmd_summarize(args: argparse.Namespace) -> int:
+    from p2pfl.config import load_topology
+    from p2pfl.swarm import finish_run, summary_table
+
+    run = Path(args.run_dir)
+    cfg = load_topology(run / "config.yaml")
+    summary = finish_run(cfg, run, None)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        Console().print(summary_table(summary))
+    return 0
+
+
+# ----------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="p2pfl", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("topology", help="topology YAML (see topologies/)")
+        sp.add_argument(
+            "--set",
+            action="append",
+            metavar="KEY=VALUE",
+            help="override a YAML field by dotted path (repeatable)",
+        )
+        sp.add_argument("-v", "--verbose", action="store_true")
+
+    sp = sub.add_parser("swarm", help="run a local swarm: broker + node processes")
+    common(sp)
+    sp.add_argument("--data-root", help="sets dataset.root")
+    sp.add_argument("--rounds", type=int, help="sets rounds")
+    sp.add_argument("--out", help="run directory (default runs/<swarm name>)")
+    sp.add_argument(
+        "--nodes-per-process",
+        type=int,
+        default=1,
+        metavar="K",
+        help="host K asyncio nodes in each OS process",
+    )
+    sp.add_argument("--broker", help="use this host:port instead of starting Mosquitto")
+    sp.add_argument("--no-progress", action="store_true", help="no live table")
+    sp.add_argument("--timeout", type=float, help="stop the swarm after this many seconds")
+    sp.set_defaults(func=cmd_swarm)
+
+    sp = sub.add_parser("node", help="run one node daemon (or several) in the foreground")
+    common(sp)
+    sp.add_argument("--id", action="append", help="node id (repeat to host several)")
+    sp.add_argument("--broker", help="host:port of the MQTT broker (default: the topology's)")
+    sp.add_argument("--node-config", help="per-device YAML (nodes/<id>.yaml)")
+    sp.add_argument("--data-root", help="this device's data root")
+    sp.add_argument("--device", help="torch device, e.g. cpu or cuda:0")
+    sp.add_argument("--out", help="run directory (default runs/<swarm name>)")
+    sp.add_argument("--no-rich", action="store_true", help="plain log lines")
+    sp.set_defaults(func=cmd_node)
+
+    sp = sub.add_parser("validate", help="check a topology file and print every error")
+    common(sp)
+    sp.set_defaults(func=cmd_validate)
+
+    sp = sub.add_parser("summarize", help="(re)write summary.json of a run directory")
+    sp.add_argument("run_dir")
+    sp.add_argument("--json", action="store_true", help="print the summary as JSON")
+    sp.add_argument("-v", "--verbose", action="store_true")
+    sp.set_defaults(func=cmd_summarize)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _setup_logging(args.verbose, rich=not getattr(args, "no_rich", False))
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        _print_config_error(exc)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

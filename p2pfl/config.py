@@ -1,0 +1,341 @@
+"""Topology YAML → validated pydantic models, with errors that name the file and the field.
+
+A topology file describes one swarm: who the nodes are, how they connect, which algorithm
+they run, on which data and model. Unknown keys are rejected everywhere so that a typo never
+silently falls back to a default. ``--set a.b.c=value`` overrides are applied to the raw YAML
+mapping before validation, so they are validated exactly like the file itself.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """A configuration problem; ``errors`` holds one ``(location, message)`` per problem."""
+
+    def __init__(self, source: str, errors: list[tuple[str, str]]):
+        self.source = source
+        self.errors = errors
+        lines = [f"{source}: {loc}: {msg}" if loc else f"{source}: {msg}" for loc, msg in errors]
+        super().__init__("\n".join(lines))
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# ----------------------------------------------------------------------------- sections
+
+PARTITION_RE = re.compile(
+    r"^(?:(?P<iid>iid)|dirichlet\((?P<alpha>[0-9.eE+-]+)\)|pathological\((?P<k>\d+)\)"
+    r"|(?P<groups>groups)(?:\((?P<g>\d+)\s*,\s*(?P<dom>\d+)\s*,\s*(?P<frac>[0-9.]+)\))?)$"
+)
+
+
+class BrokerAddress(_Strict):
+    """Where the MQTT broker is: ``host:port``, or ``mdns`` to discover it (issue 5)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(1883, ge=1, le=65535)
+    mdns: bool = False
+
+    @classmethod
+    def parse(cls, value: str) -> BrokerAddress:
+        if value.strip().lower() == "mdns":
+            return cls(mdns=True)
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"broker must be 'host:port' or 'mdns', got {value!r}")
+        return cls(host=host, port=int(port))
+
+    def __str__(self) -> str:
+        return "mdns" if self.mdns else f"{self.host}:{self.port}"
+
+
+class AlgorithmConfig(_Strict):
+    """``name`` picks a module in ``p2pfl.algorithms``; ``params`` are that method's knobs."""
+
+    name: str = "uapdfl"
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_params(self) -> AlgorithmConfig:
+        """Validate ``params`` against the named method's own pydantic model (defaults
+        filled in), so a wrong knob is reported as ``algorithm: params.<knob>: ...``."""
+        from p2pfl.algorithms import validate_params  # late: algorithms import config
+
+        object.__setattr__(self, "params", validate_params(self.name, self.params))
+        return self
+
+
+class DatasetConfig(_Strict):
+    name: Literal[
+        "fashionmnist", "mnist", "cifar10", "cifar100", "svhn", "imagefolder", "synthetic"
+    ] = "synthetic"
+    root: str | None = Field(
+        None, description="directory with the dataset, or a zip / ImageFolder directory"
+    )
+    download: bool = False
+    partition: str = "dirichlet(0.5)"
+    min_samples: int = Field(10, ge=1, description="Dirichlet: minimum train samples per node")
+    train_per_node: int | None = Field(None, ge=1, description="cap on each node's train samples")
+    test_per_node: int | None = Field(
+        None, ge=1, description="each node's test samples (default: same ratio as global)"
+    )
+    # synthetic only
+    num_classes: int = Field(10, ge=2)
+    input_shape: list[int] = Field(default_factory=lambda: [1, 8, 8])
+    synthetic_train: int = Field(2000, ge=10, description="synthetic: total train samples")
+    synthetic_test: int = Field(1000, ge=10, description="synthetic: total test samples")
+
+    @field_validator("partition")
+    @classmethod
+    def _check_partition(cls, v: str) -> str:
+        v = v.strip().replace(" ", "")
+        if not PARTITION_RE.match(v):
+            raise ValueError(
+                "partition must be one of iid, dirichlet(ALPHA), pathological(K), groups, "
+                f"groups(G,DOMINANT,FRACTION); got {v!r}"
+            )
+        return v
+
+
+class ModelConfig(_Strict):
+    name: Literal["cnn", "lenet", "mlp", "resnet18", "vgg11"] = "cnn"
+    hidden: int = Field(64, ge=1, description="mlp: hidden units")
+
+
+class TrainingConfig(_Strict):
+    epochs: int = Field(1, ge=1)
+    batch_size: int = Field(50, ge=1)
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    lr: float = Field(0.05, gt=0)
+    momentum: float = Field(0.5, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    lr_decay: float = Field(1.0, gt=0, le=1, description="lr multiplier per round")
+    device: str = "cpu"
+    threads: int = Field(1, ge=1, description="torch threads per node process")
+
+
+class GeneratedEdges(_Strict):
+    kind: Literal["ring", "full", "star", "line", "random-k", "erdos"]
+    k: int | None = Field(None, ge=1, description="random-k: neighbours per node")
+    p: float | None = Field(None, gt=0, le=1, description="erdos: edge probability")
+    center: str | None = Field(None, description="star: the hub node id (default: first)")
+
+
+class NodeSpec(_Strict):
+    id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    host: str | None = None
+
+
+class TimingConfig(_Strict):
+    round_timeout_s: float = Field(
+        60.0, gt=0, description="per-round deadline for gossip and weight pulls"
+    )
+    startup_timeout_s: float = Field(120.0, gt=0, description="wait for neighbours at start")
+    linger_s: float = Field(
+        60.0, ge=0, description="after the last round, keep serving peers at most this long"
+    )
+
+
+class TopologyConfig(_Strict):
+    """One swarm: nodes, edges, algorithm, data, model, training."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    seed: int = 0
+    broker: BrokerAddress = Field(default_factory=BrokerAddress)
+    rounds: int = Field(5, ge=1)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    dataset: DatasetConfig = Field(default_factory=DatasetConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    timing: TimingConfig = Field(default_factory=TimingConfig)
+    nodes: list[NodeSpec]
+    edges: GeneratedEdges | list[tuple[str, str]] = Field(
+        default_factory=lambda: GeneratedEdges(kind="ring")
+    )
+    max_message_mb: float = Field(4.0, gt=0, description="largest single MQTT message accepted")
+    max_transfer_mb: float = Field(2048.0, gt=0, description="largest weight transfer accepted")
+
+    @field_validator("broker", mode="before")
+    @classmethod
+    def _broker_from_string(cls, v: Any) -> Any:
+        return BrokerAddress.parse(v) if isinstance(v, str) else v
+
+    @field_validator("nodes", mode="before")
+    @classmethod
+    def _nodes_from_count(cls, v: Any) -> Any:
+        """``nodes: 8`` means n0..n7; a list may hold ids or ``{id, host}`` maps."""
+        if isinstance(v, int) and not isinstance(v, bool):
+            if v < 1:
+                raise ValueError("node count must be at least 1")
+            return [{"id": f"n{i}"} for i in range(v)]
+        if isinstance(v, list):
+            return [{"id": x} if isinstance(x, str) else x for x in v]
+        return v
+
+    @field_validator("edges", mode="before")
+    @classmethod
+    def _edges_from_string(cls, v: Any) -> Any:
+        return {"kind": v} if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _check_graph(self) -> TopologyConfig:
+        ids = [n.id for n in self.nodes]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup:
+            raise ValueError(f"nodes: duplicate ids {dup}")
+        if isinstance(self.edges, list):
+            known = set(ids)
+            for a, b in self.edges:
+                for x in (a, b):
+                    if x not in known:
+                        raise ValueError(f"edges: unknown node id {x!r} in edge [{a}, {b}]")
+                if a == b:
+                    raise ValueError(f"edges: self-loop on {a!r}")
+        else:
+            if self.edges.kind == "random-k" and self.edges.k is None:
+                raise ValueError("edges: random-k needs k")
+            if self.edges.kind == "erdos" and self.edges.p is None:
+                raise ValueError("edges: erdos needs p")
+            if self.edges.center is not None and self.edges.center not in ids:
+                raise ValueError(f"edges.center: unknown node id {self.edges.center!r}")
+        return self
+
+    @property
+    def node_ids(self) -> list[str]:
+        return [n.id for n in self.nodes]
+
+
+class NodeOverrides(_Strict):
+    """A per-device file in ``nodes/``: what one device changes for its own daemon."""
+
+    id: str | None = None
+    data_root: str | None = None
+    device: str | None = None
+    broker: str | None = None
+    threads: int | None = Field(None, ge=1)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b.c=value`` → (["a","b","c"], value); the value is parsed as YAML (so 3, 0.5,
+    true, [1,2] and strings all work)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"--set expects key=value, got {text!r}")
+    path = [p for p in key.strip().split(".") if p]
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return path, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Set each dotted path in ``data`` (creating maps as needed)."""
+    for text in overrides:
+        path, value = parse_override(text)
+        cur: Any = data
+        for i, key in enumerate(path[:-1]):
+            nxt = cur.get(key) if isinstance(cur, dict) else None
+            if isinstance(nxt, str) and key in ("edges", "broker"):
+                nxt = {"kind": nxt} if key == "edges" else BrokerAddress.parse(nxt).model_dump()
+                cur[key] = nxt
+            if not isinstance(nxt, dict):
+                if nxt is not None:
+                    raise ValueError(f"--set {text}: {'.'.join(path[: i + 1])} is not a mapping")
+                nxt = cur[key] = {}
+            cur = nxt
+        cur[path[-1]] = value
+    return data
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            # pydantic reports union branches by type name; they are noise for users
+            if part in ("GeneratedEdges", "list[tuple[str,str]]", "function-after[_check_graph()]"):
+                continue
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def validation_errors(exc: ValidationError) -> list[tuple[str, str]]:
+    errors = []
+    for err in exc.errors():
+        msg = err["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        loc = _format_loc(err["loc"])
+        # whole-model checks say which field they are about as "field: message"
+        m = re.match(r"^([A-Za-z_][\w.]*): (.*)$", msg, re.S)
+        if not loc and m:
+            loc, msg = m.group(1), m.group(2)
+        errors.append((loc, msg))
+    return errors
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(str(p), [("", f"cannot read file: {exc.strerror}")]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else ""
+        raise ConfigError(str(p), [(where, f"invalid YAML: {exc}")]) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(str(p), [("", "top level must be a mapping")])
+    return data
+
+
+def load_topology(path: str | Path, overrides: list[str] | None = None) -> TopologyConfig:
+    """Read, override and validate a topology file; raise ``ConfigError`` naming file+field."""
+    data = load_yaml(path)
+    try:
+        apply_overrides(data, overrides or [])
+    except ValueError as exc:
+        raise ConfigError(str(path), [("", str(exc))]) from None
+    return topology_from_dict(data, source=str(path))
+
+
+def topology_from_dict(data: dict[str, Any], source: str = "<config>") -> TopologyConfig:
+    try:
+        return TopologyConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(source, validation_errors(exc)) from None
+
+
+def load_node_overrides(path: str | Path) -> NodeOverrides:
+    data = load_yaml(path)
+    try:
+        return NodeOverrides.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(str(path), validation_errors(exc)) from None
+
+
+def dump_topology(cfg: TopologyConfig) -> str:
+    """The resolved config as YAML (what a run directory records)."""
+    data = cfg.model_dump(mode="json")
+    data["broker"] = str(cfg.broker)
+    return yaml.safe_dump(data, sort_keys=False)

@@ -1,0 +1,365 @@
+"""The node daemon: lifecycle, round loop, and the node's own communication queues.
+
+Lifecycle of :meth:`Node.run` (one asyncio task per node; several may share a process):
+
+1. load the node's data shard and build its model (in a worker thread);
+2. connect to the broker (:class:`~p2pfl.transport.Transport`, retained presence + Last Will);
+3. wait until its topology neighbours are present (``timing.startup_timeout_s`` at most);
+4. run ``rounds`` rounds of the decentralized protocol described in
+   :mod:`p2pfl.algorithms.base`; every wait is bounded by ``timing.round_timeout_s``, so a
+   silent or dead peer delays nobody past the deadline — the node goes on with the peers
+   that answered and records who was missing;
+5. announce ``done`` and keep serving pulls until every neighbour is done or gone
+   (``timing.linger_s`` at most), then leave.
+
+Training and evaluation run in worker threads: the event loop keeps answering peers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from p2pfl import PROTOCOL_VERSION
+from p2pfl.algorithms import AlgorithmContext, get_algorithm
+from p2pfl.algorithms.base import Algorithm, State
+from p2pfl.config import BrokerAddress, TopologyConfig
+from p2pfl.data import NodeData, load_node_data
+from p2pfl.metrics import append_record, node_log_path, node_meta_path, write_json
+from p2pfl.models import SplitModel, build_model
+from p2pfl.topology import neighbours
+from p2pfl.train import evaluate, round_lr, train_local
+from p2pfl.transport import Envelope, PreparedState, Transport
+
+log = logging.getLogger(__name__)
+
+_MODEL_INIT_LOCK = threading.Lock()  # torch's global RNG is shared by co-hosted nodes
+PARTS = ("g", "h", "all")
+SNAPSHOTS_KEPT = 3
+GOSSIP_AHEAD = 5  # rounds ahead of ours whose gossip we keep
+
+
+def node_seed(seed: int, node_id: str) -> list[int]:
+    """A per-node seed sequence that is stable across processes (no ``hash()``)."""
+    return [seed, zlib.crc32(node_id.encode())]
+
+
+@dataclass
+class NodeOptions:
+    """What differs between devices running the same topology."""
+
+    broker: BrokerAddress | None = None  # None: the topology's
+    data_root: str | None = None
+    device: str | None = None
+    out_dir: Path | None = None
+    cache_dir: str | None = None
+
+
+class Node:
+    def __init__(self, cfg: TopologyConfig, node_id: str, options: NodeOptions | None = None):
+        if node_id not in cfg.node_ids:
+            raise ValueError(f"node id {node_id!r} is not in topology {cfg.name!r}")
+        self.cfg = cfg
+        self.id = node_id
+        self.opts = options or NodeOptions()
+        self.broker = self.opts.broker or cfg.broker
+        self.device = torch.device(self.opts.device or cfg.training.device)
+        self.out_dir = Path(self.opts.out_dir) if self.opts.out_dir else None
+        self.neighbours = neighbours(cfg, node_id)
+        self.rng = np.random.default_rng(node_seed(cfg.seed, node_id))
+        self.round = 0
+        self.transport: Transport | None = None
+        self.algorithm: Algorithm | None = None
+        self.model: SplitModel | None = None
+        self.data: NodeData | None = None
+        self._snapshots: OrderedDict[int, State] = OrderedDict()
+        self._prepared: dict[tuple[int, str], PreparedState] = {}
+        self._prepare_locks: dict[tuple[int, str], asyncio.Lock] = {}
+        self._gossip: dict[int, dict[str, dict[str, Any]]] = {}
+        self._changed = asyncio.Event()
+        self.records: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------ set-up
+    def _load(self) -> None:
+        """Data shard, model and algorithm (blocking: run in a thread)."""
+        ds = self.cfg.dataset
+        if self.opts.data_root:
+            ds = ds.model_copy(update={"root": self.opts.data_root})
+        self.data = load_node_data(
+            ds, self.cfg.node_ids, self.id, self.cfg.seed, cache_dir=self.opts.cache_dir
+        )
+        with _MODEL_INIT_LOCK:  # the same initial model on every node of the swarm
+            torch.manual_seed(self.cfg.seed)
+            self.model = build_model(self.cfg.model, self.data.num_classes, self.data.input_shape)
+        self.model.to(self.device)
+        cls = get_algorithm(self.cfg.algorithm.name)
+        ctx = AlgorithmContext(
+            node_id=self.id,
+            model=self.model,
+            num_samples=len(self.data.train_y),
+            num_classes=self.data.num_classes,
+            input_shape=tuple(self.data.input_shape),
+            rng=self.rng,
+            device=self.device,
+        )
+        self.algorithm = cls(self.cfg.algorithm.params, ctx)
+
+    def _write_meta(self) -> None:
+        if self.out_dir is None or self.data is None:
+            return
+        write_json(
+            node_meta_path(self.out_dir, self.id),
+            {
+                "node": self.id,
+                "neighbours": self.neighbours,
+                "n_train": len(self.data.train_y),
+                "n_test": len(self.data.test_y),
+                "train_hist": self.data.train_hist,
+                "test_hist": self.data.test_hist,
+                "started": time.time(),
+            },
+        )
+
+    # ------------------------------------------------------------------ peers
+    def _status(self, peer: str) -> str:
+        assert self.transport is not None
+        return str(self.transport.peers.get(peer, {}).get("status", "unknown"))
+
+    def _live_neighbours(self) -> list[str]:
+        return [p for p in self.neighbours if self._status(p) == "online"]
+
+    def _on_presence(self, peer: str, info: dict[str, Any]) -> None:
+        self._changed.set()
+
+    def _on_gossip(self, env: Envelope) -> None:
+        if env.sender not in self.neighbours:
+            return  # gossip is for neighbours; others' traffic is not ours to keep
+        if not self.round - 1 <= env.round <= self.round + GOSSIP_AHEAD:
+            assert self.transport is not None
+            self.transport.dropped["stale_gossip"] += 1
+            return
+        self._gossip.setdefault(env.round, {})[env.sender] = env.body
+        self._changed.set()
+
+    async def _wait_for(self, predicate, deadline: float) -> bool:
+        """Wait until ``predicate()`` holds or the monotonic ``deadline`` passes."""
+        while not predicate():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)
+        return True
+
+    # ------------------------------------------------------------------ serving pulls
+    async def _prepared_part(self, round_no: int, part: str) -> PreparedState | None:
+        key = (round_no, part)
+        if key in self._prepared:
+            return self._prepared[key]
+        lock = self._prepare_locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            if key not in self._prepared:
+                snap = self._snapshots.get(round_no)
+                if snap is None:
+                    return None
+                assert self.algorithm is not None
+                state = self.algorithm.select(snap, part)
+                self._prepared[key] = await asyncio.to_thread(PreparedState.from_state, state)
+        return self._prepared.get(key)
+
+    async def _serve_pull(self, env: Envelope) -> None:
+        """Answer a neighbour's pull from the snapshot of the round it names."""
+        assert self.transport is not None
+        body = env.body if isinstance(env.body, dict) else {}
+        part = body.get("part")
+        reason = None
+        if env.sender not in self.neighbours:
+            reason = "not a neighbour"
+        elif part not in PARTS:
+            reason = f"unknown part {part!r}"
+        prepared = None if reason else await self._prepared_part(env.round, part)
+        if reason is None and prepared is None:
+            reason = f"no state for round {env.round}"
+        if reason is not None:
+            self.transport.dropped["refused_pull"] += 1
+            await self.transport.send(
+                env.sender, "pull_error", env.round, {"xfer": env.id, "reason": reason}
+            )
+            return
+        await self.transport.send_state(env.sender, env.id, env.round, prepared)
+
+    def _keep_snapshot(self, round_no: int, state: State) -> None:
+        self._snapshots[round_no] = state
+        while len(self._snapshots) > SNAPSHOTS_KEPT:
+            old, _ = self._snapshots.popitem(last=False)
+            for part in PARTS:
+                self._prepared.pop((old, part), None)
+                self._prepare_locks.pop((old, part), None)
+
+    # ------------------------------------------------------------------ the round
+    async def _pull_all(
+        self, plan: dict[str, str], deadline: float
+    ) -> tuple[dict[str, State], dict[str, str]]:
+        assert self.transport is not None
+        timeout = max(0.1, deadline - time.monotonic())
+
+        async def one(peer: str, part: str):
+            return await self.transport.pull(peer, self.round, part, timeout)
+
+        peers = sorted(plan)
+        results = await asyncio.gather(*(one(p, plan[p]) for p in peers), return_exceptions=True)
+        pulled, failed = {}, {}
+        for peer, res in zip(peers, results, strict=True):
+            if isinstance(res, BaseException):
+                failed[peer] = str(res)
+                log.warning("%s: round %d: %s", self.id, self.round, res)
+            else:
+                pulled[peer] = res
+        return pulled, failed
+
+    async def _run_round(self, round_no: int) -> dict[str, Any]:
+        assert self.transport and self.algorithm and self.model and self.data
+        alg, tr, cfg = self.algorithm, self.transport, self.cfg
+        t0 = time.monotonic()
+        sent0, recv0 = tr.stats.bytes_sent, tr.stats.bytes_recv
+        self.round = round_no
+        for old in [r for r in self._gossip if r < round_no - 1]:
+            del self._gossip[old]
+        self._keep_snapshot(round_no, alg.snapshot())
+        await tr.gossip(round_no, alg.gossip())
+        chosen = alg.choose_peers(self._live_neighbours())
+        deadline = t0 + cfg.timing.round_timeout_s
+
+        def heard_all() -> bool:
+            got = self._gossip.get(round_no, {})
+            return all(p in got or self._status(p) != "online" for p in chosen)
+
+        await self._wait_for(heard_all, deadline)
+        got = {p: self._gossip[round_no][p] for p in chosen if p in self._gossip.get(round_no, {})}
+        plan, facts = alg.plan(got)
+        pulled, failed = await self._pull_all(plan, deadline)
+        comm_s = time.monotonic() - t0
+        merged = await asyncio.to_thread(alg.merge, got, pulled)
+        lr = round_lr(cfg.training, round_no)
+        result = await asyncio.to_thread(
+            train_local,
+            self.model,
+            self.data.train_x,
+            self.data.train_y,
+            cfg.training,
+            lr,
+            extra_loss=alg.extra_loss(),
+            seed=int(self.rng.integers(2**31)),
+            device=self.device,
+        )
+        await asyncio.to_thread(alg.after_train)
+        acc, test_loss = await asyncio.to_thread(
+            evaluate, self.model, self.data.test_x, self.data.test_y, 500, self.device
+        )
+        record = {
+            "round": round_no,
+            "test_acc": acc,
+            "test_loss": test_loss,
+            "train_loss": result.loss,
+            "train_ce": result.ce_loss,
+            "train_s": round(result.seconds, 4),
+            "comm_s": round(comm_s, 4),
+            "round_s": round(time.monotonic() - t0, 4),
+            "bytes_sent": tr.stats.bytes_sent - sent0,
+            "bytes_recv": tr.stats.bytes_recv - recv0,
+            "lr": lr,
+            "chosen": chosen,
+            "peers": sorted(got),
+            "missing": sorted(set(chosen) - set(got)),
+            "pulled": {p: plan[p] for p in sorted(pulled)},
+            "pull_failed": failed,
+            **facts,
+            **merged,
+            "dropped_total": sum(tr.dropped.values()),
+            "t": time.time(),
+        }
+        return record
+
+    # ------------------------------------------------------------------ lifecycle
+    async def run(self) -> list[dict[str, Any]]:
+        """Run the whole lifecycle; returns the per-round records."""
+        t_start = time.monotonic()
+        await asyncio.to_thread(self._load)
+        self._write_meta()
+        cfg = self.cfg
+        if self.broker.mdns:
+            raise NotImplementedError("broker: mdns needs p2pfl.discovery (not built yet)")
+        self.transport = Transport(
+            cfg.name,
+            self.id,
+            self.broker.host,
+            self.broker.port,
+            presence={
+                "node": self.id,
+                "swarm": cfg.name,
+                "algorithm": cfg.algorithm.name,
+                "protocol": PROTOCOL_VERSION,
+            },
+            max_message_bytes=int(cfg.max_message_mb * 2**20),
+            max_transfer_bytes=int(cfg.max_transfer_mb * 2**20),
+        )
+        self.transport.on_gossip = self._on_gossip
+        self.transport.on_presence = self._on_presence
+        self.transport.on_request = self._serve_pull
+        async with self.transport:
+            present = await self._wait_for(
+                lambda: all(self._status(p) in ("online", "done") for p in self.neighbours),
+                time.monotonic() + cfg.timing.startup_timeout_s,
+            )
+            if not present:
+                absent = [p for p in self.neighbours if self._status(p) not in ("online", "done")]
+                log.warning("%s: starting without neighbours %s", self.id, absent)
+            log.info(
+                "%s: ready after %.1f s; neighbours %s",
+                self.id,
+                time.monotonic() - t_start,
+                self.neighbours,
+            )
+            for r in range(1, cfg.rounds + 1):
+                record = await self._run_round(r)
+                self.records.append(record)
+                if self.out_dir is not None:
+                    append_record(node_log_path(self.out_dir, self.id), record)
+                log.info(
+                    "%s: round %d acc %.4f peers %s%s",
+                    self.id,
+                    r,
+                    record["test_acc"],
+                    record["peers"],
+                    " (dropout)" if record.get("dropout") else "",
+                )
+            await self.transport.set_status("done", round=cfg.rounds)
+            await self._wait_for(
+                lambda: all(self._status(p) != "online" for p in self.neighbours),
+                time.monotonic() + cfg.timing.linger_s,
+            )
+        return self.records
+
+
+async def run_nodes(cfg: TopologyConfig, node_ids: list[str], options: NodeOptions) -> int:
+    """Host several nodes in this process (same wire, same broker); returns how many failed."""
+    nodes = [Node(cfg, nid, options) for nid in node_ids]
+    results = await asyncio.gather(*(n.run() for n in nodes), return_exceptions=True)
+    failed = 0
+    for node, res in zip(nodes, results, strict=True):
+        if isinstance(res, BaseException):
+            failed += 1
+            log.error("%s failed: %s", node.id, res, exc_info=res)
+    return failed

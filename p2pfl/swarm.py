@@ -1,0 +1,241 @@
+"""The local-swarm launcher: a private broker, node processes, live progress, a summary.
+
+:func:`run_swarm` starts Mosquitto on a free loopback port, writes the resolved topology to
+the run directory, starts the nodes as separate OS processes (``K`` asyncio nodes per
+process with ``nodes_per_process``), shows the round each node reached and its latest
+accuracy while they run, then writes ``summary.json``, ``label_histograms.json`` and
+``accuracy.png`` and prints the summary. Every process it started is stopped on the way out,
+also on Ctrl-C or an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from p2pfl.broker import MosquittoBroker
+from p2pfl.config import BrokerAddress, TopologyConfig, dump_topology
+from p2pfl.metrics import (
+    node_log_path,
+    node_meta_path,
+    plot_summary,
+    read_records,
+    summarize,
+    write_json,
+)
+
+
+@dataclass
+class Worker:
+    ids: list[str]
+    proc: subprocess.Popen
+    log_path: Path
+
+
+def group_ids(ids: list[str], per_process: int) -> list[list[str]]:
+    return [ids[i : i + per_process] for i in range(0, len(ids), per_process)]
+
+
+def spawn_worker(
+    config_path: Path, ids: list[str], broker: str, out_dir: Path, verbose: bool
+) -> Worker:
+    log_path = out_dir / "logs" / f"{ids[0]}{'-' + ids[-1] if len(ids) > 1 else ''}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "p2pfl.cli",
+        "node",
+        str(config_path),
+        "--broker",
+        broker,
+        "--out",
+        str(out_dir),
+        "--no-rich",
+    ]
+    for nid in ids:
+        cmd += ["--id", nid]
+    if verbose:
+        cmd.append("-v")
+    f = open(log_path, "ab")
+    proc = subprocess.Popen(
+        cmd,
+        stdout=f,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,  # Ctrl-C goes to the launcher, which stops them in order
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    f.close()
+    return Worker(ids, proc, log_path)
+
+
+def stop_workers(workers: list[Worker], grace: float = 10.0) -> None:
+    """SIGTERM every live worker, then SIGKILL what is left after ``grace`` seconds."""
+    for w in workers:
+        if w.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(w.proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for w in workers:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            w.proc.wait(max(0.0, deadline - time.monotonic()))
+        if w.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(w.proc.pid, signal.SIGKILL)
+            w.proc.wait()
+
+
+def progress_table(cfg: TopologyConfig, out_dir: Path, workers: list[Worker], t0: float) -> Table:
+    table = Table(title=f"{cfg.name}: {cfg.algorithm.name}, {time.monotonic() - t0:.0f} s")
+    for col in ("node", "round", "acc", "peers", "dropout", "state"):
+        table.add_column(col)
+    state_of = {}
+    for w in workers:
+        rc = w.proc.poll()
+        for nid in w.ids:
+            state_of[nid] = "running" if rc is None else ("exited" if rc == 0 else f"failed ({rc})")
+    for nid in cfg.node_ids:
+        recs = read_records(node_log_path(out_dir, nid))
+        last = recs[-1] if recs else {}
+        table.add_row(
+            nid,
+            f"{last.get('round', 0)}/{cfg.rounds}",
+            f"{last['test_acc']:.4f}" if last else "-",
+            ",".join(last.get("peers", [])) if last else "-",
+            "yes" if last.get("dropout") else ("-" if not last else "no"),
+            state_of.get(nid, "?"),
+        )
+    return table
+
+
+def summary_table(summary: dict[str, Any]) -> Table:
+    t = Table(title=f"summary: {summary['algorithm']}")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    f = summary["final"]
+    rows = [
+        ("nodes (completed)", f"{summary['nodes']} ({summary['nodes_completed']})"),
+        ("rounds", str(summary["rounds"])),
+        ("wall time", f"{summary['wall_s']:.1f} s"),
+        ("final acc mean ± std", f"{f['acc_mean']:.4f} ± {f['acc_std']:.4f}"),
+        ("final acc min / max", f"{f['acc_min']:.4f} / {f['acc_max']:.4f}"),
+        ("best acc mean", f"{summary['best_acc_mean']:.4f}"),
+        ("bytes sent (all nodes)", f"{summary['bytes_sent_total'] / 1e6:.2f} MB"),
+        ("dropout rounds", str(summary["dropout_rounds"])),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
+
+
+def finish_run(cfg: TopologyConfig, out_dir: Path, wall_s: float | None) -> dict[str, Any]:
+    """Write ``label_histograms.json``, ``summary.json`` and the plot for a finished run."""
+    hists = {}
+    for nid in cfg.node_ids:
+        p = node_meta_path(out_dir, nid)
+        if p.exists():
+            meta = json.loads(p.read_text())
+            hists[nid] = {"train": meta["train_hist"], "test": meta["test_hist"]}
+    write_json(out_dir / "label_histograms.json", hists)
+    summary = summarize(
+        out_dir,
+        algorithm=cfg.algorithm.name,
+        expected_nodes=cfg.node_ids,
+        rounds=cfg.rounds,
+        wall_s=wall_s,
+    )
+    write_json(out_dir / "summary.json", summary)
+    with contextlib.suppress(Exception):  # a plot must never fail a run
+        plot_summary(summary, out_dir / "accuracy.png")
+    return summary
+
+
+def run_swarm(
+    cfg: TopologyConfig,
+    out_dir: Path,
+    *,
+    nodes_per_process: int = 1,
+    broker: BrokerAddress | None = None,
+    progress: bool = True,
+    verbose: bool = False,
+    console: Console | None = None,
+    timeout_s: float | None = None,
+) -> tuple[int, dict[str, Any]]:
+    """Run a whole swarm to completion; returns (exit code, summary)."""
+    console = console or Console()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for old in (out_dir / "nodes").glob("*.jsonl"):
+        old.unlink()  # a rerun into the same directory starts a fresh log
+    own_broker = None
+    workers: list[Worker] = []
+    t0 = time.monotonic()
+    code = 1
+    try:
+        if broker is None:
+            own_broker = MosquittoBroker(
+                workdir=out_dir / "broker",
+                max_packet_mb=cfg.max_message_mb * 2,
+            ).start()
+            broker = BrokerAddress(host=own_broker.host, port=own_broker.port)
+            console.print(f"[bold]broker[/] mosquitto on {own_broker.address}")
+        cfg = cfg.model_copy(update={"broker": broker})
+        config_path = out_dir / "config.yaml"
+        config_path.write_text(dump_topology(cfg))
+        groups = group_ids(cfg.node_ids, max(1, nodes_per_process))
+        workers = [spawn_worker(config_path, ids, str(broker), out_dir, verbose) for ids in groups]
+        console.print(
+            f"[bold]swarm[/] {cfg.name}: {len(cfg.node_ids)} nodes in {len(workers)} "
+            f"processes, {cfg.rounds} rounds of {cfg.algorithm.name} → {out_dir}"
+        )
+        deadline = None if timeout_s is None else t0 + timeout_s
+        with (
+            Live(
+                progress_table(cfg, out_dir, workers, t0),
+                console=console,
+                refresh_per_second=2,
+                transient=False,
+            )
+            if progress
+            else contextlib.nullcontext() as live
+        ):
+            while any(w.proc.poll() is None for w in workers):
+                if deadline is not None and time.monotonic() > deadline:
+                    console.print(f"[red]swarm timed out after {timeout_s:.0f} s[/]")
+                    break
+                time.sleep(0.5)
+                if live is not None:
+                    live.update(progress_table(cfg, out_dir, workers, t0))
+        failed = [w for w in workers if w.proc.poll() not in (0, None)]
+        for w in failed:
+            console.print(
+                f"[red]process for {','.join(w.ids)} exited with "
+                f"{w.proc.returncode}; log: {w.log_path}[/]"
+            )
+        code = 0 if not failed and all(w.proc.poll() == 0 for w in workers) else 1
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: stopping every node and the broker[/]")
+        code = 130
+    finally:
+        stop_workers(workers)
+        if own_broker is not None:
+            own_broker.stop()
+    summary = finish_run(cfg, out_dir, time.monotonic() - t0)
+    if summary["nodes_completed"] < summary["nodes"] and code == 0:
+        code = 1
+    console.print(summary_table(summary))
+    console.print(f"results in {out_dir}")
+    return code, summary

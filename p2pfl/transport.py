@@ -1,0 +1,540 @@
+"""MQTT transport for one node: presence, gossip, inbox, and chunked weight transfers.
+
+Topics live under ``p2pfl/<swarm>/`` (DESIGN.md, "Wire"):
+
+- ``presence/<id>``: retained ``{status, ...}``; the MQTT Last Will sets ``offline``;
+- ``gossip/<id>``: small per-round messages (representations) for the neighbours;
+- ``inbox/<id>``: requests (``pull``) and replies (``xfer_meta``, ``xfer_chunk``,
+  ``pull_error``) addressed to one node.
+
+Every message is an :class:`Envelope` — swarm, sender, round, kind, id, body — packed with
+:mod:`p2pfl.codec`. Anything oversized, undecodable, from another swarm, of an unknown kind,
+duplicated, or otherwise malformed is dropped with a log line and counted in
+:attr:`Transport.dropped`; it never raises into the node.
+
+Weights move on request only (:meth:`Transport.pull`): the owner answers with a metadata
+message (transfer id, total size, sha256, tensor index) followed by numbered ~1 MiB chunks,
+reassembled into one preallocated buffer on the receiver and verified before use. This MQTT
+lane is the seam a direct TCP lane can later sit beside without touching algorithms.
+
+The client lives in a reconnect loop (aiomqtt has none of its own) that resubscribes and
+re-announces presence after every reconnect. Use as ``async with Transport(...) as t:``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import uuid
+from collections import Counter, OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiomqtt
+
+from p2pfl import PROTOCOL_VERSION
+from p2pfl.codec import CodecError, buffer_to_state, decode, encode, state_to_buffer
+
+log = logging.getLogger(__name__)
+
+State = dict[str, Any]
+KINDS = frozenset({"presence", "gossip", "pull", "xfer_meta", "xfer_chunk", "pull_error"})
+CHUNK_BYTES = 1 << 20
+PUBLISH_WINDOW = 16  # QoS-1 publishes in flight per transfer
+
+
+class TransportError(RuntimeError):
+    """A send or pull that could not complete (disconnected, refused, timed out, corrupt)."""
+
+
+@dataclass(frozen=True)
+class Envelope:
+    swarm: str
+    sender: str
+    round: int
+    kind: str
+    id: str
+    body: Any
+
+    def pack(self) -> bytes:
+        return encode(
+            {
+                "v": PROTOCOL_VERSION,
+                "swarm": self.swarm,
+                "from": self.sender,
+                "round": self.round,
+                "kind": self.kind,
+                "id": self.id,
+                "body": self.body,
+            }
+        )
+
+    @classmethod
+    def unpack(cls, payload: bytes, max_bytes: int) -> Envelope:
+        """Decode and check the envelope's shape; raise :class:`CodecError` if it is off."""
+        obj = decode(payload, max_bytes)
+        if not isinstance(obj, dict):
+            raise CodecError("envelope is not a map")
+        if obj.get("v") != PROTOCOL_VERSION:
+            raise CodecError(f"protocol version {obj.get('v')!r} != {PROTOCOL_VERSION}")
+        swarm, sender, rnd, kind, mid = (
+            obj.get(k) for k in ("swarm", "from", "round", "kind", "id")
+        )
+        if not (isinstance(swarm, str) and isinstance(sender, str) and isinstance(mid, str)):
+            raise CodecError("envelope swarm/from/id must be strings")
+        if not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0:
+            raise CodecError(f"envelope round must be a non-negative int, got {rnd!r}")
+        if kind not in KINDS:
+            raise CodecError(f"unknown message kind {kind!r}")
+        if not 0 < len(mid) <= 64 or not 0 < len(sender) <= 64:
+            raise CodecError("envelope id/from length out of range")
+        return cls(swarm, sender, rnd, kind, mid, obj.get("body"))
+
+
+@dataclass
+class _Incoming:
+    """A transfer being received: filled chunk by chunk into ``buf``."""
+
+    peer: str
+    future: asyncio.Future
+    max_bytes: int
+    buf: bytearray | None = None
+    index: list[dict] | None = None
+    sha256: str = ""
+    chunk: int = CHUNK_BYTES
+    nchunks: int = 0
+    seen: set[int] = field(default_factory=set)
+
+
+@dataclass
+class TransportStats:
+    bytes_sent: int = 0
+    bytes_recv: int = 0
+    messages_sent: int = 0
+    messages_recv: int = 0
+
+
+class Transport:
+    """One node's MQTT connection. Callbacks:
+
+    - ``on_gossip(envelope)`` for gossip from other nodes,
+    - ``on_request(envelope)`` (a coroutine) for ``pull`` requests addressed to this node,
+    - ``on_presence(node_id, status_dict)`` when a presence changes.
+    """
+
+    def __init__(
+        self,
+        swarm: str,
+        node_id: str,
+        host: str,
+        port: int,
+        *,
+        presence: dict[str, Any] | None = None,
+        max_message_bytes: int = 4 << 20,
+        max_transfer_bytes: int = 2 << 30,
+        chunk_bytes: int = CHUNK_BYTES,
+        connect_timeout: float = 30.0,
+        client_factory: Callable[..., aiomqtt.Client] | None = None,
+    ):
+        self.swarm = swarm
+        self.node_id = node_id
+        self.host, self.port = host, port
+        self.prefix = f"p2pfl/{swarm}"
+        self.presence_info = dict(presence or {})
+        self.status = "online"
+        self.max_message_bytes = max_message_bytes
+        self.max_transfer_bytes = max_transfer_bytes
+        self.chunk_bytes = chunk_bytes
+        self.connect_timeout = connect_timeout
+        self._client_factory = client_factory or aiomqtt.Client
+        self.stats = TransportStats()
+        self.dropped: Counter[str] = Counter()
+        self.peers: dict[str, dict[str, Any]] = {}  # latest presence of every node seen
+        self.on_gossip: Callable[[Envelope], None] | None = None
+        self.on_request: Callable[[Envelope], Awaitable[None]] | None = None
+        self.on_presence: Callable[[str, dict[str, Any]], None] | None = None
+        self._client: aiomqtt.Client | None = None
+        self._connected = asyncio.Event()
+        self._closing = False
+        self._task: asyncio.Task | None = None
+        self._incoming: dict[str, _Incoming] = {}
+        self._seen_ids: OrderedDict[str, None] = OrderedDict()
+        self._request_tasks: set[asyncio.Task] = set()
+
+    # ------------------------------------------------------------------ lifecycle
+    def topic(self, kind: str, node: str) -> str:
+        return f"{self.prefix}/{kind}/{node}"
+
+    async def __aenter__(self) -> Transport:
+        self._task = asyncio.create_task(self._run(), name=f"mqtt-{self.node_id}")
+        try:
+            await asyncio.wait_for(self._connected.wait(), self.connect_timeout)
+        except asyncio.TimeoutError:
+            await self.close(graceful=False)
+            raise TransportError(
+                f"{self.node_id}: no MQTT broker reachable at {self.host}:{self.port} "
+                f"within {self.connect_timeout:.0f} s"
+            ) from None
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self, graceful: bool = True) -> None:
+        """Announce ``offline`` (graceful) and disconnect; idempotent."""
+        if graceful and self._connected.is_set():
+            self.status = "offline"
+            with contextlib.suppress(Exception):
+                await self._publish_presence()
+        self._closing = True
+        for inc in self._incoming.values():
+            if not inc.future.done():
+                inc.future.set_exception(TransportError("transport closed"))
+        for t in list(self._request_tasks):
+            t.cancel()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        self._connected.clear()
+
+    def _will(self) -> aiomqtt.Will:
+        return aiomqtt.Will(
+            topic=self.topic("presence", self.node_id),
+            payload=self._presence_payload("offline"),
+            qos=1,
+            retain=True,
+        )
+
+    def _presence_payload(self, status: str) -> bytes:
+        return Envelope(
+            self.swarm,
+            self.node_id,
+            0,
+            "presence",
+            uuid.uuid4().hex[:16],
+            {"presence": {**self.presence_info, "status": status}},
+        ).pack()
+
+    async def _run(self) -> None:
+        backoff = 0.2
+        while not self._closing:
+            try:
+                async with self._client_factory(
+                    self.host,
+                    self.port,
+                    identifier=f"p2pfl-{self.swarm}-{self.node_id}-{uuid.uuid4().hex[:6]}",
+                    will=self._will(),
+                    keepalive=15,
+                    timeout=30,
+                    max_inflight_messages=PUBLISH_WINDOW * 2,
+                    max_queued_outgoing_messages=0,
+                ) as client:
+                    self._client = client
+                    await client.subscribe(f"{self.prefix}/presence/+", qos=1)
+                    await client.subscribe(f"{self.prefix}/gossip/+", qos=1)
+                    await client.subscribe(self.topic("inbox", self.node_id), qos=1)
+                    await self._publish_presence(client)
+                    self._connected.set()
+                    backoff = 0.2
+                    async for message in client.messages:
+                        self._dispatch(str(message.topic), message.payload)
+            except (aiomqtt.MqttError, TransportError) as exc:
+                self._connected.clear()
+                self._client = None
+                if self._closing:
+                    break
+                log.warning("%s: MQTT connection lost (%s); reconnecting", self.node_id, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+        self._client = None
+
+    # ------------------------------------------------------------------ sending
+    async def _publish(
+        self, topic: str, payload: bytes, qos: int = 1, retain: bool = False
+    ) -> None:
+        if not self._connected.is_set():
+            try:
+                await asyncio.wait_for(self._connected.wait(), self.connect_timeout)
+            except asyncio.TimeoutError:
+                raise TransportError(f"{self.node_id}: not connected to the broker") from None
+        client = self._client
+        if client is None:
+            raise TransportError(f"{self.node_id}: not connected to the broker")
+        await self._publish_on(client, topic, payload, qos, retain)
+
+    async def _publish_on(
+        self, client: aiomqtt.Client, topic: str, payload: bytes, qos: int, retain: bool
+    ) -> None:
+        try:
+            await client.publish(topic, payload, qos=qos, retain=retain)
+        except aiomqtt.MqttError as exc:
+            raise TransportError(f"{self.node_id}: publish to {topic} failed: {exc}") from exc
+        self.stats.bytes_sent += len(payload)
+        self.stats.messages_sent += 1
+
+    async def _publish_presence(self, client: aiomqtt.Client | None = None) -> None:
+        topic = self.topic("presence", self.node_id)
+        payload = self._presence_payload(self.status)
+        if client is not None:
+            await self._publish_on(client, topic, payload, 1, True)
+        else:
+            await self._publish(topic, payload, qos=1, retain=True)
+
+    async def set_status(self, status: str, **info: Any) -> None:
+        """Update this node's retained presence (e.g. ``online`` → ``done``)."""
+        self.status = status
+        self.presence_info.update(info)
+        await self._publish_presence()
+
+    def _envelope(self, kind: str, round_no: int, body: Any, mid: str | None = None) -> Envelope:
+        return Envelope(
+            self.swarm, self.node_id, round_no, kind, mid or uuid.uuid4().hex[:16], body
+        )
+
+    async def gossip(self, round_no: int, body: dict[str, Any]) -> None:
+        """Publish a small per-round message on this node's gossip topic."""
+        payload = self._envelope("gossip", round_no, body).pack()
+        if len(payload) > self.max_message_bytes:
+            raise TransportError(f"gossip of {len(payload)} bytes exceeds the message limit")
+        await self._publish(self.topic("gossip", self.node_id), payload)
+
+    async def send(
+        self, to: str, kind: str, round_no: int, body: Any, mid: str | None = None
+    ) -> None:
+        """Send one message to ``to``'s inbox."""
+        await self._publish(
+            self.topic("inbox", to), self._envelope(kind, round_no, body, mid).pack()
+        )
+
+    # ------------------------------------------------------------------ transfers
+    async def pull(self, peer: str, round_no: int, part: str, timeout: float) -> State:
+        """Ask ``peer`` for ``part`` of its round-``round_no`` state and wait for it.
+
+        Raises :class:`TransportError` on refusal, timeout or a corrupt transfer."""
+        xfer = uuid.uuid4().hex[:16]
+        fut = asyncio.get_running_loop().create_future()
+        self._incoming[xfer] = _Incoming(peer=peer, future=fut, max_bytes=self.max_transfer_bytes)
+        try:
+            await self.send(peer, "pull", round_no, {"part": part}, mid=xfer)
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            raise TransportError(
+                f"pull of {part!r} from {peer} timed out after {timeout:.1f} s"
+            ) from None
+        finally:
+            self._incoming.pop(xfer, None)
+
+    async def send_state(self, to: str, xfer: str, round_no: int, prepared: PreparedState) -> None:
+        """Answer a pull: metadata, then numbered chunks (QoS 1, a window in flight)."""
+        meta = {
+            "xfer": xfer,
+            "total": len(prepared.buf),
+            "chunk": self.chunk_bytes,
+            "nchunks": prepared.nchunks(self.chunk_bytes),
+            "sha256": prepared.sha256,
+            "index": prepared.index,
+        }
+        await self.send(to, "xfer_meta", round_no, meta)
+        topic = self.topic("inbox", to)
+        view = memoryview(prepared.buf)
+        pending: set[asyncio.Task] = set()
+        try:
+            for seq in range(meta["nchunks"]):
+                data = view[seq * self.chunk_bytes : (seq + 1) * self.chunk_bytes]
+                payload = self._envelope(
+                    "xfer_chunk", round_no, {"xfer": xfer, "seq": seq, "data": bytes(data)}
+                ).pack()
+                pending.add(asyncio.create_task(self._publish(topic, payload)))
+                if len(pending) >= PUBLISH_WINDOW:
+                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    for t in done:
+                        t.result()
+            if pending:
+                for t in await asyncio.gather(*pending, return_exceptions=True):
+                    if isinstance(t, Exception):
+                        raise t
+        finally:
+            for t in pending:
+                t.cancel()
+
+    def _on_meta(self, env: Envelope) -> None:
+        body = env.body
+        inc = self._incoming.get(body.get("xfer")) if isinstance(body, dict) else None
+        if inc is None or inc.peer != env.sender or inc.buf is not None:
+            self._drop("unexpected_xfer_meta", env)
+            return
+        total, chunk, nchunks = body.get("total"), body.get("chunk"), body.get("nchunks")
+        index, sha = body.get("index"), body.get("sha256")
+        ints_ok = all(
+            isinstance(v, int) and not isinstance(v, bool) for v in (total, chunk, nchunks)
+        )
+        if not ints_ok or not isinstance(index, list) or not isinstance(sha, str):
+            self._fail(inc, "malformed transfer metadata")
+            return
+        if total < 0 or total > inc.max_bytes:
+            self._fail(inc, f"transfer of {total} bytes exceeds the limit of {inc.max_bytes}")
+            return
+        if not 0 < chunk <= self.max_message_bytes or nchunks != -(-total // chunk):
+            self._fail(inc, "inconsistent chunking in transfer metadata")
+            return
+        inc.buf = bytearray(total)
+        inc.index, inc.sha256, inc.chunk, inc.nchunks = index, sha, chunk, nchunks
+        if nchunks == 0:
+            self._finish(inc)
+
+    def _on_chunk(self, env: Envelope) -> None:
+        body = env.body
+        inc = self._incoming.get(body.get("xfer")) if isinstance(body, dict) else None
+        if inc is None or inc.peer != env.sender or inc.buf is None or inc.future.done():
+            self._drop("unexpected_xfer_chunk", env)
+            return
+        seq, data = body.get("seq"), body.get("data")
+        if not isinstance(seq, int) or not isinstance(data, bytes) or not 0 <= seq < inc.nchunks:
+            self._fail(inc, "malformed chunk")
+            return
+        start = seq * inc.chunk
+        expected = min(inc.chunk, len(inc.buf) - start)
+        if len(data) != expected:
+            self._fail(inc, f"chunk {seq} has {len(data)} bytes, expected {expected}")
+            return
+        if seq in inc.seen:
+            return
+        inc.buf[start : start + expected] = data
+        inc.seen.add(seq)
+        if len(inc.seen) == inc.nchunks:
+            self._finish(inc)
+
+    def _finish(self, inc: _Incoming) -> None:
+        assert inc.buf is not None and inc.index is not None
+        if hashlib.sha256(inc.buf).hexdigest() != inc.sha256:
+            self._fail(inc, "sha256 mismatch")
+            return
+        try:
+            state = buffer_to_state(inc.index, inc.buf)
+        except CodecError as exc:
+            self._fail(inc, f"bad tensor index: {exc}")
+            return
+        if not inc.future.done():
+            inc.future.set_result(state)
+
+    def _fail(self, inc: _Incoming, reason: str) -> None:
+        self.dropped["bad_transfer"] += 1
+        log.warning("%s: transfer from %s rejected: %s", self.node_id, inc.peer, reason)
+        if not inc.future.done():
+            inc.future.set_exception(TransportError(f"transfer from {inc.peer}: {reason}"))
+
+    # ------------------------------------------------------------------ receiving
+    def _drop(self, reason: str, detail: Any = "") -> None:
+        self.dropped[reason] += 1
+        log.warning("%s: dropped message (%s) %s", self.node_id, reason, str(detail)[:200])
+
+    def _dispatch(self, topic: str, payload: Any) -> None:
+        """Route one incoming MQTT message; never raises."""
+        try:
+            self._dispatch_unsafe(topic, payload)
+        except Exception as exc:  # a peer's bytes must never kill the node
+            self._drop("handler_error", f"{topic}: {exc!r}")
+
+    def _dispatch_unsafe(self, topic: str, payload: Any) -> None:
+        if not isinstance(payload, (bytes, bytearray)):
+            self._drop("not_bytes", topic)
+            return
+        size = len(payload)
+        self.stats.bytes_recv += size
+        self.stats.messages_recv += 1
+        if size > self.max_message_bytes:
+            self._drop("oversized", f"{topic}: {size} bytes")
+            return
+        parts = topic.split("/")
+        if len(parts) != 4 or "/".join(parts[:2]) != self.prefix:
+            self._drop("foreign_topic", topic)
+            return
+        channel, owner = parts[2], parts[3]
+        try:
+            env = Envelope.unpack(payload, self.max_message_bytes)
+        except CodecError as exc:
+            self._drop("malformed", f"{topic}: {exc}")
+            return
+        if env.swarm != self.swarm:
+            self._drop("foreign_swarm", f"{topic}: swarm {env.swarm!r}")
+            return
+        if channel in ("presence", "gossip") and env.sender != owner:
+            self._drop("sender_mismatch", f"{topic}: from {env.sender!r}")
+            return
+        if env.sender == self.node_id and channel != "inbox":
+            return  # our own presence or gossip, echoed back by the broker
+        if channel == "presence":
+            body = env.body
+            info = body.get("presence") if isinstance(body, dict) else None
+            if (
+                env.kind != "presence"
+                or not isinstance(info, dict)
+                or not isinstance(info.get("status"), str)
+            ):
+                self._drop("malformed", f"{topic}: bad presence")
+                return
+            self.peers[owner] = info
+            if self.on_presence is not None:
+                self.on_presence(owner, info)
+            return
+        if env.id in self._seen_ids:
+            self._drop("duplicate", f"{topic}: id {env.id}")
+            return
+        self._seen_ids[env.id] = None
+        while len(self._seen_ids) > 50_000:
+            self._seen_ids.popitem(last=False)
+        if channel == "gossip":
+            if env.kind != "gossip" or not isinstance(env.body, dict):
+                self._drop("malformed", f"{topic}: bad gossip")
+                return
+            if self.on_gossip is not None:
+                self.on_gossip(env)
+            return
+        if channel != "inbox" or owner != self.node_id:
+            self._drop("foreign_topic", topic)
+            return
+        if env.kind == "xfer_chunk":
+            self._on_chunk(env)
+        elif env.kind == "xfer_meta":
+            self._on_meta(env)
+        elif env.kind == "pull_error":
+            body = env.body if isinstance(env.body, dict) else {}
+            inc = self._incoming.get(body.get("xfer"))
+            if inc is not None and inc.peer == env.sender and not inc.future.done():
+                inc.future.set_exception(
+                    TransportError(f"{env.sender} refused the pull: {body.get('reason')}")
+                )
+        elif env.kind == "pull":
+            if self.on_request is None:
+                return
+            task = asyncio.create_task(self.on_request(env))
+            self._request_tasks.add(task)
+            task.add_done_callback(self._request_done)
+        else:
+            self._drop("unexpected_kind", f"{topic}: {env.kind}")
+
+    def _request_done(self, task: asyncio.Task) -> None:
+        self._request_tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("%s: serving a request failed: %r", self.node_id, task.exception())
+
+
+@dataclass
+class PreparedState:
+    """A state packed once for sending: one buffer, its tensor index and its sha256."""
+
+    index: list[dict]
+    buf: bytearray
+    sha256: str
+
+    @classmethod
+    def from_state(cls, state: State) -> PreparedState:
+        index, buf = state_to_buffer(state)
+        return cls(index=index, buf=buf, sha256=hashlib.sha256(buf).hexdigest())
+
+    def nchunks(self, chunk: int) -> int:
+        return -(-len(self.buf) // chunk)

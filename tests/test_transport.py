@@ -1,0 +1,183 @@
+"""Transport against a real Mosquitto: chunked pulls, refusals, and hostile input."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiomqtt
+import msgpack
+import pytest
+import torch
+
+from p2pfl.transport import Envelope, PreparedState, Transport, TransportError
+
+pytestmark = pytest.mark.integration
+
+
+def serve_from(state_by_round):
+    """An ``on_request`` that answers pulls from a dict of states, refusing unknown rounds."""
+
+    async def handler(t: Transport, env: Envelope):
+        state = state_by_round.get(env.round)
+        if state is None:
+            await t.send(env.sender, "pull_error", env.round, {"xfer": env.id, "reason": "none"})
+            return
+        part = env.body["part"]
+        chosen = {k: v for k, v in state.items() if part == "all" or k.startswith(part + ".")}
+        await t.send_state(env.sender, env.id, env.round, PreparedState.from_state(chosen))
+
+    return handler
+
+
+async def pair(broker, **kw):
+    a = Transport("s", "a", broker.host, broker.port, chunk_bytes=64 * 1024, **kw)
+    b = Transport("s", "b", broker.host, broker.port, chunk_bytes=64 * 1024, **kw)
+    await a.__aenter__()
+    await b.__aenter__()
+    return a, b
+
+
+async def test_pull_chunked_state_round_trip(broker):
+    state = {
+        "g.w": torch.randn(300, 257),  # ~300 KB: several 64 KiB chunks
+        "g.b": torch.arange(7, dtype=torch.int64),
+        "h.w": torch.randn(3, 3).to(torch.bfloat16),
+    }
+    a, b = await pair(broker)
+    try:
+        b.on_request = lambda env: serve_from({2: state})(b, env)
+        got = await a.pull("b", 2, "all", timeout=10)
+        assert set(got) == set(state)
+        for k in state:
+            assert got[k].dtype == state[k].dtype and torch.equal(got[k], state[k])
+        only_h = await a.pull("b", 2, "h", timeout=10)
+        assert list(only_h) == ["h.w"]
+        with pytest.raises(TransportError, match="refused"):
+            await a.pull("b", 5, "all", timeout=10)
+        assert a.stats.bytes_recv > 300 * 257 * 4
+        assert b.stats.bytes_sent > 300 * 257 * 4
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_pull_from_absent_peer_times_out(broker):
+    a, b = await pair(broker)
+    try:
+        with pytest.raises(TransportError, match="timed out"):
+            await a.pull("nobody", 1, "all", timeout=0.5)
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_presence_and_gossip(broker):
+    a, b = await pair(broker)
+    seen = []
+    try:
+        b.on_gossip = seen.append
+        await a.gossip(3, {"n": 5, "I": torch.ones(4) / 4})
+        for _ in range(50):
+            if seen:
+                break
+            await asyncio.sleep(0.05)
+        assert seen and seen[0].sender == "a" and seen[0].round == 3
+        assert torch.equal(seen[0].body["I"], torch.ones(4) / 4)
+        assert b.peers["a"]["status"] == "online"
+        await a.set_status("done")
+        for _ in range(50):
+            if b.peers["a"]["status"] == "done":
+                break
+            await asyncio.sleep(0.05)
+        assert b.peers["a"]["status"] == "done"
+    finally:
+        await a.close()
+        await b.close()
+    # a graceful close leaves "offline" retained for late joiners
+    c = Transport("s", "c", broker.host, broker.port)
+    async with c:
+        for _ in range(50):
+            if c.peers.get("a", {}).get("status") == "offline":
+                break
+            await asyncio.sleep(0.05)
+        assert c.peers["a"]["status"] == "offline"
+
+
+async def test_hostile_messages_are_dropped_and_counted(broker):
+    a, b = await pair(broker, max_message_bytes=256 * 1024)
+    state = {"g.w": torch.randn(100, 100)}
+    b.on_request = lambda env: serve_from({1: state})(b, env)
+    good = Envelope("s", "mallory", 1, "gossip", "id1", {}).pack()
+    cases = {
+        "garbage": b"\x00\xff not msgpack at all",
+        "truncated": good[:-3],
+        "oversized": b"\x00" * (300 * 1024),
+        "foreign swarm": Envelope("other", "mallory", 1, "pull", "id2", {"part": "all"}).pack(),
+        "unknown kind": msgpack.packb(
+            {"v": 1, "swarm": "s", "from": "m", "round": 1, "kind": "exec", "id": "x", "body": None}
+        ),
+        "negative round": msgpack.packb(
+            {
+                "v": 1,
+                "swarm": "s",
+                "from": "m",
+                "round": -4,
+                "kind": "pull",
+                "id": "y",
+                "body": None,
+            }
+        ),
+        "bad tensor": msgpack.packb(
+            {
+                "v": 1,
+                "swarm": "s",
+                "from": "m",
+                "round": 1,
+                "kind": "gossip",
+                "id": "z",
+                "body": {
+                    "I": {"__tensor__": 1, "dtype": "float32", "shape": [1000], "data": b"abc"}
+                },
+            }
+        ),
+        "stray chunk": Envelope(
+            "s", "m", 1, "xfer_chunk", "c1", {"xfer": "nope", "seq": 0, "data": b"x"}
+        ).pack(),
+    }
+    try:
+        async with aiomqtt.Client(broker.host, broker.port) as rogue:
+            for payload in cases.values():
+                await rogue.publish("p2pfl/s/inbox/a", payload, qos=1)
+            await rogue.publish("p2pfl/s/gossip/b", good, qos=1)  # sender != topic owner
+        for _ in range(100):
+            if sum(a.dropped.values()) >= len(cases):
+                break
+            await asyncio.sleep(0.05)
+        assert sum(a.dropped.values()) >= len(cases), a.dropped
+        assert a.dropped["oversized"] == 1 and a.dropped["foreign_swarm"] == 1
+        assert a.dropped["malformed"] >= 4
+        # the node is still fine: a real pull works afterwards
+        got = await a.pull("b", 1, "all", timeout=10)
+        assert torch.equal(got["g.w"], state["g.w"])
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_corrupt_transfer_is_rejected(broker):
+    """A peer that answers with chunks that do not match the announced sha256 is refused."""
+    a, b = await pair(broker)
+    try:
+
+        async def liar(env):
+            prepared = PreparedState.from_state({"g.w": torch.ones(10)})
+            prepared.sha256 = "0" * 64
+            await b.send_state(env.sender, env.id, env.round, prepared)
+
+        b.on_request = liar
+        with pytest.raises(TransportError, match="sha256"):
+            await a.pull("b", 1, "all", timeout=10)
+        assert a.dropped["bad_transfer"] == 1
+    finally:
+        await a.close()
+        await b.close()

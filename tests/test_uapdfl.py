@@ -1,0 +1,158 @@
+"""UA-PDFL math against hand-computed values (ALGORITHMS.md, "UA-PDFL")."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from p2pfl.algorithms import AlgorithmContext, get_algorithm
+from p2pfl.algorithms.uapdfl import decide, kl, symmetric_kl, unit_tensor, weighted_average
+from p2pfl.config import ModelConfig
+from p2pfl.models import build_model
+
+
+def test_kl_and_symmetric_kl_hand_values():
+    p = torch.tensor([0.5, 0.5])
+    q = torch.tensor([0.25, 0.75])
+    kl_pq = 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75)
+    kl_qp = 0.25 * math.log(0.25 / 0.5) + 0.75 * math.log(0.75 / 0.5)
+    assert kl(p, q) == pytest.approx(kl_pq, abs=1e-9)
+    assert kl(q, p) == pytest.approx(kl_qp, abs=1e-9)
+    assert symmetric_kl(p, q) == pytest.approx(0.5 * kl_pq + 0.5 * kl_qp, abs=1e-9)
+    assert symmetric_kl(p, q) == pytest.approx(0.1373268, abs=1e-6)
+    assert symmetric_kl(p, p) == 0.0
+    assert symmetric_kl(p, q) == symmetric_kl(q, p)
+
+
+def test_kl_guards_zeros():
+    p = torch.tensor([1.0, 0.0])
+    q = torch.tensor([0.0, 1.0])
+    d = symmetric_kl(p, q, eps=1e-8)
+    assert math.isfinite(d)
+    assert d == pytest.approx(math.log(1 / 1e-8), rel=1e-6)
+
+
+def test_weighted_average_hand_values():
+    a = {"w": torch.tensor([1.0, 2.0]), "steps": torch.tensor(7)}
+    b = {"w": torch.tensor([5.0, 6.0]), "steps": torch.tensor(9)}
+    out = weighted_average([(1, a), (3, b)])
+    assert torch.allclose(out["w"], torch.tensor([4.0, 5.0]))
+    assert int(out["steps"]) == 7  # non-float tensors: the node's own
+    with pytest.raises(ValueError):
+        weighted_average([])
+
+
+def test_decide_branches():
+    rng = np.random.default_rng(0)
+    peer, h = decide({"a": 0.05, "b": 0.08}, 0.1, rng)
+    assert peer in ("a", "b") and h == []
+    assert decide({"a": 0.1, "b": 0.1}, 0.1, rng)[0] is not None  # ≤ th_I: dropout
+    assert decide({"a": 0.05, "b": 0.5}, 0.1, rng) == (None, ["a"])
+    assert decide({"a": 0.1, "b": 0.2}, 0.1, rng) == (None, [])  # h needs Div < th_I
+    assert decide({}, 0.1, rng) == (None, [])
+
+
+def make_alg(params, n=2, seed=0):
+    torch.manual_seed(seed)
+    model = build_model(ModelConfig(name="mlp", hidden=4), 3, (1, 2, 2))
+    ctx = AlgorithmContext("me", model, n, 3, (1, 2, 2), np.random.default_rng(seed))
+    return get_algorithm("uapdfl")(params, ctx)
+
+
+def const_state(like, value):
+    return {k: torch.full_like(v, value) for k, v in like.items()}
+
+
+def test_layerwise_personalization_weights_by_samples():
+    alg = make_alg({"th_I": 0.5}, n=2)
+    own = {k: v.clone() for k, v in alg.model.state_dict().items()}
+    I_me = alg.I
+    close = torch.tensor(I_me.tolist())  # identical: Div 0
+    far = torch.tensor([0.98, 0.01, 0.01]) if I_me[0] < 0.5 else torch.tensor([0.01, 0.01, 0.98])
+    gossip = {
+        "p": {"n": 2, "I": close, "A": alg.A + 1.0},
+        "q": {"n": 4, "I": far, "A": alg.A + 4.0},
+    }
+    plan, facts = alg.plan(gossip)
+    assert facts["dropout"] is False
+    assert plan == {"p": "all", "q": "g"}
+    assert facts["h_peers"] == ["p"]
+    # A_avg = (A_i + A_p + A_q) / 3
+    assert torch.allclose(alg.A_avg, alg.A + 5.0 / 3.0, atol=1e-6)
+    sp = const_state(own, 1.0)
+    sq = {k: v for k, v in const_state(own, 10.0).items() if k.startswith("g.")}
+    alg.merge(gossip, {"p": sp, "q": sq})
+    new = alg.model.state_dict()
+    for k in own:
+        if k.startswith("g."):  # (2·own + 2·1 + 4·10) / 8
+            expect = (2 * own[k] + 2 * 1.0 + 4 * 10.0) / 8
+        else:  # (2·own + 2·1) / 4 — q's h is not used
+            expect = (2 * own[k] + 2 * 1.0) / 4
+        assert torch.allclose(new[k], expect, atol=1e-6), k
+
+
+def test_client_wise_dropout_adopts_whole_model():
+    alg = make_alg({"th_I": 10.0})
+    gossip = {
+        "p": {"n": 5, "I": alg.I.clone(), "A": alg.A.clone()},
+        "q": {"n": 5, "I": alg.I.clone(), "A": alg.A.clone()},
+    }
+    plan, facts = alg.plan(gossip)
+    assert facts["dropout"] is True
+    (peer,) = plan
+    assert plan[peer] == "all" and facts["dropout_peer"] == peer
+    theirs = const_state(alg.model.state_dict(), 3.0)
+    info = alg.merge(gossip, {peer: theirs})
+    assert info["merged_from"] == [peer]
+    for k, v in alg.model.state_dict().items():
+        assert torch.equal(v, theirs[k])
+
+
+def test_dropout_with_failed_pull_keeps_own_model():
+    alg = make_alg({"th_I": 10.0})
+    before = {k: v.clone() for k, v in alg.model.state_dict().items()}
+    gossip = {"p": {"n": 5, "I": alg.I.clone(), "A": alg.A.clone()}}
+    alg.plan(gossip)
+    assert alg.merge(gossip, {}) == {"merged_from": []}
+    for k, v in alg.model.state_dict().items():
+        assert torch.equal(v, before[k])
+
+
+def test_malformed_gossip_is_ignored():
+    alg = make_alg({"th_I": 0.1})
+    gossip = {
+        "bad_shape": {"n": 3, "I": torch.ones(5) / 5, "A": alg.A},
+        "bad_n": {"n": -1, "I": alg.I, "A": alg.A},
+        "nan": {"n": 3, "I": torch.full((3,), float("nan")), "A": alg.A},
+        "missing": {"n": 3},
+    }
+    plan, facts = alg.plan(gossip)
+    assert plan == {} and facts["divergence"] == {}
+    assert alg.A_avg is None and alg.extra_loss() is None
+
+
+def test_auxiliary_term_value_and_gradient():
+    alg = make_alg({"mu": 0.5, "th_I": 0.0})
+    gossip = {"p": {"n": 2, "I": alg.I.clone() * 0 + torch.tensor([1.0, 0, 0]), "A": alg.A + 2.0}}
+    alg.plan(gossip)
+    term = alg.extra_loss()
+    assert term is not None
+    x_unit = unit_tensor((1, 2, 2), 1.0)
+    value = term(alg.model, None, None, None)
+    expected = 0.5 * (alg.model.g(x_unit)[0] - alg.A_avg).pow(2).sum()
+    assert float(value.detach()) == pytest.approx(float(expected.detach()))
+    # A_avg = A + 1, and g(X_unit) = A before training: the term is μ·|A|·1² = 0.5·F
+    assert float(value.detach()) == pytest.approx(0.5 * alg.A.numel(), rel=1e-5)
+    value.backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in alg.model.g.parameters())
+    assert all(p.grad is None for p in alg.model.h.parameters())
+
+
+def test_choose_peers_draws_com_neighbours():
+    alg = make_alg({"com": 2})
+    picks = alg.choose_peers(["a", "b", "c", "d", "e"])
+    assert len(picks) == 2 and set(picks) <= {"a", "b", "c", "d", "e"}
+    assert alg.choose_peers(["a"]) == ["a"]
