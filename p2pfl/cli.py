@@ -225,6 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from p2pfl.sysopt import tune_malloc
+
+    tune_malloc()  # before the first large allocation (see p2pfl.sysopt)
     args = build_parser().parse_args(argv)
     _setup_logging(args.verbose, rich=not getattr(args, "no_rich", False))
     try:

@@ -304,15 +304,22 @@ def state_to_buffer(state: Mapping[str, torch.Tensor]) -> tuple[list[dict], byte
         tensors.append((name, t, dtype, total, nbytes))
         total += nbytes
     buf = bytearray(total)
-    dst = torch.frombuffer(buf, dtype=torch.uint8) if total else None
+    mv = memoryview(buf)
+    dst: torch.Tensor | None = None
     index = []
     for name, t, dtype, offset, nbytes in tensors:
         if nbytes:
-            assert dst is not None
-            part = dst[offset : offset + nbytes]
-            if t.dtype != torch.uint8:
-                part = part.view(t.dtype)
-            part.view(t.shape).copy_(t)
+            if t.device == _CPU and t.is_contiguous():
+                # a plain memcpy: no torch intra-op threads (they contend badly with
+                # training threads on small machines)
+                mv[offset : offset + nbytes] = t.reshape(-1).view(torch.uint8).numpy()
+            else:  # GPU or strided: one torch copy straight into place
+                if dst is None:
+                    dst = torch.frombuffer(buf, dtype=torch.uint8)
+                part = dst[offset : offset + nbytes]
+                if t.dtype != torch.uint8:
+                    part = part.view(t.dtype)
+                part.view(t.shape).copy_(t)
         index.append(
             {
                 "name": name,
@@ -322,6 +329,7 @@ def state_to_buffer(state: Mapping[str, torch.Tensor]) -> tuple[list[dict], byte
                 "nbytes": nbytes,
             }
         )
+    mv.release()
     return index, buf
 
 

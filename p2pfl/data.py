@@ -31,6 +31,7 @@ import json
 import os
 import shutil
 import threading
+import warnings
 import zipfile
 import zlib
 from collections.abc import Iterator, Sequence
@@ -528,7 +529,7 @@ def _mnist_like(name: str, root: Path, download: bool, cache: Path) -> DatasetAr
         if all((raw / g).is_file() for g in gz_names):
             use = _gunzip_into_cache(folder, raw, gz_names, cache)
             break
-        if all((raw / r).is_file() for r in raw_names):  # bare unpacked files: link them
+        if all((raw / r).is_file() for r in raw_names):  # bare unpacked files: copy them
             use = _gunzip_into_cache(folder, raw, raw_names, cache)
             break
     if use is None:
@@ -720,7 +721,13 @@ def _decode_all(layout: _Layout, classes: list[str]) -> dict[str, np.ndarray]:
     """Decode every image into ``N x C x H x W`` uint8 arrays (torchvision's libjpeg/libpng
     decoders, about 2x faster than PIL here; PIL for other formats and for resizing)."""
     from PIL import Image
-    from torchvision.io import ImageReadMode, decode_image
+
+    try:  # deprecated in torchvision 0.29 (in favour of torchcodec) but still the fastest here
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            from torchvision.io import ImageReadMode, decode_image
+    except ImportError:  # pragma: no cover
+        ImageReadMode = decode_image = None  # noqa: N806
 
     index = {c: i for i, c in enumerate(classes)}
     out: dict[str, np.ndarray] = {}
@@ -735,16 +742,23 @@ def _decode_all(layout: _Layout, classes: list[str]) -> dict[str, np.ndarray]:
         with Image.open(io.BytesIO(read(layout.files["train"][0][1]))) as first:
             gray = first.mode in ("1", "L", "LA", "I", "I;16", "F")
             width, height = first.size
-        mode, read_mode = ("L", ImageReadMode.GRAY) if gray else ("RGB", ImageReadMode.RGB)
+        mode = "L" if gray else "RGB"
+        read_mode = None
+        if ImageReadMode is not None:
+            read_mode = ImageReadMode.GRAY if gray else ImageReadMode.RGB
         channels = 1 if gray else 3
 
         def decode(data: bytes) -> np.ndarray:
-            try:
-                t = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), read_mode)
-                if tuple(t.shape) == (channels, height, width):
-                    return t.numpy()
-            except (RuntimeError, ValueError):
-                pass
+            if decode_image is not None:
+                try:
+                    raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore", DeprecationWarning)
+                        t = decode_image(raw, read_mode)
+                    if tuple(t.shape) == (channels, height, width):
+                        return t.numpy()
+                except (RuntimeError, ValueError):
+                    pass
             with Image.open(io.BytesIO(data)) as img:
                 img = img.convert(mode)
                 if img.size != (width, height):

@@ -233,6 +233,7 @@ class Transport:
                     max_inflight_messages=PUBLISH_WINDOW * 2,
                     max_queued_outgoing_messages=0,
                 ) as client:
+                    client.pending_calls_threshold = PUBLISH_WINDOW * 4  # windowed on purpose
                     self._client = client
                     await client.subscribe(f"{self.prefix}/presence/+", qos=1)
                     await client.subscribe(f"{self.prefix}/gossip/+", qos=1)

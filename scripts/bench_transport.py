@@ -33,6 +33,9 @@ WINDOW = 16
 
 
 def _run(coro):
+    from p2pfl.sysopt import tune_malloc
+
+    tune_malloc()  # the daemon's own setting, for raw and p2pfl processes alike
     try:
         import uvloop
 
@@ -47,6 +50,7 @@ def _run(coro):
 async def _raw_publisher(host: str, port: int, total_mb: int, go: mp.Event) -> None:
     payload = b"\x5a" * MiB
     async with aiomqtt.Client(host, port, max_inflight_messages=WINDOW * 2) as client:
+        client.pending_calls_threshold = WINDOW * 4
         go.wait()
         pending: set[asyncio.Task] = set()
         for _ in range(total_mb):
@@ -161,6 +165,9 @@ async def bench(repeats: int, raw_mb: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from p2pfl.sysopt import tune_malloc
+
+    tune_malloc()
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", type=Path, help="write the figures here")
     ap.add_argument("--repeats", type=int, default=3)

@@ -353,3 +353,16 @@ def test_buffer_must_be_writable():
 
 def test_state_nbytes():
     assert state_nbytes({"a": torch.zeros(3, 2), "b": np.zeros(4, np.int8), "c": 5}) == 28
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_tensors():
+    state = {
+        "a": torch.randn(3, 4, device="cuda"),
+        "b": torch.arange(5, device="cuda").to(torch.bfloat16),
+    }
+    out = decode(encode(state), BIG)
+    index, buf = state_to_buffer(state)
+    out2 = buffer_to_state(index, buf)
+    for k, v in state.items():
+        assert same(out[k], v.cpu()) and same(out2[k], v.cpu())

@@ -59,7 +59,12 @@ def test_lenet_has_400_features_on_28_and_32():
 def test_mlp_hidden():
     m = build_model(ModelConfig(name="mlp", hidden=64), 10, (1, 28, 28))
     assert m.feature_dim == 64
-    assert [n for n, _ in m.named_parameters()] == ["g.fc.weight", "g.fc.bias", "h.weight", "h.bias"]
+    assert [n for n, _ in m.named_parameters()] == [
+        "g.fc.weight",
+        "g.fc.bias",
+        "h.weight",
+        "h.bias",
+    ]
 
 
 def test_resnet18_split_counts():

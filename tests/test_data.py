@@ -1,0 +1,341 @@
+"""Partitions, per-node splits and loaders (synthetic and tiny generated data only)."""
+
+from __future__ import annotations
+
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from p2pfl import data as D
+from p2pfl.config import DatasetConfig
+
+C = 10
+
+
+def _labels(n_per_class: int = 300, classes: int = C, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.permutation(np.repeat(np.arange(classes), n_per_class))
+
+
+def _max_class_fraction(labels: np.ndarray, shards: list[np.ndarray]) -> float:
+    return float(np.mean([np.bincount(labels[s], minlength=C).max() / len(s) for s in shards]))
+
+
+def _assert_disjoint(shards: list[np.ndarray]) -> np.ndarray:
+    allidx = np.concatenate(shards)
+    assert len(np.unique(allidx)) == len(allidx), "shards overlap"
+    return allidx
+
+
+# ----------------------------------------------------------------------------- partitions
+
+
+@pytest.mark.parametrize(
+    "spec", ["iid", "dirichlet(0.5)", "pathological(2)", "groups", "groups(2,4,0.7)"]
+)
+def test_partition_is_deterministic(spec):
+    labels = _labels()
+    a = D.partition_indices(labels, 8, spec, seed=1, num_classes=C)
+    b = D.partition_indices(labels.copy(), 8, spec, seed=1, num_classes=C)
+    assert len(a) == 8
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    assert all(x.dtype == np.int64 for x in a)
+    c = D.partition_indices(labels, 8, spec, seed=2, num_classes=C)
+    assert any(not np.array_equal(x, y) for x, y in zip(a, c, strict=True))
+    d = D.partition_indices(labels, 8, spec, seed=1, num_classes=C, salt="other-dataset")
+    assert any(not np.array_equal(x, y) for x, y in zip(a, d, strict=True))
+    _assert_disjoint(a)
+
+
+@pytest.mark.parametrize("spec", ["iid", "dirichlet(0.5)", "dirichlet(0.1)", "dirichlet(100)"])
+def test_iid_and_dirichlet_cover_every_sample(spec):
+    labels = _labels()
+    shards = D.partition_indices(labels, 7, spec, seed=0, num_classes=C)
+    allidx = _assert_disjoint(shards)
+    assert np.array_equal(np.sort(allidx), np.arange(len(labels)))
+
+
+def test_iid_shards_are_balanced():
+    shards = D.partition_indices(_labels(), 7, "iid", seed=0, num_classes=C)
+    sizes = [len(s) for s in shards]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_dirichlet_small_alpha_is_label_skewed():
+    labels = _labels()
+    iid = _max_class_fraction(labels, D.partition_indices(labels, 10, "iid", 0, C))
+    skew = _max_class_fraction(labels, D.partition_indices(labels, 10, "dirichlet(0.1)", 0, C))
+    mild = _max_class_fraction(labels, D.partition_indices(labels, 10, "dirichlet(100)", 0, C))
+    assert iid < 0.2 and mild < 0.25
+    assert skew > 0.5 and skew > 2.5 * iid
+
+
+def test_dirichlet_min_samples_respected_and_impossible_is_clear():
+    labels = _labels(n_per_class=30)  # 300 samples
+    for seed in range(5):
+        shards = D.partition_indices(labels, 10, "dirichlet(0.05)", seed, C, min_samples=12)
+        assert min(len(s) for s in shards) >= 12
+    with pytest.raises(ValueError, match="min_samples"):
+        D.partition_indices(labels, 10, "dirichlet(0.5)", 0, C, min_samples=31)
+    with pytest.raises(ValueError, match="tries"):
+        D.partition_indices(labels, 10, "dirichlet(100)", 0, C, min_samples=30)
+
+
+def test_pathological_gives_exactly_k_classes_equally():
+    labels = _labels()
+    for nodes in (5, 8, 12):
+        shards = D.partition_indices(labels, nodes, "pathological(2)", 0, C)
+        _assert_disjoint(shards)
+        seen = set()
+        for s in shards:
+            hist = np.bincount(labels[s], minlength=C)
+            present = np.flatnonzero(hist)
+            assert len(present) == 2
+            assert hist[present[0]] == hist[present[1]]
+            seen.update(present.tolist())
+        assert seen == set(range(C))  # nodes * k >= classes: every class is used
+    with pytest.raises(ValueError, match="pathological"):
+        D.partition_indices(labels, 4, "pathological(11)", 0, C)
+
+
+@pytest.mark.parametrize("spec,g,d,f", [("groups", 3, 3, 0.8), ("groups(2,4,0.6)", 2, 4, 0.6)])
+def test_groups_fraction_from_dominant_classes(spec, g, d, f):
+    labels = _labels()
+    nodes = 9
+    shards = D.partition_indices(labels, nodes, spec, 0, C)
+    _assert_disjoint(shards)
+    tops = []
+    for i, s in enumerate(shards):
+        hist = np.bincount(labels[s], minlength=C)
+        dom = np.argsort(-hist, kind="stable")[:d]
+        assert hist[dom].sum() / hist.sum() == pytest.approx(f, abs=0.03)
+        assert len(np.flatnonzero(hist)) == C  # the rest comes from every other class
+        tops.append((i % g, frozenset(dom.tolist())))
+    # nodes of one group share their dominant classes; different groups differ
+    by_group: dict[int, set] = {}
+    for grp, dom in tops:
+        by_group.setdefault(grp, set()).add(dom)
+    assert all(len(v) == 1 for v in by_group.values())
+    assert len({next(iter(v)) for v in by_group.values()}) == g
+
+
+def test_partition_errors_are_clear():
+    labels = _labels(n_per_class=1)
+    with pytest.raises(ValueError, match="no samples"):
+        D.partition_indices(labels, 20, "iid", 0, C)
+    with pytest.raises(ValueError, match="partition must be"):
+        D.partition_indices(labels, 2, "bogus", 0, C)
+    with pytest.raises(ValueError, match="groups"):
+        D.partition_indices(_labels(), 3, "groups(2,10,0.5)", 0, C)
+
+
+def test_subsample_keeps_proportions():
+    labels = _labels()
+    idx = np.flatnonzero(labels < 3)[:600]
+    hist = np.bincount(labels[idx], minlength=C)
+    sub = D.subsample_like(labels, idx, 60, C, np.random.default_rng(0))
+    assert len(sub) == 60 and set(sub) <= set(idx)
+    np.testing.assert_allclose(
+        np.bincount(labels[sub], minlength=C), hist / hist.sum() * 60, atol=1
+    )
+
+
+def test_test_split_follows_train_distribution():
+    test_labels = _labels(n_per_class=100, seed=5)
+    train_hist = np.array([50, 0, 30, 0, 0, 20, 0, 0, 0, 0])
+    rng = np.random.default_rng(0)
+    idx = D.test_indices_like(test_labels, train_hist, 40, rng)
+    assert len(idx) == 40 and len(np.unique(idx)) == 40
+    hist = np.bincount(test_labels[idx], minlength=C)
+    assert set(np.flatnonzero(hist)) == set(np.flatnonzero(train_hist))
+    np.testing.assert_allclose(hist / 40, train_hist / train_hist.sum(), atol=0.03)
+    again = D.test_indices_like(test_labels, train_hist, 40, np.random.default_rng(0))
+    assert np.array_equal(idx, again)
+    # a class short of test samples gives all it has; the rest goes to the node's other classes
+    idx = D.test_indices_like(test_labels, np.array([900, 100] + [0] * 8), 300, rng)
+    hist = np.bincount(test_labels[idx], minlength=C)
+    assert hist[0] == 100 and hist[1] == 100 and hist[2:].sum() == 0
+
+
+# ----------------------------------------------------------------------------- node data
+
+
+def _synthetic(**kw) -> DatasetConfig:
+    base = dict(
+        name="synthetic",
+        partition="dirichlet(0.5)",
+        num_classes=4,
+        input_shape=[1, 8, 8],
+        synthetic_train=800,
+        synthetic_test=400,
+    )
+    base.update(kw)
+    return DatasetConfig(**base)
+
+
+def test_synthetic_node_data_is_deterministic_and_well_formed():
+    ids = ["a", "b", "c", "d"]
+    cfg = _synthetic()
+    datas = [D.load_node_data(cfg, ids, nid, seed=0) for nid in ids]
+    D.clear_cache()
+    again = D.load_node_data(cfg, ids, "b", seed=0)
+    assert torch.equal(again.train_x, datas[1].train_x)
+    assert torch.equal(again.test_y, datas[1].test_y)
+    other = D.load_node_data(cfg, ids, "b", seed=1)
+    assert not torch.equal(other.train_y, datas[1].train_y) or not torch.equal(
+        other.train_x, datas[1].train_x
+    )
+    assert sum(len(d.train_y) for d in datas) == 800
+    for d in datas:
+        assert d.train_x.dtype == torch.float32 and d.train_y.dtype == torch.int64
+        assert d.train_x.shape[1:] == (1, 8, 8) and d.input_shape == (1, 8, 8)
+        assert d.num_classes == 4
+        assert d.train_hist == np.bincount(d.train_y.numpy(), minlength=4).tolist()
+        assert d.test_hist == np.bincount(d.test_y.numpy(), minlength=4).tolist()
+        # the test split follows the node's own train label distribution (ratio 400/800)
+        assert len(d.test_y) == round(len(d.train_y) / 2)
+        assert {i for i, v in enumerate(d.test_hist) if v} == {
+            i for i, v in enumerate(d.train_hist) if v
+        }
+        tr = np.array(d.train_hist) / sum(d.train_hist)
+        te = np.array(d.test_hist) / sum(d.test_hist)
+        assert np.abs(tr - te).max() < 0.05
+
+
+def test_synthetic_is_class_structured():
+    """Nearest class mean on the train set classifies the test set almost perfectly."""
+    arr = D.load_arrays(_synthetic(num_classes=5, input_shape=[3, 4, 4]), seed=0)
+    x = arr.train_x.reshape(len(arr.train_x), -1)
+    means = np.stack([x[arr.train_y == c].mean(0) for c in range(5)])
+    tx = arr.test_x.reshape(len(arr.test_x), -1)
+    pred = np.argmin(((tx[:, None] - means[None]) ** 2).sum(-1), axis=1)
+    assert (pred == arr.test_y).mean() > 0.95
+
+
+def test_train_and_test_per_node_caps():
+    ids = [f"n{i}" for i in range(3)]
+    cfg = _synthetic(partition="iid", train_per_node=50, test_per_node=20)
+    d = D.load_node_data(cfg, ids, "n2", seed=0)
+    assert len(d.train_y) == 50 and len(d.test_y) == 20
+    with pytest.raises(ValueError, match="not in the swarm"):
+        D.load_node_data(cfg, ids, "zz", seed=0)
+
+
+def test_min_samples_in_config_is_used():
+    cfg = _synthetic(synthetic_train=100, min_samples=30)
+    with pytest.raises(ValueError, match="min_samples"):
+        D.load_node_data(cfg, ["a", "b", "c", "d"], "a", seed=0)
+
+
+# ----------------------------------------------------------------------------- image folders
+
+
+def _make_imagefolder_zip(path: Path, top: str = "") -> None:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    classes = {"cat": 40, "dog": 200, "ant": 120}  # gray levels; sorted order: ant, cat, dog
+    with zipfile.ZipFile(path, "w") as zf:
+        for split, n in (("train", 4), ("test", 2)):
+            for cls, level in classes.items():
+                for i in range(n):
+                    arr = np.clip(level + rng.integers(-5, 6, size=(6, 5, 3)), 0, 255)
+                    img = Image.fromarray(arr.astype(np.uint8), "RGB")
+                    buf = zipfile.ZipInfo(f"{top}{split}/{cls}/{i}.png")
+                    import io
+
+                    b = io.BytesIO()
+                    img.save(b, format="PNG")
+                    zf.writestr(buf, b.getvalue())
+        zf.writestr(f"{top}train/README.txt", "not an image")
+
+
+@pytest.mark.parametrize("top", ["", "tiny/"])
+def test_imagefolder_zip(tmp_path, top):
+    src = tmp_path / "tiny.zip"
+    _make_imagefolder_zip(src, top)
+    cache = tmp_path / "cache"
+    cfg = DatasetConfig(name="imagefolder", root=str(src), partition="iid", min_samples=1)
+    D.clear_cache()
+    arr = D.load_arrays(cfg, seed=0, cache_dir=cache)
+    assert arr.classes == ["ant", "cat", "dog"]
+    assert arr.train_x.shape == (12, 3, 6, 5) and arr.train_x.dtype == np.uint8
+    assert arr.test_x.shape == (6, 3, 6, 5)
+    assert isinstance(arr.train_x, np.memmap)
+    means = [arr.train_x[arr.train_y == c].mean() for c in range(3)]
+    assert means == pytest.approx([120, 40, 200], abs=3)
+    assert list((cache / "imagefolder").glob("*/meta.json"))
+    d = D.load_node_data(cfg, ["a", "b"], "a", seed=0, cache_dir=cache)
+    assert d.train_x.dtype == torch.float32 and d.input_shape == (3, 6, 5)
+    assert len(d.train_y) == 6 and d.num_classes == 3
+    assert float(d.train_x.min()) >= -1.0 and float(d.train_x.max()) <= 1.0
+    # a second load (fresh process state) reads the cache
+    D.clear_cache()
+    again = D.load_arrays(cfg, seed=0, cache_dir=cache)
+    assert np.array_equal(np.asarray(again.train_x), np.asarray(arr.train_x))
+
+
+def test_imagefolder_directory_and_missing(tmp_path):
+    from PIL import Image
+
+    for split in ("train", "test"):
+        for c in ("b", "a"):
+            (tmp_path / "ds" / split / c).mkdir(parents=True)
+            for i in range(3):
+                Image.new("L", (4, 4), 10 if c == "a" else 250).save(
+                    tmp_path / "ds" / split / c / f"{i}.jpg"
+                )
+    arr = D.load_imagefolder(tmp_path / "ds", cache_dir=tmp_path / "cache")
+    assert arr.classes == ["a", "b"] and arr.input_shape == (1, 4, 4)
+    assert arr.train_x[arr.train_y == 1].mean() > 200
+    with pytest.raises(FileNotFoundError, match="imagefolder"):
+        D.load_imagefolder(tmp_path / "nope", cache_dir=tmp_path / "cache")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="train/<class>"):
+        D.load_imagefolder(tmp_path / "empty", cache_dir=tmp_path / "cache")
+
+
+def test_cifar10_zip_found_under_root(tmp_path):
+    """A cifar10*.zip beside other files is found (and cifar100*.zip is not taken for it)."""
+    _make_imagefolder_zip(tmp_path / "cifar100-other.zip")
+    _make_imagefolder_zip(tmp_path / "cifar10-tiny.zip", "cifar10/")
+    D.clear_cache()
+    arr = D.load_arrays(
+        DatasetConfig(name="cifar10", root=str(tmp_path)), seed=0, cache_dir=tmp_path / "c"
+    )
+    assert arr.classes == ["ant", "cat", "dog"]
+    assert arr.mean == D.NORMALIZATION["cifar10"][0]
+    (tmp_path / "cifar10-tiny.zip").unlink()
+    D.clear_cache()
+    with pytest.raises(FileNotFoundError, match="cifar10"):
+        D.load_arrays(DatasetConfig(name="cifar10", root=str(tmp_path / "none")), 0, tmp_path / "c")
+
+
+def test_missing_dataset_files_are_a_clear_error(tmp_path):
+    D.clear_cache()
+    with pytest.raises(FileNotFoundError, match=r"fashionmnist.*" + str(tmp_path)):
+        D.load_arrays(DatasetConfig(name="fashionmnist", root=str(tmp_path)), 0, tmp_path)
+
+
+FMNIST = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.mark.skipif(
+    not (FMNIST / "FashionMNIST" / "raw" / "train-images-idx3-ubyte.gz").is_file(),
+    reason="shared Fashion-MNIST not present",
+)
+def test_fashionmnist_from_shared_gz(tmp_path):
+    t0 = time.perf_counter()
+    D.clear_cache()
+    cfg = DatasetConfig(name="fashionmnist", root=str(FMNIST), partition="dirichlet(0.5)")
+    d = D.load_node_data(cfg, [f"n{i}" for i in range(8)], "n1", seed=0, cache_dir=tmp_path)
+    assert (tmp_path / "FashionMNIST" / "raw" / "train-images-idx3-ubyte").is_file()
+    assert d.input_shape == (1, 28, 28) and d.num_classes == 10
+    assert d.train_x.dtype == torch.float32 and len(d.train_y) > 1000
+    assert abs(float(d.train_x.mean())) < 0.5
+    assert time.perf_counter() - t0 < 20
+    D.clear_cache()
