@@ -51,6 +51,7 @@ def mosquitto_config(host: str, port: int, max_packet_mb: float = 8.0) -> str:
             "max_queued_messages 100000",
             "max_queued_bytes 0",
             "max_inflight_messages 0",
+            "set_tcp_nodelay true",
             f"max_packet_size {int(max_packet_mb * 2**20)}",
             "",
         ]

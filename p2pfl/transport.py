@@ -24,9 +24,12 @@ re-announces presence after every reconnect. Use as ``async with Transport(...) 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import hashlib
 import logging
+import socket
+import struct
 import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
@@ -34,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiomqtt
+import numpy as np
 
 from p2pfl import PROTOCOL_VERSION
 from p2pfl.codec import CodecError, buffer_to_state, decode, encode, state_to_buffer
@@ -43,6 +47,7 @@ log = logging.getLogger(__name__)
 State = dict[str, Any]
 KINDS = frozenset({"presence", "gossip", "pull", "xfer_meta", "xfer_chunk", "pull_error"})
 CHUNK_BYTES = 1 << 20
+FRAME_MAGIC = b"P2F\x01"  # a msgpack message never starts with these bytes (0x50 is a fixint)
 PUBLISH_WINDOW = 16  # QoS-1 publishes in flight per transfer
 
 
@@ -52,14 +57,19 @@ class TransportError(RuntimeError):
 
 @dataclass(frozen=True)
 class Envelope:
+    """One message. ``data`` is an optional raw binary tail (transfer chunks): it travels
+    after the msgpack header as ``FRAME_MAGIC | u32 header length | header | data`` so a
+    1 MiB chunk is neither msgpack-encoded nor copied on decode."""
+
     swarm: str
     sender: str
     round: int
     kind: str
     id: str
     body: Any
+    data: memoryview | None = field(default=None, compare=False, repr=False)
 
-    def pack(self) -> bytes:
+    def _header(self) -> bytes:
         return encode(
             {
                 "v": PROTOCOL_VERSION,
@@ -72,9 +82,25 @@ class Envelope:
             }
         )
 
+    def pack(self) -> bytes:
+        if self.data is None:
+            return self._header()
+        header = self._header()
+        return b"".join((FRAME_MAGIC, struct.pack("<I", len(header)), header, self.data))
+
     @classmethod
     def unpack(cls, payload: bytes, max_bytes: int) -> Envelope:
         """Decode and check the envelope's shape; raise :class:`CodecError` if it is off."""
+        data = None
+        if payload[:4] == FRAME_MAGIC:
+            if len(payload) < 8:
+                raise CodecError("truncated binary frame")
+            (hlen,) = struct.unpack_from("<I", payload, 4)
+            if 8 + hlen > len(payload):
+                raise CodecError("binary frame header runs past the payload")
+            view = memoryview(payload)
+            data = view[8 + hlen :]
+            payload = view[8 : 8 + hlen]
         obj = decode(payload, max_bytes)
         if not isinstance(obj, dict):
             raise CodecError("envelope is not a map")
@@ -91,7 +117,7 @@ class Envelope:
             raise CodecError(f"unknown message kind {kind!r}")
         if not 0 < len(mid) <= 64 or not 0 < len(sender) <= 64:
             raise CodecError("envelope id/from length out of range")
-        return cls(swarm, sender, rnd, kind, mid, obj.get("body"))
+        return cls(swarm, sender, rnd, kind, mid, obj.get("body"), data)
 
 
 @dataclass
@@ -101,12 +127,15 @@ class _Incoming:
     peer: str
     future: asyncio.Future
     max_bytes: int
-    buf: bytearray | None = None
+    buf: memoryview | None = None
     index: list[dict] | None = None
     sha256: str = ""
     chunk: int = CHUNK_BYTES
     nchunks: int = 0
     seen: set[int] = field(default_factory=set)
+    hasher: Any = field(default_factory=hashlib.sha256)
+    hashed: int = 0  # chunks [0, hashed) are submitted to the hashing thread, in order
+    last_hash: concurrent.futures.Future | None = None
 
 
 @dataclass
@@ -163,6 +192,7 @@ class Transport:
         self._incoming: dict[str, _Incoming] = {}
         self._seen_ids: OrderedDict[str, None] = OrderedDict()
         self._request_tasks: set[asyncio.Task] = set()
+        self._hasher_pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def topic(self, kind: str, node: str) -> str:
@@ -200,6 +230,9 @@ class Transport:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
         self._connected.clear()
+        if self._hasher_pool is not None:
+            self._hasher_pool.shutdown(wait=False, cancel_futures=True)
+            self._hasher_pool = None
 
     def _will(self) -> aiomqtt.Will:
         return aiomqtt.Will(
@@ -232,6 +265,8 @@ class Transport:
                     timeout=30,
                     max_inflight_messages=PUBLISH_WINDOW * 2,
                     max_queued_outgoing_messages=0,
+                    # small requests must not wait behind delayed ACKs (Nagle): 40 ms each
+                    socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
                 ) as client:
                     client.pending_calls_threshold = PUBLISH_WINDOW * 4  # windowed on purpose
                     self._client = client
@@ -346,8 +381,14 @@ class Transport:
         try:
             for seq in range(meta["nchunks"]):
                 data = view[seq * self.chunk_bytes : (seq + 1) * self.chunk_bytes]
-                payload = self._envelope(
-                    "xfer_chunk", round_no, {"xfer": xfer, "seq": seq, "data": bytes(data)}
+                payload = Envelope(
+                    self.swarm,
+                    self.node_id,
+                    round_no,
+                    "xfer_chunk",
+                    uuid.uuid4().hex[:16],
+                    {"xfer": xfer, "seq": seq},
+                    data,
                 ).pack()
                 pending.add(asyncio.create_task(self._publish(topic, payload)))
                 if len(pending) >= PUBLISH_WINDOW:
@@ -382,10 +423,11 @@ class Transport:
         if not 0 < chunk <= self.max_message_bytes or nchunks != -(-total // chunk):
             self._fail(inc, "inconsistent chunking in transfer metadata")
             return
-        inc.buf = bytearray(total)
+        # uninitialised (no 47 MB memset): every byte is overwritten by a chunk before use
+        inc.buf = memoryview(np.empty(total, dtype=np.uint8)).cast("B")
         inc.index, inc.sha256, inc.chunk, inc.nchunks = index, sha, chunk, nchunks
         if nchunks == 0:
-            self._finish(inc)
+            self._spawn(self._finish(inc))
 
     def _on_chunk(self, env: Envelope) -> None:
         body = env.body
@@ -393,8 +435,8 @@ class Transport:
         if inc is None or inc.peer != env.sender or inc.buf is None or inc.future.done():
             self._drop("unexpected_xfer_chunk", env)
             return
-        seq, data = body.get("seq"), body.get("data")
-        if not isinstance(seq, int) or not isinstance(data, bytes) or not 0 <= seq < inc.nchunks:
+        seq, data = body.get("seq"), env.data
+        if not isinstance(seq, int) or data is None or not 0 <= seq < inc.nchunks:
             self._fail(inc, "malformed chunk")
             return
         start = seq * inc.chunk
@@ -406,12 +448,34 @@ class Transport:
             return
         inc.buf[start : start + expected] = data
         inc.seen.add(seq)
+        # hash the contiguous prefix in a worker thread (hashlib releases the GIL), so the
+        # digest is ready almost as soon as the last chunk lands
+        while inc.hashed in inc.seen:
+            lo = inc.hashed * inc.chunk
+            inc.last_hash = self._hash_pool().submit(
+                inc.hasher.update, inc.buf[lo : lo + inc.chunk]
+            )
+            inc.hashed += 1
         if len(inc.seen) == inc.nchunks:
-            self._finish(inc)
+            self._spawn(self._finish(inc))
 
-    def _finish(self, inc: _Incoming) -> None:
+    def _hash_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._hasher_pool is None:  # one worker: updates run in submission order
+            self._hasher_pool = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix=f"sha256-{self.node_id}"
+            )
+        return self._hasher_pool
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._request_tasks.add(task)
+        task.add_done_callback(self._request_done)
+
+    async def _finish(self, inc: _Incoming) -> None:
         assert inc.buf is not None and inc.index is not None
-        if hashlib.sha256(inc.buf).hexdigest() != inc.sha256:
+        if inc.last_hash is not None:
+            await asyncio.wrap_future(inc.last_hash)
+        if inc.hasher.hexdigest() != inc.sha256:
             self._fail(inc, "sha256 mismatch")
             return
         try:
@@ -512,9 +576,7 @@ class Transport:
         elif env.kind == "pull":
             if self.on_request is None:
                 return
-            task = asyncio.create_task(self.on_request(env))
-            self._request_tasks.add(task)
-            task.add_done_callback(self._request_done)
+            self._spawn(self.on_request(env))
         else:
             self._drop("unexpected_kind", f"{topic}: {env.kind}")
 

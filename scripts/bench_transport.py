@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import socket
 import statistics
 import sys
 import time
@@ -30,6 +31,7 @@ from p2pfl.broker import MosquittoBroker  # noqa: E402
 
 MiB = 1 << 20
 WINDOW = 16
+NODELAY = (socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as p2pfl.transport sets it
 
 
 def _run(coro):
@@ -49,7 +51,9 @@ def _run(coro):
 
 async def _raw_publisher(host: str, port: int, total_mb: int, go: mp.Event) -> None:
     payload = b"\x5a" * MiB
-    async with aiomqtt.Client(host, port, max_inflight_messages=WINDOW * 2) as client:
+    async with aiomqtt.Client(
+        host, port, max_inflight_messages=WINDOW * 2, socket_options=[NODELAY]
+    ) as client:
         client.pending_calls_threshold = WINDOW * 4
         go.wait()
         pending: set[asyncio.Task] = set()
@@ -68,7 +72,7 @@ async def raw_once(host: str, port: int, total_mb: int) -> float:
     ctx = mp.get_context("spawn")
     go = ctx.Event()
     proc = ctx.Process(target=raw_publisher_main, args=(host, port, total_mb, go))
-    async with aiomqtt.Client(host, port) as sub:
+    async with aiomqtt.Client(host, port, socket_options=[NODELAY]) as sub:
         await sub.subscribe("bench/raw", qos=1)
         proc.start()
         await asyncio.sleep(1.0)  # let the publisher connect
