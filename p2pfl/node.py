@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import threading
 import time
 import zlib
@@ -264,6 +265,14 @@ class Node:
             seed=int(self.rng.integers(2**31)),
             device=self.device,
         )
+        if not math.isfinite(result.loss):
+            log.warning(
+                "%s: round %d: training loss is %s (lr %.4g too high? see the method's knobs)",
+                self.id,
+                round_no,
+                result.loss,
+                lr,
+            )
         await asyncio.to_thread(alg.after_train)
         acc, test_loss = await asyncio.to_thread(
             evaluate, self.model, self.data.test_x, self.data.test_y, 500, self.device

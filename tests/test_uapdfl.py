@@ -136,7 +136,7 @@ def test_malformed_gossip_is_ignored():
 
 def test_auxiliary_term_value_and_gradient():
     alg = make_alg({"mu": 0.5, "th_I": 0.0})
-    gossip = {"p": {"n": 2, "I": alg.I.clone() * 0 + torch.tensor([1.0, 0, 0]), "A": alg.A + 2.0}}
+    gossip = {"p": {"n": 2, "I": torch.tensor([1.0, 0, 0]), "A": alg.A + 2.0}}
     alg.plan(gossip)
     term = alg.extra_loss()
     assert term is not None
@@ -156,3 +156,11 @@ def test_choose_peers_draws_com_neighbours():
     picks = alg.choose_peers(["a", "b", "c", "d", "e"])
     assert len(picks) == 2 and set(picks) <= {"a", "b", "c", "d", "e"}
     assert alg.choose_peers(["a"]) == ["a"]
+
+
+def test_auxiliary_term_mean_reduction_divides_by_feature_dim():
+    alg = make_alg({"mu": 0.5, "th_I": 0.0, "aux_reduction": "mean"})
+    gossip = {"p": {"n": 2, "I": torch.tensor([1.0, 0, 0]), "A": alg.A + 2.0}}
+    alg.plan(gossip)
+    value = alg.extra_loss()(alg.model, None, None, None)
+    assert float(value.detach()) == pytest.approx(0.5, rel=1e-5)  # μ · mean(1²)
