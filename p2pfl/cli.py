@@ -41,7 +41,7 @@ def _setup_logging(verbose: bool, rich: bool = True) -> None:
 def _print_config_error(exc: ConfigError) -> None:
     for loc, msg in exc.errors:
         where = f"{exc.source}: {loc}" if loc else exc.source
-        console.print(f"[red]error[/] {where}: {msg}", highlight=False)
+        console.print(f"[red]error[/] {where}: {msg}", highlight=False, soft_wrap=True)
 
 
 def _load(args: argparse.Namespace, extra: list[str] | None = None) -> TopologyConfig:
@@ -70,9 +70,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         f"{graph.number_of_edges()} edges, {cfg.rounds} rounds of {cfg.algorithm.name} "
         f"on {cfg.dataset.name} ({cfg.dataset.partition}), model {cfg.model.name}",
         highlight=False,
+        soft_wrap=True,
     )
     for w in graph_warnings(cfg):
-        console.print(f"[yellow]warning[/] {args.topology}: {w}", highlight=False)
+        console.print(f"[yellow]warning[/] {args.topology}: {w}", highlight=False, soft_wrap=True)
     return 0
 
 

@@ -1,0 +1,95 @@
+"""The command line: validate's error report, and a swarm that cleans up on Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from p2pfl.cli import main
+from p2pfl.metrics import read_records
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_validate_ok(capsys):
+    assert main(["validate", "topologies/ring-8.yaml"]) == 0
+    err = capsys.readouterr().err
+    assert "ok" in err and "8 nodes" in err and "8 edges" in err
+
+
+def test_validate_reports_every_error_with_file_and_field(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "name: x\nnodes: 3\nrounds: -1\ntraining: {lr: 0, optimiser: sgd}\n"
+        "algorithm: {name: uapdfl, params: {th_I: -1}}\n"
+    )
+    assert main(["validate", str(bad)]) == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if "error" in ln]
+    text = "\n".join(lines)
+    for field in ("rounds", "training.lr", "training.optimiser", "algorithm"):
+        assert f"{bad}: {field}:" in text, text
+    assert "params.th_I" in text
+
+
+def test_validate_set_override_is_checked(capsys):
+    assert main(["validate", "topologies/synthetic.yaml", "--set", "edges.kind=moebius"]) == 2
+    assert "edges.kind" in capsys.readouterr().err
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmd:
+            pids.append(int(entry.name))
+    return pids
+
+
+@pytest.mark.integration
+def test_ctrl_c_stops_every_process_it_started(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "scripts/launch_swarm.py",
+            "topologies/synthetic.yaml",
+            "--set",
+            "rounds=200",
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not read_records(out / "nodes" / "a.jsonl"):
+            assert proc.poll() is None, proc.stdout.read().decode()
+            assert time.monotonic() < deadline, "no round completed"
+            time.sleep(0.2)
+        started = _processes_mentioning(str(out))
+        assert len(started) >= 5  # 4 nodes + mosquitto (its config lives in the run dir)
+        os.kill(proc.pid, signal.SIGINT)  # what Ctrl-C sends to the foreground process
+        assert proc.wait(timeout=60) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    time.sleep(0.5)
+    assert _processes_mentioning(str(out)) == []
+    output = proc.stdout.read().decode()
+    assert "interrupted" in output
+    assert (out / "summary.json").exists()  # the partial run is still summarized
