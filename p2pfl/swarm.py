@@ -193,6 +193,10 @@ def run_swarm(
             broker = BrokerAddress(host=own_broker.host, port=own_broker.port)
             console.print(f"[bold]broker[/] mosquitto on {own_broker.address}")
         cfg = cfg.model_copy(update={"broker": broker})
+        if cfg.dataset.root and not os.path.isabs(cfg.dataset.root):
+            # the recorded config must not depend on where it is read from
+            root = os.path.abspath(cfg.dataset.root)
+            cfg = cfg.model_copy(update={"dataset": cfg.dataset.model_copy(update={"root": root})})
         config_path = out_dir / "config.yaml"
         config_path.write_text(dump_topology(cfg))
         groups = group_ids(cfg.node_ids, max(1, nodes_per_process))

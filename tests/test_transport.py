@@ -184,3 +184,34 @@ async def test_corrupt_transfer_is_rejected(broker):
     finally:
         await a.close()
         await b.close()
+
+
+async def test_reconnects_and_resubscribes_after_broker_restart(tmp_path):
+    """The broker goes away and comes back on the same port: both nodes reconnect,
+    re-announce presence, resubscribe, and a pull works again."""
+    from p2pfl.broker import MosquittoBroker
+
+    broker = MosquittoBroker(workdir=tmp_path / "b1").start()
+    port = broker.port
+    a, b = await pair(broker)
+    state = {"g.w": torch.randn(50, 50)}
+    b.on_request = lambda env: serve_from({1: state})(b, env)
+    try:
+        broker.stop()
+        for _ in range(100):
+            if not a._connected.is_set() and not b._connected.is_set():
+                break
+            await asyncio.sleep(0.05)
+        broker = MosquittoBroker(port=port, workdir=tmp_path / "b2").start()
+        for _ in range(200):
+            if a._connected.is_set() and b._connected.is_set() and "b" in a.peers:
+                break
+            await asyncio.sleep(0.05)
+        assert a._connected.is_set() and b._connected.is_set()
+        assert a.peers["b"]["status"] == "online"  # presence re-announced to the new broker
+        got = await a.pull("b", 1, "all", timeout=10)
+        assert torch.equal(got["g.w"], state["g.w"])
+    finally:
+        await a.close()
+        await b.close()
+        broker.stop()
