@@ -41,7 +41,7 @@ from p2pfl.metrics import append_record, node_log_path, node_meta_path, write_js
 from p2pfl.models import SplitModel, build_model
 from p2pfl.topology import neighbours
 from p2pfl.train import evaluate, round_lr, train_local
-from p2pfl.transport import Envelope, PreparedState, Transport
+from p2pfl.transport import Envelope, PreparedState, Transport, TransportError
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +239,10 @@ class Node:
         for old in [r for r in self._gossip if r < round_no - 1]:
             del self._gossip[old]
         self._keep_snapshot(round_no, alg.snapshot())
-        await tr.gossip(round_no, alg.gossip())
+        try:
+            await tr.gossip(round_no, alg.gossip())
+        except TransportError as exc:  # broker gone: peers will not hear from us this round
+            log.warning("%s: round %d: gossip not sent: %s", self.id, round_no, exc)
         chosen = alg.choose_peers(self._live_neighbours())
         deadline = t0 + cfg.timing.round_timeout_s
 
@@ -354,7 +357,10 @@ class Node:
                     record["peers"],
                     " (dropout)" if record.get("dropout") else "",
                 )
-            await self.transport.set_status("done", round=cfg.rounds)
+            try:
+                await self.transport.set_status("done", round=cfg.rounds)
+            except TransportError as exc:
+                log.warning("%s: could not announce done: %s", self.id, exc)
             await self._wait_for(
                 lambda: all(self._status(p) != "online" for p in self.neighbours),
                 time.monotonic() + cfg.timing.linger_s,

@@ -89,8 +89,8 @@ def weighted_average(items: list[tuple[float, State]]) -> State:
             out[key] = ref.clone()
             continue
         acc = torch.zeros_like(ref, dtype=torch.float64)
-        for n, state in items:
-            acc += (n / total) * state[key].to(torch.float64)
+        for n, state in items:  # pulled states arrive on the CPU; the own may be on a GPU
+            acc += (n / total) * state[key].to(device=ref.device, dtype=torch.float64)
         out[key] = acc.to(ref.dtype)
     return out
 
