@@ -13,7 +13,7 @@ duplicated, or otherwise malformed is dropped with a log line and counted in
 :attr:`Transport.dropped`; it never raises into the node.
 
 Weights move on request only (:meth:`Transport.pull`): the owner answers with a metadata
-message (transfer id, total size, sha256, tensor index) followed by numbered ~1 MiB chunks,
+message (transfer id, total size, digest, tensor index) followed by numbered ~1 MiB chunks,
 reassembled into one preallocated buffer on the receiver and verified before use. This MQTT
 lane is the seam a direct TCP lane can later sit beside without touching algorithms.
 
@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import hashlib
 import logging
 import socket
 import struct
@@ -41,6 +40,7 @@ import numpy as np
 
 from p2pfl import PROTOCOL_VERSION
 from p2pfl.codec import CodecError, buffer_to_state, decode, encode, state_to_buffer
+from p2pfl.digest import DEFAULT_DIGEST, hexdigest, new_hasher
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,7 @@ State = dict[str, Any]
 KINDS = frozenset({"presence", "gossip", "pull", "xfer_meta", "xfer_chunk", "pull_error"})
 CHUNK_BYTES = 1 << 20
 FRAME_MAGIC = b"P2F\x01"  # a msgpack message never starts with these bytes (0x50 is a fixint)
+HASH_BATCH = 8  # chunks per hashing job: fewer GIL hand-offs to the hashing thread
 PUBLISH_WINDOW = 16  # QoS-1 publishes in flight per transfer
 
 
@@ -129,11 +130,11 @@ class _Incoming:
     max_bytes: int
     buf: memoryview | None = None
     index: list[dict] | None = None
-    sha256: str = ""
+    digest: str = ""  # expected hex digest
     chunk: int = CHUNK_BYTES
     nchunks: int = 0
     seen: set[int] = field(default_factory=set)
-    hasher: Any = field(default_factory=hashlib.sha256)
+    hasher: Any = None
     hashed: int = 0  # chunks [0, hashed) are submitted to the hashing thread, in order
     last_hash: concurrent.futures.Future | None = None
 
@@ -371,7 +372,8 @@ class Transport:
             "total": len(prepared.buf),
             "chunk": self.chunk_bytes,
             "nchunks": prepared.nchunks(self.chunk_bytes),
-            "sha256": prepared.sha256,
+            "digest": prepared.digest_name,
+            "hexdigest": prepared.hexdigest,
             "index": prepared.index,
         }
         await self.send(to, "xfer_meta", round_no, meta)
@@ -410,12 +412,17 @@ class Transport:
             self._drop("unexpected_xfer_meta", env)
             return
         total, chunk, nchunks = body.get("total"), body.get("chunk"), body.get("nchunks")
-        index, sha = body.get("index"), body.get("sha256")
+        index, digest, expected = body.get("index"), body.get("digest"), body.get("hexdigest")
         ints_ok = all(
             isinstance(v, int) and not isinstance(v, bool) for v in (total, chunk, nchunks)
         )
-        if not ints_ok or not isinstance(index, list) or not isinstance(sha, str):
+        if not ints_ok or not isinstance(index, list) or not isinstance(expected, str):
             self._fail(inc, "malformed transfer metadata")
+            return
+        try:
+            inc.hasher = new_hasher(digest) if isinstance(digest, str) else new_hasher("?")
+        except ValueError as exc:
+            self._fail(inc, str(exc))
             return
         if total < 0 or total > inc.max_bytes:
             self._fail(inc, f"transfer of {total} bytes exceeds the limit of {inc.max_bytes}")
@@ -425,7 +432,7 @@ class Transport:
             return
         # uninitialised (no 47 MB memset): every byte is overwritten by a chunk before use
         inc.buf = memoryview(np.empty(total, dtype=np.uint8)).cast("B")
-        inc.index, inc.sha256, inc.chunk, inc.nchunks = index, sha, chunk, nchunks
+        inc.index, inc.digest, inc.chunk, inc.nchunks = index, expected, chunk, nchunks
         if nchunks == 0:
             self._spawn(self._finish(inc))
 
@@ -448,21 +455,23 @@ class Transport:
             return
         inc.buf[start : start + expected] = data
         inc.seen.add(seq)
-        # hash the contiguous prefix in a worker thread (hashlib releases the GIL), so the
+        # hash the contiguous prefix in a worker thread (hashers release the GIL), so the
         # digest is ready almost as soon as the last chunk lands
-        while inc.hashed in inc.seen:
-            lo = inc.hashed * inc.chunk
-            inc.last_hash = self._hash_pool().submit(
-                inc.hasher.update, inc.buf[lo : lo + inc.chunk]
-            )
-            inc.hashed += 1
-        if len(inc.seen) == inc.nchunks:
+        ready = inc.hashed
+        while ready in inc.seen:
+            ready += 1
+        complete = len(inc.seen) == inc.nchunks
+        if ready - inc.hashed >= HASH_BATCH or (complete and ready > inc.hashed):
+            span = inc.buf[inc.hashed * inc.chunk : ready * inc.chunk]
+            inc.last_hash = self._hash_pool().submit(inc.hasher.update, span)
+            inc.hashed = ready
+        if complete:
             self._spawn(self._finish(inc))
 
     def _hash_pool(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._hasher_pool is None:  # one worker: updates run in submission order
             self._hasher_pool = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix=f"sha256-{self.node_id}"
+                1, thread_name_prefix=f"digest-{self.node_id}"
             )
         return self._hasher_pool
 
@@ -475,8 +484,8 @@ class Transport:
         assert inc.buf is not None and inc.index is not None
         if inc.last_hash is not None:
             await asyncio.wrap_future(inc.last_hash)
-        if inc.hasher.hexdigest() != inc.sha256:
-            self._fail(inc, "sha256 mismatch")
+        if inc.hasher.hexdigest() != inc.digest:
+            self._fail(inc, "digest mismatch")
             return
         try:
             state = buffer_to_state(inc.index, inc.buf)
@@ -588,16 +597,17 @@ class Transport:
 
 @dataclass
 class PreparedState:
-    """A state packed once for sending: one buffer, its tensor index and its sha256."""
+    """A state packed once for sending: one buffer, its tensor index and its digest."""
 
     index: list[dict]
     buf: bytearray
-    sha256: str
+    digest_name: str
+    hexdigest: str
 
     @classmethod
-    def from_state(cls, state: State) -> PreparedState:
+    def from_state(cls, state: State, digest: str = DEFAULT_DIGEST) -> PreparedState:
         index, buf = state_to_buffer(state)
-        return cls(index=index, buf=buf, sha256=hashlib.sha256(buf).hexdigest())
+        return cls(index=index, buf=buf, digest_name=digest, hexdigest=hexdigest(buf, digest))
 
     def nchunks(self, chunk: int) -> int:
         return -(-len(self.buf) // chunk)

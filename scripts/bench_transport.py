@@ -5,7 +5,7 @@
    them in flight), a subscriber in this process times first byte to last byte;
 2. p2pfl: a serving node process holds a ResNet18-sized state (~45 MB); this process pulls
    it with :meth:`p2pfl.transport.Transport.pull` (request, metadata, 1 MiB chunks,
-   reassembly, sha256 check, tensors) and times it end to end.
+   reassembly, digest check, tensors) and times it end to end.
 
 Prints a table and writes ``raw_MBps``, ``p2pfl_MBps`` and ``ratio`` (plus details) to
 ``--json``. Target: p2pfl ≥ 50% of raw.
@@ -152,8 +152,10 @@ async def p2pfl_pulls(host: str, port: int, repeats: int) -> tuple[list[float], 
 
 async def bench(repeats: int, raw_mb: int) -> dict:
     with MosquittoBroker(max_packet_mb=8) as broker:
-        raw = [await raw_once(broker.host, broker.port, raw_mb) for _ in range(repeats)]
-        pulls, nbytes = await p2pfl_pulls(broker.host, broker.port, repeats)
+        # one warm-up run of each (discarded), so neither side pays first-touch costs
+        raw = [await raw_once(broker.host, broker.port, raw_mb) for _ in range(repeats + 1)][1:]
+        pulls, nbytes = await p2pfl_pulls(broker.host, broker.port, repeats + 1)
+        pulls = pulls[1:]
     raw_mbps = statistics.median(raw)
     p2p_mbps = statistics.median(pulls)
     return {
@@ -165,6 +167,7 @@ async def bench(repeats: int, raw_mb: int) -> dict:
         "state_bytes": nbytes,
         "raw_bytes": raw_mb * MiB,
         "repeats": repeats,
+        "warmup_runs_discarded": 1,
     }
 
 

@@ -61,6 +61,29 @@ async def test_pull_chunked_state_round_trip(broker):
         await b.close()
 
 
+async def test_pull_with_sha256_and_unknown_digest(broker):
+    state = {"g.w": torch.randn(64, 64)}
+    a, b = await pair(broker)
+    try:
+        for name in ("sha256", "md5"):
+
+            async def serve(env, name=name):
+                prepared = PreparedState.from_state(state, digest="sha256")
+                prepared.digest_name = name  # md5: a name the receiver does not accept
+                await b.send_state(env.sender, env.id, env.round, prepared)
+
+            b.on_request = serve
+            if name == "sha256":
+                got = await a.pull("b", 1, "all", timeout=10)
+                assert torch.equal(got["g.w"], state["g.w"])
+            else:
+                with pytest.raises(TransportError, match="unsupported digest"):
+                    await a.pull("b", 1, "all", timeout=10)
+    finally:
+        await a.close()
+        await b.close()
+
+
 async def test_pull_from_absent_peer_times_out(broker):
     a, b = await pair(broker)
     try:
@@ -167,18 +190,22 @@ async def test_hostile_messages_are_dropped_and_counted(broker):
         await b.close()
 
 
-async def test_corrupt_transfer_is_rejected(broker):
-    """A peer that answers with chunks that do not match the announced sha256 is refused."""
+@pytest.mark.parametrize(
+    "digest, match",
+    [("blake3", "digest mismatch"), ("sha256", "digest mismatch")],
+)
+async def test_corrupt_transfer_is_rejected(broker, digest, match):
+    """A peer whose chunks do not match the announced digest is refused."""
     a, b = await pair(broker)
     try:
 
         async def liar(env):
-            prepared = PreparedState.from_state({"g.w": torch.ones(10)})
-            prepared.sha256 = "0" * 64
+            prepared = PreparedState.from_state({"g.w": torch.ones(10)}, digest=digest)
+            prepared.hexdigest = "0" * 64
             await b.send_state(env.sender, env.id, env.round, prepared)
 
         b.on_request = liar
-        with pytest.raises(TransportError, match="sha256"):
+        with pytest.raises(TransportError, match=match):
             await a.pull("b", 1, "all", timeout=10)
         assert a.dropped["bad_transfer"] == 1
     finally:
