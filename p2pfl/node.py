@@ -18,6 +18,7 @@ Training and evaluation run in worker threads: the event loop keeps answering pe
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import math
@@ -35,7 +36,7 @@ import torch
 from p2pfl import PROTOCOL_VERSION
 from p2pfl.algorithms import AlgorithmContext, get_algorithm
 from p2pfl.algorithms.base import Algorithm, State
-from p2pfl.config import BrokerAddress, TopologyConfig
+from p2pfl.config import BrokerAddress, TopologyConfig, dump_topology
 from p2pfl.data import NodeData, load_node_data
 from p2pfl.metrics import append_record, node_log_path, node_meta_path, write_json
 from p2pfl.models import SplitModel, build_model
@@ -46,6 +47,8 @@ from p2pfl.transport import Envelope, PreparedState, Transport, TransportError
 log = logging.getLogger(__name__)
 
 _MODEL_INIT_LOCK = threading.Lock()  # torch's global RNG is shared by co-hosted nodes
+# packing a state for peers must not queue behind co-hosted nodes' training jobs
+_PACK_POOL = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="p2pfl-pack")
 PARTS = ("g", "h", "all")
 SNAPSHOTS_KEPT = 3
 GOSSIP_AHEAD = 5  # rounds ahead of ours whose gossip we keep
@@ -119,6 +122,13 @@ class Node:
     def _write_meta(self) -> None:
         if self.out_dir is None or self.data is None:
             return
+        config_path = self.out_dir / "config.yaml"
+        if not config_path.exists():  # daemons started by hand: the first one records it
+            resolved = self.cfg.model_copy(update={"broker": self.broker})
+            tmp = config_path.with_name(f".config.{self.id}.tmp")
+            tmp.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(dump_topology(resolved))
+            tmp.replace(config_path)
         write_json(
             node_meta_path(self.out_dir, self.id),
             {
@@ -177,7 +187,9 @@ class Node:
                     return None
                 assert self.algorithm is not None
                 state = self.algorithm.select(snap, part)
-                self._prepared[key] = await asyncio.to_thread(PreparedState.from_state, state)
+                self._prepared[key] = await asyncio.get_running_loop().run_in_executor(
+                    _PACK_POOL, PreparedState.from_state, state
+                )
         return self._prepared.get(key)
 
     async def _serve_pull(self, env: Envelope) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from p2pfl.cli import main as cli_main
 from p2pfl.config import dump_topology, load_topology
 from p2pfl.metrics import ROUND_FIELDS, read_records
 from p2pfl.swarm import run_swarm, spawn_worker, stop_workers
@@ -147,3 +148,7 @@ def test_dead_node_does_not_stall_others(tmp_path, broker, how):
         assert victim not in last["peers"], (nid, last)
         if how == "freeze":  # still "online" by presence: chosen, then missing or failed
             assert victim in last["missing"] or victim in last["pull_failed"], last
+    # a run of hand-started daemons can be summarized afterwards
+    assert cli_main(["summarize", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["nodes_completed"] == 3 and summary["nodes_incomplete"] == [victim]
