@@ -129,6 +129,13 @@ def cmd_node(args: argparse.Namespace) -> int:
     if unknown:
         console.print(f"[red]error[/] {args.topology}: nodes: no node with id {unknown}")
         return 2
+    if (BrokerAddress.parse(broker) if broker else cfg.broker).mdns:
+        console.print(
+            f"[red]error[/] {args.topology}: broker: mdns discovery is not available yet; "
+            "give --broker host:port",
+            soft_wrap=True,
+        )
+        return 2
     import torch
 
     torch.set_num_threads(cfg.training.threads)

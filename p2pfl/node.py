@@ -324,7 +324,7 @@ class Node:
         self._write_meta()
         cfg = self.cfg
         if self.broker.mdns:
-            raise NotImplementedError("broker: mdns needs p2pfl.discovery (not built yet)")
+            raise ValueError(f"{self.id}: broker: mdns discovery is not available yet")
         self.transport = Transport(
             cfg.name,
             self.id,
