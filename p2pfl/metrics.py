@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +48,18 @@ def append_record(path: Path, record: dict[str, Any]) -> None:
         f.flush()
 
 
-def write_json(path: Path, obj: Any) -> None:
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write via a uniquely named temporary file and rename: readers (and other nodes
+    writing the same file at once) never see a torn file."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp.write_text(text)
     tmp.replace(path)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=2))
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:

@@ -38,7 +38,13 @@ from p2pfl.algorithms import AlgorithmContext, get_algorithm
 from p2pfl.algorithms.base import Algorithm, State
 from p2pfl.config import BrokerAddress, TopologyConfig, dump_topology
 from p2pfl.data import NodeData, load_node_data
-from p2pfl.metrics import append_record, node_log_path, node_meta_path, write_json
+from p2pfl.metrics import (
+    append_record,
+    node_log_path,
+    node_meta_path,
+    write_json,
+    write_text_atomic,
+)
 from p2pfl.models import SplitModel, build_model
 from p2pfl.topology import neighbours
 from p2pfl.train import evaluate, round_lr, train_local
@@ -119,16 +125,14 @@ class Node:
         )
         self.algorithm = cls(self.cfg.algorithm.params, ctx)
 
-    def _write_meta(self) -> None:
+    def _write_run_files(self) -> None:
+        """This node's data facts, and the resolved config if nobody recorded it yet."""
         if self.out_dir is None or self.data is None:
             return
         config_path = self.out_dir / "config.yaml"
         if not config_path.exists():  # daemons started by hand: the first one records it
             resolved = self.cfg.model_copy(update={"broker": self.broker})
-            tmp = config_path.with_name(f".config.{self.id}.tmp")
-            tmp.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(dump_topology(resolved))
-            tmp.replace(config_path)
+            write_text_atomic(config_path, dump_topology(resolved))
         write_json(
             node_meta_path(self.out_dir, self.id),
             {
@@ -321,7 +325,7 @@ class Node:
         """Run the whole lifecycle; returns the per-round records."""
         t_start = time.monotonic()
         await asyncio.to_thread(self._load)
-        self._write_meta()
+        self._write_run_files()
         cfg = self.cfg
         if self.broker.mdns:
             raise ValueError(f"{self.id}: broker: mdns discovery is not available yet")

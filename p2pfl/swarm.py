@@ -34,6 +34,7 @@ from p2pfl.metrics import (
     read_records,
     summarize,
     write_json,
+    write_text_atomic,
 )
 
 
@@ -198,7 +199,7 @@ def run_swarm(
             root = os.path.abspath(cfg.dataset.root)
             cfg = cfg.model_copy(update={"dataset": cfg.dataset.model_copy(update={"root": root})})
         config_path = out_dir / "config.yaml"
-        config_path.write_text(dump_topology(cfg))
+        write_text_atomic(config_path, dump_topology(cfg))
         groups = group_ids(cfg.node_ids, max(1, nodes_per_process))
         workers = [spawn_worker(config_path, ids, str(broker), out_dir, verbose) for ids in groups]
         console.print(
