@@ -143,6 +143,17 @@ class TimingConfig(_Strict):
     linger_s: float = Field(
         60.0, ge=0, description="after the last round, keep serving peers at most this long"
     )
+    aggregator_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="centralized methods: how long a client waits for the aggregator's "
+        "result after reporting before the next peer takes the round over "
+        "(default: 3 × round_timeout_s)",
+    )
+
+    @property
+    def aggregator_timeout(self) -> float:
+        return self.aggregator_timeout_s or 3 * self.round_timeout_s
 
 
 class TopologyConfig(_Strict):

@@ -136,7 +136,8 @@ def summarize(
         starts = [recs[0]["t"] - recs[0].get("round_s", 0) for recs in logs.values() if recs]
         ends = [recs[-1]["t"] for recs in logs.values() if recs]
         wall_s = (max(ends) - min(starts)) if starts else 0.0
-    completed = [n for n in expected_nodes if len(logs.get(n, [])) >= rounds]
+    # a node that joined late has fewer records but still reached the last round
+    completed = [n for n in expected_nodes if logs.get(n) and logs[n][-1]["round"] >= rounds]
     return {
         "algorithm": algorithm,
         "nodes": len(expected_nodes),

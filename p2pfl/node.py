@@ -35,7 +35,8 @@ import torch
 
 from p2pfl import PROTOCOL_VERSION
 from p2pfl.algorithms import AlgorithmContext, get_algorithm
-from p2pfl.algorithms.base import Algorithm, State
+from p2pfl.algorithms.base import Algorithm, CentralizedAlgorithm, Method, State
+from p2pfl.central import CentralizedRounds
 from p2pfl.config import BrokerAddress, TopologyConfig, dump_topology
 from p2pfl.data import NodeData, load_node_data
 from p2pfl.metrics import (
@@ -86,11 +87,15 @@ class Node:
         self.broker = self.opts.broker or cfg.broker
         self.device = torch.device(self.opts.device or cfg.training.device)
         self.out_dir = Path(self.opts.out_dir) if self.opts.out_dir else None
-        self.neighbours = neighbours(cfg, node_id)
+        self.method = get_algorithm(cfg.algorithm.name)
+        if self.method.kind == "centralized":  # every member talks to the elected aggregator
+            self.neighbours = [n for n in cfg.node_ids if n != node_id]
+        else:
+            self.neighbours = neighbours(cfg, node_id)
         self.rng = np.random.default_rng(node_seed(cfg.seed, node_id))
         self.round = 0
         self.transport: Transport | None = None
-        self.algorithm: Algorithm | None = None
+        self.algorithm: Method | None = None
         self.model: SplitModel | None = None
         self.data: NodeData | None = None
         self._snapshots: OrderedDict[int, State] = OrderedDict()
@@ -99,10 +104,12 @@ class Node:
         self._gossip: dict[int, dict[str, dict[str, Any]]] = {}
         self._changed = asyncio.Event()
         self.records: list[dict[str, Any]] = []
+        self.central: CentralizedRounds | None = None  # the aggregator driver, when centralized
 
     # ------------------------------------------------------------------ set-up
     def _load(self) -> None:
         """Data shard, model and algorithm (blocking: run in a thread)."""
+        cls = self.method
         ds = self.cfg.dataset
         if self.opts.data_root:
             ds = ds.model_copy(update={"root": self.opts.data_root})
@@ -111,9 +118,10 @@ class Node:
         )
         with _MODEL_INIT_LOCK:  # the same initial model on every node of the swarm
             torch.manual_seed(self.cfg.seed)
-            self.model = build_model(self.cfg.model, self.data.num_classes, self.data.input_shape)
+            model = build_model(self.cfg.model, self.data.num_classes, self.data.input_shape)
+            params = cls.Params.model_validate(self.cfg.algorithm.params)
+            self.model = cls.adapt_model(model, params, self.data.num_classes)
         self.model.to(self.device)
-        cls = get_algorithm(self.cfg.algorithm.name)
         ctx = AlgorithmContext(
             node_id=self.id,
             model=self.model,
@@ -124,6 +132,8 @@ class Node:
             device=self.device,
         )
         self.algorithm = cls(self.cfg.algorithm.params, ctx)
+        self.algorithm.local_epochs = self.cfg.training.epochs
+        self.algorithm.set_labels(self.data.train_y)
 
     def _write_run_files(self) -> None:
         """This node's data facts, and the resolved config if nobody recorded it yet."""
@@ -158,7 +168,7 @@ class Node:
         self._changed.set()
 
     def _on_gossip(self, env: Envelope) -> None:
-        if env.sender not in self.neighbours:
+        if env.kind != "gossip" or env.sender not in self.neighbours:
             return  # gossip is for neighbours; others' traffic is not ours to keep
         if not self.round - 1 <= env.round <= self.round + GOSSIP_AHEAD:
             assert self.transport is not None
@@ -249,6 +259,7 @@ class Node:
     async def _run_round(self, round_no: int) -> dict[str, Any]:
         assert self.transport and self.algorithm and self.model and self.data
         alg, tr, cfg = self.algorithm, self.transport, self.cfg
+        assert isinstance(alg, Algorithm)
         t0 = time.monotonic()
         sent0, recv0 = tr.stats.bytes_sent, tr.stats.bytes_recv
         self.round = round_no
@@ -343,9 +354,16 @@ class Node:
             max_message_bytes=int(cfg.max_message_mb * 2**20),
             max_transfer_bytes=int(cfg.max_transfer_mb * 2**20),
         )
-        self.transport.on_gossip = self._on_gossip
         self.transport.on_presence = self._on_presence
-        self.transport.on_request = self._serve_pull
+        central = None
+        if isinstance(self.algorithm, CentralizedAlgorithm):
+            central = self.central = CentralizedRounds(self)
+            self.transport.on_gossip = central.on_gossip
+            self.transport.on_inbox = central.on_inbox
+            self.transport.on_request = central.serve_pull
+        else:
+            self.transport.on_gossip = self._on_gossip
+            self.transport.on_request = self._serve_pull
         async with self.transport:
             present = await self._wait_for(
                 lambda: all(self._status(p) in ("online", "done") for p in self.neighbours),
@@ -360,7 +378,9 @@ class Node:
                 time.monotonic() - t_start,
                 self.neighbours,
             )
-            for r in range(1, cfg.rounds + 1):
+            if central is not None:
+                await central.run()
+            for r in range(1, cfg.rounds + 1) if central is None else ():
                 record = await self._run_round(r)
                 self.records.append(record)
                 if self.out_dir is not None:

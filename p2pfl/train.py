@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from p2pfl.algorithms.base import ExtraLoss
+from p2pfl.algorithms.base import ExtraLoss, LossFn
 from p2pfl.config import TrainingConfig
 from p2pfl.models import SplitModel
 
@@ -44,11 +44,13 @@ def train_local(
     *,
     epochs: int | None = None,
     extra_loss: ExtraLoss | None = None,
+    loss_fn: LossFn | None = None,
     seed: int = 0,
     device: torch.device | str = "cpu",
 ) -> TrainResult:
     """Train ``model`` in place for ``epochs`` (default ``cfg.epochs``) over ``(x, y)`` with
-    cross-entropy plus ``extra_loss(model, xb, yb, logits)``. A fresh optimizer is made each
+    cross-entropy plus ``extra_loss(model, xb, yb, logits)``, or with ``loss_fn(model, xb, yb)
+    -> (total, task loss)`` in place of both when given. A fresh optimizer is made each
     call (each round), as in the papers' simulations. Batches are shuffled by ``seed``."""
     t0 = time.perf_counter()
     model.train()
@@ -68,9 +70,12 @@ def train_local(
             idx = perm[start : start + cfg.batch_size]
             xb, yb = x[idx].to(device), y[idx].to(device)
             opt.zero_grad(set_to_none=True)
-            logits = model(xb)
-            ce = F.cross_entropy(logits, yb)
-            loss = ce if extra_loss is None else ce + extra_loss(model, xb, yb, logits)
+            if loss_fn is not None:
+                loss, ce = loss_fn(model, xb, yb)
+            else:
+                logits = model(xb)
+                ce = F.cross_entropy(logits, yb)
+                loss = ce if extra_loss is None else ce + extra_loss(model, xb, yb, logits)
             loss.backward()
             grad_sq += float(
                 sum(p.grad.pow(2).sum() for p in model.parameters() if p.grad is not None)

@@ -45,7 +45,12 @@ from p2pfl.digest import DEFAULT_DIGEST, hexdigest, new_hasher
 log = logging.getLogger(__name__)
 
 State = dict[str, Any]
-KINDS = frozenset({"presence", "gossip", "pull", "xfer_meta", "xfer_chunk", "pull_error"})
+KINDS = frozenset(
+    {"presence", "gossip", "announce", "pull", "report", "xfer_meta", "xfer_chunk", "pull_error"}
+)
+GOSSIP_KINDS = frozenset({"gossip", "announce"})  # broadcast on a node's gossip topic
+INBOX_KINDS = frozenset({"report"})  # small messages handed to ``on_inbox``
+MAX_ATTEMPT = 1 << 16
 CHUNK_BYTES = 1 << 20
 FRAME_MAGIC = b"P2F\x01"  # a msgpack message never starts with these bytes (0x50 is a fixint)
 HASH_BATCH = 8  # chunks per hashing job: fewer GIL hand-offs to the hashing thread
@@ -58,9 +63,10 @@ class TransportError(RuntimeError):
 
 @dataclass(frozen=True)
 class Envelope:
-    """One message. ``data`` is an optional raw binary tail (transfer chunks): it travels
-    after the msgpack header as ``FRAME_MAGIC | u32 header length | header | data`` so a
-    1 MiB chunk is neither msgpack-encoded nor copied on decode."""
+    """One message. ``attempt`` numbers the tries at a round (the rotating aggregator's
+    failover; 0 otherwise). ``data`` is an optional raw binary tail (transfer chunks): it
+    travels after the msgpack header as ``FRAME_MAGIC | u32 header length | header | data``
+    so a 1 MiB chunk is neither msgpack-encoded nor copied on decode."""
 
     swarm: str
     sender: str
@@ -69,6 +75,7 @@ class Envelope:
     id: str
     body: Any
     data: memoryview | None = field(default=None, compare=False, repr=False)
+    attempt: int = 0
 
     def _header(self) -> bytes:
         return encode(
@@ -77,6 +84,7 @@ class Envelope:
                 "swarm": self.swarm,
                 "from": self.sender,
                 "round": self.round,
+                "attempt": self.attempt,
                 "kind": self.kind,
                 "id": self.id,
                 "body": self.body,
@@ -114,11 +122,16 @@ class Envelope:
             raise CodecError("envelope swarm/from/id must be strings")
         if not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0:
             raise CodecError(f"envelope round must be a non-negative int, got {rnd!r}")
+        attempt = obj.get("attempt", 0)
+        if not isinstance(attempt, int) or isinstance(attempt, bool):
+            raise CodecError(f"envelope attempt must be an int, got {attempt!r}")
+        if not 0 <= attempt <= MAX_ATTEMPT:
+            raise CodecError(f"envelope attempt {attempt} out of range")
         if kind not in KINDS:
             raise CodecError(f"unknown message kind {kind!r}")
         if not 0 < len(mid) <= 64 or not 0 < len(sender) <= 64:
             raise CodecError("envelope id/from length out of range")
-        return cls(swarm, sender, rnd, kind, mid, obj.get("body"), data)
+        return cls(swarm, sender, rnd, kind, mid, obj.get("body"), data, attempt)
 
 
 @dataclass
@@ -150,8 +163,9 @@ class TransportStats:
 class Transport:
     """One node's MQTT connection. Callbacks:
 
-    - ``on_gossip(envelope)`` for gossip from other nodes,
+    - ``on_gossip(envelope)`` for gossip and announcements from other nodes,
     - ``on_request(envelope)`` (a coroutine) for ``pull`` requests addressed to this node,
+    - ``on_inbox(envelope)`` for other small messages addressed to this node (``report``),
     - ``on_presence(node_id, status_dict)`` when a presence changes.
     """
 
@@ -185,6 +199,7 @@ class Transport:
         self.peers: dict[str, dict[str, Any]] = {}  # latest presence of every node seen
         self.on_gossip: Callable[[Envelope], None] | None = None
         self.on_request: Callable[[Envelope], Awaitable[None]] | None = None
+        self.on_inbox: Callable[[Envelope], None] | None = None
         self.on_presence: Callable[[str, dict[str, Any]], None] | None = None
         self._client: aiomqtt.Client | None = None
         self._connected = asyncio.Event()
@@ -327,36 +342,60 @@ class Transport:
         self.presence_info.update(info)
         await self._publish_presence()
 
-    def _envelope(self, kind: str, round_no: int, body: Any, mid: str | None = None) -> Envelope:
+    def _envelope(
+        self, kind: str, round_no: int, body: Any, mid: str | None = None, attempt: int = 0
+    ) -> Envelope:
         return Envelope(
-            self.swarm, self.node_id, round_no, kind, mid or uuid.uuid4().hex[:16], body
+            self.swarm,
+            self.node_id,
+            round_no,
+            kind,
+            mid or uuid.uuid4().hex[:16],
+            body,
+            attempt=attempt,
         )
 
-    async def gossip(self, round_no: int, body: dict[str, Any]) -> None:
-        """Publish a small per-round message on this node's gossip topic."""
-        payload = self._envelope("gossip", round_no, body).pack()
+    async def gossip(
+        self, round_no: int, body: dict[str, Any], *, kind: str = "gossip", attempt: int = 0
+    ) -> None:
+        """Publish a small per-round message (``gossip`` or ``announce``) on this node's
+        gossip topic, which every member of the swarm hears."""
+        if kind not in GOSSIP_KINDS:
+            raise ValueError(f"{kind!r} is not a gossip kind")
+        payload = self._envelope(kind, round_no, body, attempt=attempt).pack()
         if len(payload) > self.max_message_bytes:
-            raise TransportError(f"gossip of {len(payload)} bytes exceeds the message limit")
+            raise TransportError(f"{kind} of {len(payload)} bytes exceeds the message limit")
         await self._publish(self.topic("gossip", self.node_id), payload)
 
     async def send(
-        self, to: str, kind: str, round_no: int, body: Any, mid: str | None = None
+        self,
+        to: str,
+        kind: str,
+        round_no: int,
+        body: Any,
+        mid: str | None = None,
+        *,
+        attempt: int = 0,
     ) -> None:
         """Send one message to ``to``'s inbox."""
-        await self._publish(
-            self.topic("inbox", to), self._envelope(kind, round_no, body, mid).pack()
-        )
+        payload = self._envelope(kind, round_no, body, mid, attempt).pack()
+        if len(payload) > self.max_message_bytes:
+            raise TransportError(f"{kind} of {len(payload)} bytes exceeds the message limit")
+        await self._publish(self.topic("inbox", to), payload)
 
     # ------------------------------------------------------------------ transfers
-    async def pull(self, peer: str, round_no: int, part: str, timeout: float) -> State:
-        """Ask ``peer`` for ``part`` of its round-``round_no`` state and wait for it.
+    async def pull(
+        self, peer: str, round_no: int, part: str, timeout: float, *, attempt: int = 0
+    ) -> State:
+        """Ask ``peer`` for ``part`` of its round-``round_no`` state (of that ``attempt``,
+        for the rotating aggregator) and wait for it.
 
         Raises :class:`TransportError` on refusal, timeout or a corrupt transfer."""
         xfer = uuid.uuid4().hex[:16]
         fut = asyncio.get_running_loop().create_future()
         self._incoming[xfer] = _Incoming(peer=peer, future=fut, max_bytes=self.max_transfer_bytes)
         try:
-            await self.send(peer, "pull", round_no, {"part": part}, mid=xfer)
+            await self.send(peer, "pull", round_no, {"part": part}, mid=xfer, attempt=attempt)
             return await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
             raise TransportError(
@@ -562,7 +601,7 @@ class Transport:
         while len(self._seen_ids) > 50_000:
             self._seen_ids.popitem(last=False)
         if channel == "gossip":
-            if env.kind != "gossip" or not isinstance(env.body, dict):
+            if env.kind not in GOSSIP_KINDS or not isinstance(env.body, dict):
                 self._drop("malformed", f"{topic}: bad gossip")
                 return
             if self.on_gossip is not None:
@@ -586,6 +625,9 @@ class Transport:
             if self.on_request is None:
                 return
             self._spawn(self.on_request(env))
+        elif env.kind in INBOX_KINDS:
+            if self.on_inbox is not None:
+                self.on_inbox(env)
         else:
             self._drop("unexpected_kind", f"{topic}: {env.kind}")
 

@@ -12,10 +12,24 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from p2pfl.algorithms.base import REGISTRY, Algorithm, AlgorithmContext, PullPlan, register
+from p2pfl.algorithms.base import (
+    REGISTRY,
+    Aggregate,
+    Algorithm,
+    AlgorithmContext,
+    CentralizedAlgorithm,
+    Method,
+    PullPlan,
+    Upload,
+    register,
+)
 
 __all__ = [
+    "Aggregate",
     "Algorithm",
+    "CentralizedAlgorithm",
+    "Method",
+    "Upload",
     "AlgorithmContext",
     "PullPlan",
     "register",
@@ -42,7 +56,7 @@ def known_algorithms() -> list[str]:
     return sorted(REGISTRY)
 
 
-def get_algorithm(name: str) -> type[Algorithm]:
+def get_algorithm(name: str) -> type[Method]:
     _load_all()
     try:
         return REGISTRY[name]

@@ -1,7 +1,9 @@
-"""The contract between a decentralized method and the node daemon that runs it.
+"""The contracts between a method and the node daemon that runs it.
 
-An algorithm is data-in, data-out (DESIGN.md, "Principles"): it never touches the network.
-Each round the node
+A method is data-in, data-out (DESIGN.md, "Principles"): it never touches the network.
+There are two kinds, both registered with :func:`register` in one module per method.
+
+**Decentralized** (:class:`Algorithm`). Each round the node
 
 1. takes a :meth:`Algorithm.snapshot` and publishes :meth:`Algorithm.gossip` (small),
 2. draws peers with :meth:`Algorithm.choose_peers` and waits (up to the round deadline) for
@@ -10,6 +12,17 @@ Each round the node
 4. pulls those parts (peers serve them from their snapshot of this round),
 5. calls :meth:`Algorithm.merge` with what arrived, then trains locally with
    :meth:`Algorithm.extra_loss` added to the cross-entropy, then :meth:`Algorithm.after_train`.
+
+**Centralized** (:class:`CentralizedAlgorithm`), run by a rotating aggregator peer
+(:mod:`p2pfl.central`). Each round every participant
+
+1. trains locally (``loss_fn`` or cross-entropy + ``extra_loss``) and keeps
+   :meth:`CentralizedAlgorithm.upload` (the part the aggregator may pull) with a small
+   :meth:`CentralizedAlgorithm.report`;
+2. the round's aggregator pulls the uploads and calls the pure server rule
+   :meth:`CentralizedAlgorithm.aggregate`, which says what each node receives and the small
+   server state carried to the next round's aggregator;
+3. every node pulls what it receives and calls :meth:`CentralizedAlgorithm.apply`.
 """
 
 from __future__ import annotations
@@ -28,8 +41,10 @@ from p2pfl.models import SplitModel, part_keys
 State = dict[str, torch.Tensor]
 PullPlan = dict[str, str]  # peer id -> part ("g", "h" or "all")
 ExtraLoss = Callable[[SplitModel, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# replaces cross-entropy: (model, xb, yb) -> (total loss to minimise, task loss to log)
+LossFn = Callable[[SplitModel, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
-REGISTRY: dict[str, type[Algorithm]] = {}
+REGISTRY: dict[str, type[Method]] = {}
 
 
 class Params(BaseModel):
@@ -38,7 +53,7 @@ class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-def register(cls: type[Algorithm]) -> type[Algorithm]:
+def register(cls: type[Method]) -> type[Method]:
     """Class decorator: make a method available under ``cls.name``."""
     if cls.name in REGISTRY:
         raise ValueError(f"algorithm {cls.name!r} registered twice")
@@ -59,10 +74,11 @@ class AlgorithmContext:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
 
-class Algorithm(ABC):
-    """One decentralized method. Subclasses set ``name`` and ``Params``."""
+class Method(ABC):
+    """What every method has: a name, validated knobs, the node's model, training hooks."""
 
     name: ClassVar[str]
+    kind: ClassVar[str] = "decentralized"
     Params: ClassVar[type[BaseModel]] = Params
 
     def __init__(self, params: dict[str, Any], ctx: AlgorithmContext):
@@ -70,15 +86,41 @@ class Algorithm(ABC):
         self.ctx = ctx
         self.model = ctx.model
 
-    # -- what peers see ------------------------------------------------------------------
+    @classmethod
+    def adapt_model(cls, model: SplitModel, params: BaseModel, num_classes: int) -> SplitModel:
+        """Change the architecture before training starts (e.g. pFedC's heads). Called once
+        per node with torch's RNG seeded identically on every node; default: unchanged."""
+        return model
+
     def snapshot(self) -> State:
-        """A detached copy of the state that peers may pull this round."""
+        """A detached CPU copy of the model's whole state."""
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
     @staticmethod
     def select(state: State, part: str) -> State:
         """The named part (``g``, ``h``, ``all``) of a state, by parameter names."""
         return {k: state[k] for k in part_keys(list(state), part)}
+
+    def extra_loss(self) -> ExtraLoss | None:
+        """A term added to the cross-entropy during local training, or None."""
+        return None
+
+    def loss_fn(self) -> LossFn | None:
+        """A loss that replaces cross-entropy (and ``extra_loss``) in training, or None."""
+        return None
+
+    def after_train(self) -> None:
+        """Hook after local training (e.g. recompute representations); default: nothing."""
+        return None
+
+    def set_labels(self, labels: torch.Tensor) -> None:
+        """Told once, before round 1, the node's training labels (e.g. pFedC's task
+        presence π); default: ignored."""
+        return None
+
+
+class Algorithm(Method):
+    """One decentralized method. Subclasses set ``name`` and ``Params``."""
 
     def gossip(self) -> dict[str, Any]:
         """Small per-round message published to neighbours (msgpack-able, may hold tensors)."""
@@ -99,10 +141,84 @@ class Algorithm(ABC):
         """Combine the pulled parts (peers whose pull failed are absent) into the local model;
         return facts to log."""
 
-    def extra_loss(self) -> ExtraLoss | None:
-        """A term added to the cross-entropy during local training, or None."""
-        return None
 
-    def after_train(self) -> None:
-        """Hook after local training (e.g. recompute representations); default: nothing."""
-        return None
+@dataclass
+class Upload:
+    """What one participant contributed to a round, as the aggregator received it."""
+
+    n: int  # training samples
+    state: State  # the uploaded part of the trained model (CPU tensors, already shape-checked)
+    report: dict[str, Any]  # the small facts it reported (validated by ``check_report``)
+
+
+@dataclass
+class Aggregate:
+    """The outcome of one server rule.
+
+    ``results[node]`` is what that node receives (only what it does not already have);
+    ``common`` is what any other member receives (a node that did not upload, a late joiner),
+    or None when there is nothing for it. ``server`` is small, msgpack-able state carried to
+    the next round's aggregator (every node stores the latest); ``facts`` are logged."""
+
+    results: dict[str, State]
+    common: State | None
+    server: dict[str, Any] = field(default_factory=dict)
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+class CentralizedAlgorithm(Method):
+    """One server-based method run by a rotating aggregator peer (:mod:`p2pfl.central`).
+
+    Subclasses set ``name``, ``Params``, ``upload_part`` and implement :meth:`aggregate` (the
+    pure server rule: no I/O, no use of ``self.model``) and :meth:`apply`."""
+
+    kind: ClassVar[str] = "centralized"
+    upload_part: ClassVar[str] = "all"  # "g", "h" or "all": what a participant uploads
+
+    # -- client side ---------------------------------------------------------------------
+    def upload(self) -> State:
+        """A detached CPU copy of the part this node uploads after training."""
+        return self.select(self.snapshot(), self.upload_part)
+
+    def report(self, result: Any, lr: float) -> dict[str, Any]:
+        """Small facts sent with the upload notice (``result`` is a ``TrainResult``)."""
+        return {}
+
+    @classmethod
+    def check_report(cls, report: Any) -> dict[str, Any]:
+        """Validate a peer's (untrusted) report; raise ``ValueError`` if it is malformed."""
+        if not isinstance(report, dict):
+            raise ValueError("report must be a map")
+        return report
+
+    @abstractmethod
+    def apply(self, received: State, announcement: dict[str, Any]) -> dict[str, Any]:
+        """Install what the aggregator sent this node (from :attr:`Aggregate.results` or
+        :attr:`Aggregate.common`); return facts to log."""
+
+    def needs_result(self, participated: bool, participates_next: bool, last_round: bool) -> bool:
+        """Whether this node pulls the round's result (default: always)."""
+        return True
+
+    # -- server side (pure) --------------------------------------------------------------
+    def initial_server_state(self, roster: list[str]) -> dict[str, Any]:
+        """Server state before round 1 (every node computes it alike)."""
+        return {}
+
+    def participants(
+        self, server: dict[str, Any], roster: list[str], round_no: int, rng: np.random.Generator
+    ) -> list[str]:
+        """Who trains and uploads in ``round_no`` (default: the whole roster). ``rng`` is
+        seeded by (swarm seed, round) so every node computes the same set."""
+        return sorted(roster)
+
+    @abstractmethod
+    def aggregate(
+        self,
+        uploads: dict[str, Upload],
+        server: dict[str, Any],
+        roster: list[str],
+        round_no: int,
+    ) -> Aggregate:
+        """The server rule over the uploads that arrived (at least one). ``roster`` lists
+        the members that may receive the result."""

@@ -1,0 +1,24 @@
+"""FedPer: federated averaging of the feature extractor ``g`` only.
+
+Implements ALGORITHMS.md, "Centralized methods" → "FedPer": every participant uploads only
+``g`` (the convolutional / feature layers, see "Split of every model into g and h"); the
+aggregator averages it as FedAvg does (``g ← Σ n_i g_i / Σ n_i``, non-floating buffers from
+the heaviest upload) and sends it to all. Each node keeps its own classifier ``h``.
+
+A received state must hold exactly the model's ``g.*`` keys with the model's shapes; anything
+else (an ``h`` key, an unknown key, a missing ``g`` key) is rejected with ``ValueError`` so a
+peer can never overwrite a node's personal ``h``.
+"""
+
+from __future__ import annotations
+
+from p2pfl.algorithms.base import register
+from p2pfl.algorithms.fedavg import FedAvg
+
+
+@register
+class FedPer(FedAvg):
+    name = "fedper"
+    upload_part = "g"
+    # aggregate (mean of the uploaded g) and apply (load g only, strict=False after checking
+    # the keys) are FedAvg's, driven by ``upload_part``.

@@ -1,0 +1,677 @@
+"""Round driver for centralized methods on a rotating aggregator peer (DESIGN.md, "Rotating
+aggregator"; issue 3).
+
+There is no server. Every node of the topology is a member (edges are not used by these
+methods). Round ``r`` runs on a **plan** every member got from the same message: the
+*roster* (the members of the round), the *participants* (who trains and uploads) and the
+method's small *server state*. The plan of round 1 is computed alike by every node from
+the members present after the startup barrier; the plan of round ``r + 1`` travels in the
+announcement of round ``r``'s aggregator.
+
+One round, seen from member ``i``:
+
+1. a participant trains locally, keeps its upload (the method's ``upload_part``) for pulls
+   and notes a small report;
+2. attempt ``a = 0, 1, …``: the aggregator is ``succession(r, roster)[a]``
+   (:mod:`p2pfl.election`) — the same for every member, without a vote;
+3. a client sends its ``report`` tagged ``(r, a)`` to that aggregator and waits for its
+   ``announce``; the aggregator waits (``round_timeout_s`` at most) for the participants'
+   reports, pulls their uploads, runs the pure server rule
+   (:meth:`~p2pfl.algorithms.base.CentralizedAlgorithm.aggregate`), computes the next plan
+   from the live membership, and announces ``(r, a)`` on its gossip topic;
+4. on the announcement a client pulls what it receives (``result``) — only its own part:
+   FedPer's ``g``, DiversiFed's ``z_i``, pFedC's shared layers and its own heads;
+5. **failover**: when the aggregator goes offline (Last Will), misses the deadline
+   (``aggregator_timeout``), or a later attempt is announced or requested, the member moves
+   to attempt ``a + 1`` — the next peer in order — and reports again;
+6. the member applies the result, evaluates, records, and starts round ``r + 1``.
+
+Every message carries ``(round, attempt)``. An announcement or report of a round already
+applied, or of an attempt older than the one a member is at, is dropped and counted
+(``stale_round`` / ``stale_attempt``), so no round is applied twice and a late reply to a
+dead attempt changes nothing. Uploads are served only to the rightful aggregator of the
+attempt named in the pull. Every wait is bounded: a round a member cannot finish (every
+candidate gone) keeps its model and goes on.
+
+A member that starts while the swarm is past round 1 (its peers' presence says so), or that
+an announcement left out of the next roster, *observes*: it waits for the next announcement,
+pulls what any non-uploader receives (:attr:`Aggregate.common`) from that aggregator, and is
+in the roster of the round after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from p2pfl.algorithms.base import Aggregate, CentralizedAlgorithm, State, Upload
+from p2pfl.election import succession
+from p2pfl.metrics import append_record, node_log_path
+from p2pfl.train import evaluate, round_lr, train_local
+from p2pfl.transport import Envelope, PreparedState, TransportError
+
+if TYPE_CHECKING:
+    from p2pfl.node import Node
+
+log = logging.getLogger(__name__)
+
+ROUNDS_KEPT = 3  # uploads and results kept for late pulls
+
+
+@dataclass
+class RoundPlan:
+    """What every member of round ``round`` agrees on before it starts."""
+
+    round: int
+    roster: list[str]
+    participants: list[str]
+    server: dict[str, Any] = field(default_factory=dict)
+
+
+def _check_ids(value: Any, allowed: set[str], what: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{what} must be a list of node ids")
+    unknown = set(value) - allowed
+    if unknown:
+        raise ValueError(f"{what} names unknown nodes {sorted(unknown)[:5]}")
+    return sorted(set(value))
+
+
+def check_announcement(body: Any, members: set[str]) -> dict[str, Any]:
+    """Validate an (untrusted) announcement body; raise ``ValueError`` if it is malformed."""
+    if not isinstance(body, dict):
+        raise ValueError("announcement must be a map")
+    roster = _check_ids(body.get("roster"), members, "roster")
+    if not roster:
+        raise ValueError("announcement has an empty roster")
+    participants = _check_ids(body.get("participants"), set(roster), "participants")
+    server = body.get("server", {})
+    if not isinstance(server, dict):
+        raise ValueError("server state must be a map")
+    receivers = _check_ids(body.get("receivers", []), members, "receivers")
+    common = body.get("common", False)
+    if not isinstance(common, bool):
+        raise ValueError("common must be a bool")
+    aggregated = _check_ids(body.get("aggregated", []), members, "aggregated")
+    return {
+        "roster": roster,
+        "participants": participants,
+        "server": server,
+        "receivers": receivers,
+        "common": common,
+        "aggregated": aggregated,
+    }
+
+
+def states_match(state: State, template: State) -> str | None:
+    """None if ``state`` has exactly ``template``'s keys, shapes and dtypes, else why not."""
+    if set(state) != set(template):
+        missing, extra = set(template) - set(state), set(state) - set(template)
+        return f"keys differ (missing {sorted(missing)[:3]}, extra {sorted(extra)[:3]})"
+    for k, t in template.items():
+        v = state[k]
+        if not isinstance(v, torch.Tensor) or v.shape != t.shape or v.dtype != t.dtype:
+            return f"tensor {k!r} does not match the model"
+    return None
+
+
+class CentralizedRounds:
+    """Runs a :class:`CentralizedAlgorithm` for one :class:`~p2pfl.node.Node`: the client
+    side every round and the aggregator side in the rounds (and attempts) it is elected."""
+
+    def __init__(self, node: Node):
+        assert isinstance(node.algorithm, CentralizedAlgorithm)
+        self.node = node
+        self.alg: CentralizedAlgorithm = node.algorithm
+        self.id = node.id
+        self.members = set(node.cfg.node_ids)
+        self.rosters: dict[int, list[str]] = {}
+        self.current = (0, 0)  # (round, attempt) this member is at
+        self.applied = 0  # last round whose result this member applied (or gave up on)
+        self._announced: dict[int, dict[int, tuple[str, dict[str, Any]]]] = {}
+        self._reports: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
+        self._wanted: dict[int, int] = {}  # round -> highest attempt a peer asked us to run
+        self._uploads: OrderedDict[int, State] = OrderedDict()
+        self._results: OrderedDict[tuple[int, int], Aggregate] = OrderedDict()
+        self._prepared: dict[tuple[int, int, str, int], PreparedState] = {}
+        self._prepare_lock = asyncio.Lock()
+
+    # ------------------------------------------------------------------ small helpers
+    @property
+    def tr(self):
+        assert self.node.transport is not None
+        return self.node.transport
+
+    def _online(self, peer: str) -> bool:
+        return peer == self.id or self.node._status(peer) == "online"
+
+    def _live_members(self) -> list[str]:
+        return sorted(p for p in self.members if self._online(p))
+
+    def _rng(self, round_no: int) -> np.random.Generator:
+        return np.random.default_rng([self.node.cfg.seed, round_no, 0x5E1EC7])
+
+    def _aggregator(self, round_no: int, attempt: int) -> str | None:
+        roster = self.rosters.get(round_no)
+        if not roster or attempt >= len(roster):
+            return None
+        return succession(round_no, roster)[attempt]
+
+    def _stale(self, env: Envelope, what: str) -> bool:
+        """Drop (and count) a message of a round already applied or a dead attempt."""
+        rnd, att = self.current
+        if env.round <= self.applied:
+            self.tr._drop("stale_round", f"{what} {env.round}/{env.attempt} from {env.sender}")
+            return True
+        if env.round == rnd and env.attempt < att:
+            self.tr._drop("stale_attempt", f"{what} {env.round}/{env.attempt} from {env.sender}")
+            return True
+        return False
+
+    # ------------------------------------------------------------------ incoming
+    def _too_far(self, env: Envelope, what: str) -> bool:
+        if env.round > max(self.applied, self.current[0]) + ROUNDS_KEPT and self.applied:
+            self.tr._drop("future_round", f"{what} {env.round} from {env.sender}")
+            return True
+        return False
+
+    def on_gossip(self, env: Envelope) -> None:
+        if env.kind != "announce" or env.sender not in self.members:
+            return
+        if self._stale(env, "announce") or self._too_far(env, "announce"):
+            return
+        expected = self._aggregator(env.round, env.attempt)
+        if expected is not None and expected != env.sender:
+            self.tr._drop("not_aggregator", f"announce {env.round}/{env.attempt} from {env.sender}")
+            return
+        try:
+            body = check_announcement(env.body, self.members)
+        except ValueError as exc:
+            self.tr._drop("malformed", f"announce from {env.sender}: {exc}")
+            return
+        self._announced.setdefault(env.round, {})[env.attempt] = (env.sender, body)
+        self.node._changed.set()
+
+    def on_inbox(self, env: Envelope) -> None:
+        if env.kind != "report" or env.sender not in self.members:
+            return
+        if self._stale(env, "report") or self._too_far(env, "report"):
+            return
+        # a fast peer may report a round this node has not started yet (roster unknown)
+        if self._aggregator(env.round, env.attempt) not in (None, self.id):
+            self.tr._drop("misdirected_report", f"{env.round}/{env.attempt} from {env.sender}")
+            return
+        body = env.body
+        n = body.get("n") if isinstance(body, dict) else None
+        if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+            self.tr._drop("malformed", f"report from {env.sender}: bad sample count")
+            return
+        try:
+            report = self.alg.check_report(body.get("report", {}))
+        except ValueError as exc:
+            self.tr._drop("malformed", f"report from {env.sender}: {exc}")
+            return
+        self._reports.setdefault((env.round, env.attempt), {})[env.sender] = {
+            "n": n,
+            "report": report,
+        }
+        self._wanted[env.round] = max(self._wanted.get(env.round, 0), env.attempt)
+        self.node._changed.set()
+
+    async def _prepared_for(self, key: tuple[int, int, str], state: State) -> PreparedState:
+        full = (*key, id(state))
+        async with self._prepare_lock:
+            if full not in self._prepared:
+                loop = asyncio.get_running_loop()
+                from p2pfl.node import _PACK_POOL
+
+                self._prepared[full] = await loop.run_in_executor(
+                    _PACK_POOL, PreparedState.from_state, state
+                )
+        return self._prepared[full]
+
+    async def serve_pull(self, env: Envelope) -> None:
+        """``upload``: only to the rightful aggregator of the attempt named; ``result``: what
+        this aggregator's result gives the requester (its own part, or the common part)."""
+        body = env.body if isinstance(env.body, dict) else {}
+        part, reason, state = body.get("part"), None, None
+        if env.sender not in self.members:
+            reason = "not a member"
+        elif part == "upload":
+            if self._aggregator(env.round, env.attempt) != env.sender:
+                reason = f"not the aggregator of {env.round}/{env.attempt}"
+            elif env.round not in self._uploads:
+                reason = f"no upload for round {env.round}"
+            else:
+                state = self._uploads[env.round]
+        elif part == "result":
+            agg = self._results.get((env.round, env.attempt))
+            if agg is None:
+                reason = f"no result for {env.round}/{env.attempt}"
+            else:
+                state = agg.results.get(env.sender, agg.common)
+                if state is None:
+                    reason = "nothing for this node"
+        else:
+            reason = f"unknown part {part!r}"
+        if reason is not None:
+            self.tr.dropped["refused_pull"] += 1
+            await self.tr.send(
+                env.sender,
+                "pull_error",
+                env.round,
+                {"xfer": env.id, "reason": reason},
+                attempt=env.attempt,
+            )
+            return
+        prepared = await self._prepared_for((env.round, env.attempt, str(part)), state)
+        await self.tr.send_state(env.sender, env.id, env.round, prepared)
+
+    def _forget_old(self, round_no: int) -> None:
+        floor = round_no - ROUNDS_KEPT
+        for d in (self._uploads,):
+            for r in [r for r in d if r <= floor]:
+                del d[r]
+        for key in [k for k in self._results if k[0] <= floor]:
+            del self._results[key]
+        for key in [k for k in self._prepared if k[0] <= floor]:
+            del self._prepared[key]
+        for key in [k for k in self._reports if k[0] <= floor]:
+            del self._reports[key]
+        for r in [r for r in self._announced if r <= floor]:
+            del self._announced[r]
+
+    # ------------------------------------------------------------------ aggregator side
+    def _superseding(self, round_no: int, attempt: int) -> int | None:
+        later = [a for a in self._announced.get(round_no, {}) if a > attempt]
+        return max(later) if later else None
+
+    async def _aggregate(
+        self, plan: RoundPlan, attempt: int, own: dict[str, Any] | None
+    ) -> tuple[dict[str, Any], State | None, dict[str, Any]] | None:
+        """Run attempt ``attempt`` of round ``plan.round`` as its aggregator; return
+        (announcement, what this node receives, facts) or None if a later attempt of the
+        round was announced meanwhile (this one is dead: its result is never announced)."""
+        node, cfg, r = self.node, self.node.cfg, plan.round
+        t0 = time.monotonic()
+        expected = [p for p in plan.participants if p != self.id]
+        log.info("%s: aggregating round %d attempt %d", self.id, r, attempt)
+
+        def ready() -> bool:
+            got = self._reports.get((r, attempt), {})
+            return self._superseding(r, attempt) is not None or all(
+                p in got or not self._online(p) for p in expected
+            )
+
+        await node._wait_for(ready, t0 + cfg.timing.round_timeout_s)
+        if self._superseding(r, attempt) is not None:
+            return None
+        reports = {
+            p: rep for p, rep in self._reports.get((r, attempt), {}).items() if p in expected
+        }
+        template = self._uploads.get(r)
+        if template is None:
+            template = await asyncio.to_thread(self.alg.upload)
+        timeout = max(1.0, cfg.timing.round_timeout_s)
+
+        async def pull(peer: str) -> State:
+            return await self.tr.pull(peer, r, "upload", timeout, attempt=attempt)
+
+        peers = sorted(reports)
+        pulled = await asyncio.gather(*(pull(p) for p in peers), return_exceptions=True)
+        uploads: dict[str, Upload] = {}
+        failed: dict[str, str] = {}
+        for peer, res in zip(peers, pulled, strict=True):
+            if isinstance(res, BaseException):
+                failed[peer] = str(res)
+                continue
+            why = states_match(res, template)
+            if why is not None:
+                self.tr._drop("bad_upload", f"{peer}: {why}")
+                failed[peer] = why
+                continue
+            uploads[peer] = Upload(reports[peer]["n"], res, reports[peer]["report"])
+        if own is not None and r in self._uploads:
+            uploads[self.id] = Upload(own["n"], self._uploads[r], own["report"])
+        if self._superseding(r, attempt) is not None:
+            return None
+        t_agg = time.monotonic()
+        if uploads:
+            result = await asyncio.to_thread(
+                self.alg.aggregate, uploads, plan.server, plan.roster, r
+            )
+        else:  # nobody uploaded: nothing changes, the plan goes on
+            result = Aggregate(results={}, common=None, server=plan.server, facts={"empty": True})
+        agg_s = time.monotonic() - t_agg
+        if self._superseding(r, attempt) is not None:
+            return None
+        roster = self._live_members()
+        participants = self.alg.participants(result.server, roster, r + 1, self._rng(r + 1))
+        self._results[(r, attempt)] = result
+        announcement = {
+            "roster": roster,
+            "participants": sorted(participants),
+            "server": result.server,
+            "receivers": sorted(result.results),
+            "common": result.common is not None,
+            "aggregated": sorted(uploads),
+        }
+        try:
+            await self.tr.gossip(r, announcement, kind="announce", attempt=attempt)
+        except TransportError as exc:
+            log.warning("%s: round %d: announcement not sent: %s", self.id, r, exc)
+        facts = {
+            "aggregated": sorted(uploads),
+            "upload_failed": failed,
+            "aggregate_s": round(agg_s, 4),
+            "collect_s": round(t_agg - t0, 4),
+            **{f"agg_{k}": v for k, v in result.facts.items()},
+        }
+        return announcement, result.results.get(self.id, result.common), facts
+
+    # ------------------------------------------------------------------ client side
+    async def _pull_result(
+        self, aggregator: str, round_no: int, attempt: int
+    ) -> tuple[State | None, str | None]:
+        try:
+            state = await self.tr.pull(
+                aggregator,
+                round_no,
+                "result",
+                max(1.0, self.node.cfg.timing.round_timeout_s),
+                attempt=attempt,
+            )
+        except TransportError as exc:
+            return None, str(exc)
+        return state, None
+
+    async def _settle(
+        self, plan: RoundPlan, participated: bool, own: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        """Attempts 0, 1, … of round ``plan.round`` until one result is applied (or every
+        candidate is gone); returns the facts of the attempt that settled it."""
+        node, cfg, r = self.node, self.node.cfg, plan.round
+        order = succession(r, plan.roster)
+        failovers: list[dict[str, Any]] = []
+        attempt = 0
+        while attempt < len(order):
+            self.current = (r, attempt)
+            announced = {a: v for a, v in self._announced.get(r, {}).items() if a >= attempt}
+            if announced:  # this attempt or a later one is over: take its result
+                attempt = max(announced)
+                self.current = (r, attempt)
+                sender, body = announced[attempt]
+                needs = self.alg.needs_result(
+                    participated, self.id in body["participants"], r >= cfg.rounds
+                )
+                received = None
+                if needs and (self.id in body["receivers"] or body["common"]):
+                    received, error = await self._pull_result(sender, r, attempt)
+                    if error is not None:
+                        log.warning("%s: round %d: result pull failed: %s", self.id, r, error)
+                        failovers.append({"attempt": attempt, "aggregator": sender, "why": error})
+                        attempt += 1
+                        continue
+                return {
+                    "aggregator": sender,
+                    "attempt": attempt,
+                    "announcement": body,
+                    "received": received,
+                    "failovers": failovers,
+                }
+            agg = order[attempt]
+            if agg == self.id:
+                out = await self._aggregate(plan, attempt, own)
+                if out is None:
+                    later = self._superseding(r, attempt) or attempt + 1
+                    failovers.append({"attempt": attempt, "aggregator": agg, "why": "superseded"})
+                    attempt = later
+                    continue
+                announcement, received, facts = out
+                return {
+                    "aggregator": agg,
+                    "attempt": attempt,
+                    "announcement": announcement,
+                    "received": received,
+                    "failovers": failovers,
+                    **facts,
+                }
+            if not self._online(agg):
+                failovers.append({"attempt": attempt, "aggregator": agg, "why": "offline"})
+                attempt += 1
+                continue
+            if own is not None:
+                try:
+                    await self.tr.send(agg, "report", r, own, attempt=attempt)
+                except TransportError as exc:
+                    log.warning("%s: round %d: report to %s failed: %s", self.id, r, agg, exc)
+            deadline = time.monotonic() + cfg.timing.aggregator_timeout
+
+            def settled(attempt: int = attempt, agg: str = agg) -> bool:
+                return (
+                    any(a >= attempt for a in self._announced.get(r, {}))
+                    or not self._online(agg)
+                    or self._wanted.get(r, 0) > attempt
+                )
+
+            await node._wait_for(settled, deadline)
+            if any(a >= attempt for a in self._announced.get(r, {})):
+                continue  # taken at the top of the loop
+            if self._wanted.get(r, 0) > attempt:
+                failovers.append({"attempt": attempt, "aggregator": agg, "why": "taken over"})
+                attempt = self._wanted[r]
+                continue
+            why = "offline" if not self._online(agg) else "deadline"
+            log.warning("%s: round %d: aggregator %s %s; next peer", self.id, r, agg, why)
+            failovers.append({"attempt": attempt, "aggregator": agg, "why": why})
+            attempt += 1
+        log.warning("%s: round %d: no aggregator finished the round", self.id, r)
+        return {
+            "aggregator": None,
+            "attempt": attempt,
+            "announcement": None,
+            "received": None,
+            "failovers": failovers,
+        }
+
+    async def _observe(self, after: int) -> dict[str, Any] | None:
+        """Wait for the first announcement of a round after ``after`` (any member may have
+        sent it: this node does not know that round's roster) and pull what a non-uploader
+        gets. Returns the settle facts, or None when nothing came before the deadline."""
+        node, cfg = self.node, self.node.cfg
+        deadline = time.monotonic() + cfg.timing.startup_timeout_s + cfg.timing.aggregator_timeout
+        while True:
+
+            def heard() -> bool:
+                return any(r > after for r in self._announced)
+
+            if not await node._wait_for(heard, deadline):
+                return None
+            r = min(r for r in self._announced if r > after)
+            attempt = max(self._announced[r])
+            sender, body = self._announced[r][attempt]
+            self.current = (r, attempt)
+            received = None
+            if body["common"] or self.id in body["receivers"]:
+                received, error = await self._pull_result(sender, r, attempt)
+                if error is not None:
+                    log.warning("%s: catching up on round %d: %s", self.id, r, error)
+                    del self._announced[r][attempt]
+                    if not self._announced[r]:
+                        del self._announced[r]
+                    continue
+            return {
+                "round": r,
+                "aggregator": sender,
+                "attempt": attempt,
+                "announcement": body,
+                "received": received,
+                "failovers": [],
+            }
+
+    # ------------------------------------------------------------------ one round
+    async def _round(self, plan: RoundPlan | None, after: int) -> tuple[dict[str, Any], RoundPlan]:
+        """Run one round as a member (``plan`` given) or as an observer (``plan`` None,
+        waiting for the first round after ``after``); returns the record and the next plan."""
+        node, cfg, alg, tr = self.node, self.node.cfg, self.alg, self.tr
+        assert node.model is not None and node.data is not None
+        t0 = time.monotonic()
+        sent0, recv0 = tr.stats.bytes_sent, tr.stats.bytes_recv
+        record: dict[str, Any] = {"train_loss": None, "train_ce": None}
+        participated = False
+        lr = round_lr(cfg.training, plan.round if plan else after + 1)
+        train_s = 0.0
+        if plan is not None:
+            r = plan.round
+            self.rosters[r] = plan.roster
+            self.current = (r, 0)
+            participated = self.id in plan.participants
+            own = None
+            if participated:
+                result = await asyncio.to_thread(
+                    train_local,
+                    node.model,
+                    node.data.train_x,
+                    node.data.train_y,
+                    cfg.training,
+                    lr,
+                    extra_loss=alg.extra_loss(),
+                    loss_fn=alg.loss_fn(),
+                    seed=int(node.rng.integers(2**31)),
+                    device=node.device,
+                )
+                train_s = result.seconds
+                if not math.isfinite(result.loss):
+                    log.warning("%s: round %d: training loss is %s", self.id, r, result.loss)
+                await asyncio.to_thread(alg.after_train)
+                self._uploads[r] = await asyncio.to_thread(alg.upload)
+                own = {"n": len(node.data.train_y), "report": alg.report(result, lr)}
+                record.update(train_loss=result.loss, train_ce=result.ce_loss)
+            t_comm = time.monotonic()
+            settled = await self._settle(plan, participated, own)
+        else:
+            t_comm = time.monotonic()
+            settled = await self._observe(after)
+            if settled is None:
+                raise TimeoutError(f"no announcement heard after round {after}")
+            r = settled.pop("round")
+        comm_s = time.monotonic() - t_comm
+        facts: dict[str, Any] = {}
+        if settled["received"] is not None:
+            facts = await asyncio.to_thread(alg.apply, settled["received"], settled["announcement"])
+        self.applied = r
+        acc, test_loss = await asyncio.to_thread(
+            evaluate, node.model, node.data.test_x, node.data.test_y, 500, node.device
+        )
+        announcement = settled.pop("announcement")
+        received = settled.pop("received")
+        if announcement is not None:
+            nxt = RoundPlan(
+                r + 1,
+                announcement["roster"],
+                announcement["participants"],
+                announcement["server"],
+            )
+        else:  # nobody finished the round: go on with whoever is still here
+            roster = self._live_members()
+            server = plan.server if plan is not None else {}
+            nxt = RoundPlan(
+                r + 1, roster, alg.participants(server, roster, r + 1, self._rng(r + 1)), server
+            )
+        record.update(
+            {
+                "round": r,
+                "test_acc": acc,
+                "test_loss": test_loss,
+                "train_s": round(train_s, 4),
+                "comm_s": round(comm_s, 4),
+                "round_s": round(time.monotonic() - t0, 4),
+                "bytes_sent": tr.stats.bytes_sent - sent0,
+                "bytes_recv": tr.stats.bytes_recv - recv0,
+                "lr": lr,
+                "participated": participated,
+                "dropout": False,  # UA-PDFL's client-wise dropout: not part of these methods
+                "peers": announcement["aggregated"] if announcement else [],
+                "observer": plan is None,
+                "received": received is not None,
+                "roster": plan.roster if plan else None,
+                **settled,
+                **facts,
+                "dropped_total": sum(tr.dropped.values()),
+                "t": time.time(),
+            }
+        )
+        self._forget_old(r)
+        return record, nxt
+
+    # ------------------------------------------------------------------ lifecycle
+    def first_plan(self) -> RoundPlan | None:
+        """Round 1's plan from the members present now, or None when this node joins a
+        swarm already under way (a peer's presence reports a finished round)."""
+        peers = self.tr.peers
+        late = any(
+            isinstance(peers.get(p, {}).get("round"), int) and peers[p]["round"] >= 1
+            for p in self.members - {self.id}
+            if self._online(p)
+        )
+        if late:
+            return None
+        roster = self._live_members()
+        server = self.alg.initial_server_state(roster)
+        return RoundPlan(1, roster, self.alg.participants(server, roster, 1, self._rng(1)), server)
+
+    async def run(self) -> None:
+        node, cfg = self.node, self.node.cfg
+        plan = self.first_plan()
+        after = (
+            max(
+                (
+                    int(self.tr.peers.get(p, {}).get("round", 0) or 0)
+                    for p in self.members - {self.id}
+                    if self._online(p)
+                ),
+                default=0,
+            )
+            if plan is None
+            else 0
+        )
+        if plan is None:
+            log.info("%s: swarm under way (round %d); catching up", self.id, after)
+        while True:
+            if plan is not None and self.id not in plan.roster:
+                log.info("%s: not in round %d's roster; observing", self.id, plan.round)
+                after, plan = plan.round - 1, None
+            if plan is not None and plan.round > cfg.rounds:
+                break
+            if plan is None and after >= cfg.rounds:
+                break
+            try:
+                record, plan = await self._round(plan, after)
+            except TimeoutError as exc:
+                log.warning("%s: stopping: %s", self.id, exc)
+                break
+            after = record["round"]
+            node.records.append(record)
+            if node.out_dir is not None:
+                append_record(node_log_path(node.out_dir, self.id), record)
+            log.info(
+                "%s: round %d acc %.4f aggregator %s attempt %d%s",
+                self.id,
+                record["round"],
+                record["test_acc"],
+                record["aggregator"],
+                record["attempt"],
+                " (observer)" if record["observer"] else "",
+            )
+            try:
+                await self.tr.set_status("online", round=record["round"])
+            except TransportError as exc:
+                log.warning("%s: could not update presence: %s", self.id, exc)

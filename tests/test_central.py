@@ -1,0 +1,158 @@
+"""The rotating-aggregator driver against a real Mosquitto: nodes run in this process so a
+test can slow one aggregator down or start a member late, and read the nodes' state."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from p2pfl.central import check_announcement, states_match
+from p2pfl.config import load_topology
+from p2pfl.node import Node, NodeOptions
+
+pytestmark = pytest.mark.integration
+
+
+def _cfg(broker, ids, overrides=()):
+    cfg = load_topology(
+        "topologies/synthetic.yaml",
+        [
+            "algorithm.name=fedavg",
+            "algorithm.params={}",
+            "rounds=2",
+            "dataset.synthetic_train=400",
+            "dataset.synthetic_test=200",
+            *overrides,
+        ],
+    )
+    return cfg.model_copy(
+        update={
+            "nodes": [n for n in cfg.nodes if n.id in ids] if ids else cfg.nodes,
+            "broker": cfg.broker.model_copy(update={"host": broker.host, "port": broker.port}),
+        }
+    )
+
+
+async def test_slow_aggregator_is_taken_over_and_its_late_reply_ignored(broker, tmp_path):
+    """Round 1's aggregator (``b`` = sorted(a, b, c)[1]) stalls inside its server rule past
+    the clients' deadline: ``c`` (next in order) takes round 1 over as attempt 1. While still
+    stalled, ``b`` announces attempt 0 — a late reply of a dead attempt, which every member
+    drops — and then adopts attempt 1 itself. Every node applies round 1 exactly once."""
+    cfg = _cfg(
+        broker,
+        ["a", "b", "c"],
+        ["timing.round_timeout_s=2", "timing.aggregator_timeout_s=3", "timing.linger_s=10"],
+    )
+    nodes = {nid: Node(cfg, nid, NodeOptions(out_dir=tmp_path)) for nid in cfg.node_ids}
+    slow = nodes["b"]
+    loop = asyncio.get_running_loop()
+    stale_sent = []
+    late_body = {
+        "roster": ["a", "b", "c"],
+        "participants": ["a", "b", "c"],
+        "server": {},
+        "receivers": ["a", "b", "c"],
+        "common": True,
+        "aggregated": ["a", "b", "c"],
+    }
+
+    def stall_once(real):
+        def aggregate(*args, **kwargs):
+            if not stale_sent:  # runs in a worker thread, like every server rule
+                deadline = time.monotonic() + 30
+                while 1 not in slow.central._announced.get(1, {}):  # c's attempt 1
+                    assert time.monotonic() < deadline, "nobody took round 1 over"
+                    time.sleep(0.05)
+                stale_sent.append(slow.transport.stats.messages_sent)
+                asyncio.run_coroutine_threadsafe(
+                    slow.transport.gossip(1, late_body, kind="announce", attempt=0), loop
+                ).result(10)
+            return real(*args, **kwargs)
+
+        return aggregate
+
+    async def patcher():
+        while slow.algorithm is None:
+            await asyncio.sleep(0.01)
+        slow.algorithm.aggregate = stall_once(slow.algorithm.aggregate)
+
+    results = await asyncio.wait_for(
+        asyncio.gather(patcher(), *(n.run() for n in nodes.values())), 120
+    )
+    records = dict(zip(nodes, results[1:], strict=True))
+    assert stale_sent, "the round-1 aggregator never ran its server rule"
+    for nid, recs in records.items():
+        assert [r["round"] for r in recs] == [1, 2], nid
+        first = recs[0]
+        assert first["aggregator"] == "c" and first["attempt"] == 1, (nid, first)
+        assert first["received"] or nid == "c"
+    assert records["a"][0]["failovers"][0] == {"attempt": 0, "aggregator": "b", "why": "deadline"}
+    assert records["b"][0]["failovers"][0]["why"] == "superseded"
+    for nid in ("a", "c"):
+        dropped = nodes[nid].transport.dropped
+        assert dropped["stale_attempt"] + dropped["stale_round"] >= 1, (nid, dropped)
+    # round 2 follows the roster c announced: sorted(a, b, c)[2 % 3], first attempt
+    assert {(r[1]["aggregator"], r[1]["attempt"]) for r in records.values()} == {("c", 0)}
+
+
+async def test_late_member_catches_up_and_joins_the_next_round(broker, tmp_path):
+    """``d`` starts after the swarm finished round 1: it hears the next announcement, pulls
+    the global model from that aggregator, and trains from the round after."""
+    cfg = _cfg(
+        broker,
+        ["a", "b", "c", "d"],
+        [
+            "rounds=4",
+            "timing.round_timeout_s=3",
+            "timing.startup_timeout_s=2",
+            "timing.linger_s=3",
+        ],
+    )
+    opts = NodeOptions(out_dir=tmp_path)
+    early = [Node(cfg, nid, opts) for nid in ("a", "b", "c")]
+    late = Node(cfg, "d", opts)
+    tasks = [asyncio.create_task(n.run()) for n in early]
+
+    async def start_late():
+        while len(early[0].records) < 1:
+            await asyncio.sleep(0.05)
+        return await late.run()
+
+    results = await asyncio.wait_for(asyncio.gather(*tasks, start_late()), 120)
+    d_recs = results[-1]
+    assert d_recs[0]["observer"] is True and d_recs[0]["round"] >= 2
+    assert d_recs[0]["received"] is True  # FedAvg's global model, pulled from the aggregator
+    assert d_recs[-1]["round"] == 4
+    joined = [r for r in d_recs if r["participated"]]
+    assert joined and joined[0]["round"] == d_recs[0]["round"] + 1
+    a_last = results[0][-1]
+    assert "d" in a_last["aggregated"] and "d" in a_last["roster"]
+
+
+def test_announcement_validation_rejects_bad_bodies():
+    members = {"a", "b", "c"}
+    ok = {"roster": ["a", "b"], "participants": ["a"], "server": {}, "receivers": ["a"]}
+    assert check_announcement(ok, members)["roster"] == ["a", "b"]
+    for bad in (
+        None,
+        {**ok, "roster": []},
+        {**ok, "roster": ["a", "zz"]},
+        {**ok, "participants": ["c"]},  # not in the roster
+        {**ok, "server": [1]},
+        {**ok, "common": "yes"},
+        {**ok, "roster": "a"},
+    ):
+        with pytest.raises(ValueError):
+            check_announcement(bad, members)
+
+
+def test_states_match_checks_keys_shapes_and_dtypes():
+    import torch
+
+    t = {"w": torch.zeros(2, 3), "n": torch.zeros((), dtype=torch.long)}
+    assert states_match({"w": torch.ones(2, 3), "n": torch.ones((), dtype=torch.long)}, t) is None
+    assert states_match({"w": torch.ones(2, 3)}, t) is not None
+    assert states_match({"w": torch.ones(3, 2), "n": t["n"]}, t) is not None
+    assert states_match({"w": torch.ones(2, 3, dtype=torch.float64), "n": t["n"]}, t) is not None
