@@ -142,6 +142,7 @@ class CentralizedRounds:
         self._uploads: OrderedDict[int, State] = OrderedDict()
         self._results: OrderedDict[tuple[int, int], Aggregate] = OrderedDict()
         self._prepared: dict[tuple[int, int, str, int], PreparedState] = {}
+        self._served: dict[tuple[int, int], set[str]] = {}  # who pulled each result
         self._prepare_lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ small helpers
@@ -274,6 +275,9 @@ class CentralizedRounds:
             return
         prepared = await self._prepared_for((env.round, env.attempt, str(part)), state)
         await self.tr.send_state(env.sender, env.id, env.round, prepared)
+        if part == "result":
+            self._served.setdefault((env.round, env.attempt), set()).add(env.sender)
+            self.node._changed.set()
 
     def _forget_old(self, round_no: int) -> None:
         floor = round_no - ROUNDS_KEPT
@@ -286,6 +290,8 @@ class CentralizedRounds:
             del self._prepared[key]
         for key in [k for k in self._reports if k[0] <= floor]:
             del self._reports[key]
+        for key in [k for k in self._served if k[0] <= floor]:
+            del self._served[key]
         for r in [r for r in self._announced if r <= floor]:
             del self._announced[r]
 
@@ -368,11 +374,28 @@ class CentralizedRounds:
             await self.tr.gossip(r, announcement, kind="announce", attempt=attempt)
         except TransportError as exc:
             log.warning("%s: round %d: announcement not sent: %s", self.id, r, exc)
+        # stay in the round until every member that needs the result has it (bounded), so
+        # the bytes it costs are counted in this round's record
+        pullers = {
+            n
+            for n in set(roster) | set(uploads)
+            if n != self.id
+            and (n in result.results or result.common is not None)
+            and self.alg.needs_result(n in uploads, n in participants, r >= cfg.rounds)
+        }
+        t_serve = time.monotonic()
+        await node._wait_for(
+            lambda: all(
+                n in self._served.get((r, attempt), ()) or not self._online(n) for n in pullers
+            ),
+            t_serve + cfg.timing.round_timeout_s,
+        )
         facts = {
             "aggregated": sorted(uploads),
             "upload_failed": failed,
             "aggregate_s": round(agg_s, 4),
             "collect_s": round(t_agg - t0, 4),
+            "serve_s": round(time.monotonic() - t_serve, 4),
             **{f"agg_{k}": v for k, v in result.facts.items()},
         }
         return announcement, result.results.get(self.id, result.common), facts
@@ -600,6 +623,7 @@ class CentralizedRounds:
                 "participated": participated,
                 "dropout": False,  # UA-PDFL's client-wise dropout: not part of these methods
                 "peers": announcement["aggregated"] if announcement else [],
+                "aggregated": announcement["aggregated"] if announcement else [],
                 "observer": plan is None,
                 "received": received is not None,
                 "roster": plan.roster if plan else None,
