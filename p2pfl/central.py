@@ -350,12 +350,15 @@ class CentralizedRounds:
         if self._superseding(r, attempt) is not None:
             return None
         t_agg = time.monotonic()
-        if uploads:
-            result = await asyncio.to_thread(
-                self.alg.aggregate, uploads, plan.server, plan.roster, r
-            )
-        else:  # nobody uploaded: nothing changes, the plan goes on
-            result = Aggregate(results={}, common=None, server=plan.server, facts={"empty": True})
+        result = Aggregate(results={}, common=None, server=plan.server, facts={"empty": True})
+        if uploads:  # else nobody uploaded: nothing changes, the plan goes on
+            try:
+                result = await asyncio.to_thread(
+                    self.alg.aggregate, uploads, plan.server, plan.roster, r
+                )
+            except (ValueError, ArithmeticError, RuntimeError) as exc:
+                log.error("%s: round %d: server rule failed: %s", self.id, r, exc)
+                result = Aggregate({}, None, server=plan.server, facts={"error": str(exc)})
         agg_s = time.monotonic() - t_agg
         if self._superseding(r, attempt) is not None:
             return None
@@ -589,7 +592,14 @@ class CentralizedRounds:
         comm_s = time.monotonic() - t_comm
         facts: dict[str, Any] = {}
         if settled["received"] is not None:
-            facts = await asyncio.to_thread(alg.apply, settled["received"], settled["announcement"])
+            try:
+                facts = await asyncio.to_thread(
+                    alg.apply, settled["received"], settled["announcement"]
+                )
+            except ValueError as exc:  # the aggregator is a peer: its bytes are untrusted
+                tr._drop("bad_result", f"round {r} from {settled['aggregator']}: {exc}")
+                settled["received"] = None
+                facts = {"apply_error": str(exc)}
         self.applied = r
         acc, test_loss = await asyncio.to_thread(
             evaluate, node.model, node.data.test_x, node.data.test_y, 500, node.device

@@ -45,7 +45,10 @@ def _print_config_error(exc: ConfigError) -> None:
 
 
 def _load(args: argparse.Namespace, extra: list[str] | None = None) -> TopologyConfig:
-    return load_topology(args.topology, [*(extra or []), *(args.set or [])])
+    method = getattr(args, "method", None)
+    # --method swaps the algorithm and starts from its default knobs; --set may then tune them
+    swap = [f"algorithm.name={method}", "algorithm.params={}"] if method else []
+    return load_topology(args.topology, [*swap, *(extra or []), *(args.set or [])])
 
 
 def _run_async(coro) -> int:
@@ -189,6 +192,11 @@ def build_parser() -> argparse.ArgumentParser:
             action="append",
             metavar="KEY=VALUE",
             help="override a YAML field by dotted path (repeatable)",
+        )
+        sp.add_argument(
+            "--method",
+            help="run this method instead of the topology's (its default knobs; "
+            "tune with --set algorithm.params.KEY=VALUE)",
         )
         sp.add_argument("-v", "--verbose", action="store_true")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -156,3 +157,73 @@ def test_states_match_checks_keys_shapes_and_dtypes():
     assert states_match({"w": torch.ones(2, 3)}, t) is not None
     assert states_match({"w": torch.ones(3, 2), "n": t["n"]}, t) is not None
     assert states_match({"w": torch.ones(2, 3, dtype=torch.float64), "n": t["n"]}, t) is not None
+
+
+def _driver(node_id="b", ids=("a", "b", "c")):
+    """A driver over a real (unconnected) transport and a real FedAvg, for its handlers."""
+    import numpy as np
+
+    from p2pfl.algorithms import AlgorithmContext, get_algorithm
+    from p2pfl.central import CentralizedRounds
+    from p2pfl.config import ModelConfig
+    from p2pfl.models import build_model
+    from p2pfl.transport import Transport
+
+    model = build_model(ModelConfig(name="mlp", hidden=4), 3, (1, 4, 4))
+    ctx = AlgorithmContext(node_id, model, 10, 3, (1, 4, 4), np.random.default_rng(0))
+    node = SimpleNamespace(
+        id=node_id,
+        algorithm=get_algorithm("fedavg")({}, ctx),
+        cfg=SimpleNamespace(node_ids=list(ids), seed=0),
+        transport=Transport("s", node_id, "127.0.0.1", 1),
+        _status=lambda peer: "online",
+        _changed=asyncio.Event(),
+    )
+    return CentralizedRounds(node)
+
+
+def _env(sender, kind, rnd, attempt, body):
+    from p2pfl.transport import Envelope
+
+    return Envelope("s", sender, rnd, kind, f"{sender}{kind}{rnd}{attempt}", body, attempt=attempt)
+
+
+ANN = {"roster": ["a", "b", "c"], "participants": ["a", "b", "c"], "server": {}}
+
+
+async def test_handlers_drop_stale_misdirected_and_forged_messages():
+    d = _driver("b")
+    dropped = d.node.transport.dropped
+    d.rosters[3] = ["a", "b", "c"]  # round 3: attempt 0 → sorted[3 % 3] = a, attempt 1 → b
+    d.current, d.applied = (3, 0), 2
+    d.on_gossip(_env("c", "announce", 3, 0, ANN))  # c is not attempt 0's aggregator
+    assert dropped["not_aggregator"] == 1 and 3 not in d._announced
+    d.on_gossip(_env("a", "announce", 2, 0, ANN))  # round 2 is applied already
+    assert dropped["stale_round"] == 1
+    d.on_gossip(_env("a", "announce", 3, 0, {**ANN, "roster": ["zz"]}))
+    assert dropped["malformed"] == 1
+    d.on_gossip(_env("a", "announce", 3, 0, ANN))
+    assert d._announced[3][0][0] == "a"
+    d.current = (3, 1)  # this member moved on to attempt 1: attempt 0 is dead
+    d.on_gossip(_env("a", "announce", 3, 0, ANN))
+    assert dropped["stale_attempt"] == 1
+    d.on_inbox(_env("a", "report", 3, 2, {"n": 5, "report": {}}))  # attempt 2 → c, not b
+    assert dropped["misdirected_report"] == 1
+    d.on_inbox(_env("a", "report", 3, 1, {"n": -1, "report": {}}))
+    assert dropped["malformed"] == 2
+    d.on_inbox(_env("zz", "report", 3, 1, {"n": 5, "report": {}}))  # not a member: ignored
+    d.on_inbox(_env("a", "report", 3, 1, {"n": 5, "report": {}}))
+    assert d._reports[(3, 1)] == {"a": {"n": 5, "report": {}}}
+
+
+def test_envelope_carries_the_attempt():
+    from p2pfl.codec import CodecError, encode
+    from p2pfl.transport import Envelope
+
+    env = _env("a", "report", 3, 2, {"n": 1})
+    back = Envelope.unpack(env.pack(), 1 << 20)
+    assert (back.round, back.attempt, back.kind) == (3, 2, "report")
+    base = {"v": 1, "swarm": "s", "from": "a", "round": 1, "kind": "report", "id": "x"}
+    for bad in (-1, True, "1", 1 << 20):
+        with pytest.raises(CodecError):
+            Envelope.unpack(encode({**base, "attempt": bad}), 1 << 20)
