@@ -433,3 +433,14 @@ def test_apply_rejects_unknown_or_misshaped():
         alg.apply({"h.heads.9.weight": torch.zeros(1, 8)}, {})
     with pytest.raises(ValueError, match="does not match"):
         alg.apply({"h.heads.0.weight": torch.zeros(2, 8)}, {})
+
+
+def test_cifar100_superclass_preset_partitions_the_100_classes_into_20_groups_of_5():
+    from p2pfl.algorithms import validate_params
+
+    groups = validate_params("pfedc", {"groups": "cifar100-superclasses"})["groups"]
+    assert len(groups) == 20 and all(len(g) == 5 for g in groups)
+    assert sorted(c for g in groups for c in g) == list(range(100))
+    assert [0, 51, 53, 57, 83] in groups  # fruit and vegetables: apple, mushroom, orange, …
+    with pytest.raises(ValueError, match="preset"):
+        validate_params("pfedc", {"groups": "cifar1000"})
