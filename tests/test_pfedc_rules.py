@@ -472,3 +472,17 @@ def test_cifar100_superclass_preset_partitions_the_100_classes_into_20_groups_of
     assert [0, 51, 53, 57, 83] in groups  # fruit and vegetables: apple, mushroom, orange, …
     with pytest.raises(ValueError, match="preset"):
         validate_params("pfedc", {"groups": "cifar1000"})
+
+
+def test_prediction_names_only_held_classes():
+    from p2pfl.algorithms.pfedc import ABSENT_SCORE, find_heads
+
+    x, y = synthetic()
+    keep = y != 2
+    alg = make_alg({}, labels=y[keep].tolist())
+    assert alg.pi == [1, 1, 0, 1]
+    scores = alg.model(x)
+    assert torch.all(scores[:, 2] == ABSENT_SCORE) and bool((scores.argmax(1) != 2).all())
+    find_heads(alg.model)[1].predict_only([])  # lifted: every class may be named again
+    assert not torch.any(alg.model(x)[:, 2] == ABSENT_SCORE)
+    assert "class_mask" not in "".join(alg.model.state_dict())  # never travels

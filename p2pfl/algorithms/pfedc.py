@@ -190,6 +190,9 @@ def check_pi(pi: Any, num_tasks: int | None = None) -> list[int]:
 # ----------------------------------------------------------------------------- the heads
 
 
+ABSENT_SCORE = -1e4  # the combined score of a class whose task this node does not hold
+
+
 class MultiHead(nn.Module):
     """``T`` task heads over a shared representation ``z`` of width ``in_features``.
 
@@ -223,6 +226,19 @@ class MultiHead(nn.Module):
         # not in state_dict: derived from the (config-given) groups, moves with .to(device)
         self.register_buffer("inverse_order", inverse, persistent=False)
         self.register_buffer("local_index", local, persistent=False)
+        # classes the node's prediction may name (set from π); not in state_dict
+        self.register_buffer(
+            "class_mask", torch.ones(num_classes, dtype=torch.bool), persistent=False
+        )
+
+    @torch.no_grad()
+    def predict_only(self, tasks: Sequence[int]) -> None:
+        """Restrict :meth:`combine`'s scores to the classes of ``tasks`` (the others get
+        :data:`ABSENT_SCORE`); an empty list lifts the restriction."""
+        mask = torch.zeros_like(self.class_mask)
+        for t in tasks:
+            mask[torch.tensor(self.groups[t])] = True
+        self.class_mask.copy_(mask if bool(mask.any()) else torch.ones_like(mask))
 
     @property
     def num_tasks(self) -> int:
@@ -243,9 +259,11 @@ class MultiHead(nn.Module):
     def combine(self, outs: Sequence[torch.Tensor]) -> torch.Tensor:
         """``(B, C)`` class scores from :meth:`task_logits`' outputs."""
         if self.binary:
-            return torch.cat(list(outs), dim=1)
-        scores = torch.cat([F.log_softmax(o, dim=1) for o in outs], dim=1)
-        return scores.index_select(1, self.inverse_order)
+            scores = torch.cat(list(outs), dim=1)
+        else:
+            scores = torch.cat([F.log_softmax(o, dim=1) for o in outs], dim=1)
+            scores = scores.index_select(1, self.inverse_order)
+        return scores.masked_fill(~self.class_mask, ABSENT_SCORE)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         return self.combine(self.task_logits(z))
@@ -564,6 +582,12 @@ class PFedC(CentralizedAlgorithm):
     def set_labels(self, labels: torch.Tensor) -> None:
         """``π`` from the node's training labels (called once, before round 1)."""
         self.pi = task_presence(labels, self.groups, self.ctx.num_classes, self.params.presence_min)
+        # **Reading**: a node predicts among the tasks it holds. Its test split follows its
+        # own label distribution (ALGORITHMS.md), the paper scores each task separately, and
+        # the heads of absent tasks are never trained here (nor shared with this node), so
+        # letting their untrained scores compete in the argmax only adds errors
+        _, heads = find_heads(self.model)
+        heads.predict_only([t for t, held in enumerate(self.pi) if held])
 
     def _include(self) -> list[bool]:
         binary = self.params.groups is None
