@@ -95,6 +95,9 @@ def cmd_swarm(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
+    # also when started with SIGINT ignored (a background job of a script): Ctrl-C, or a
+    # SIGINT from a supervisor, must still stop everything this launcher started
+    signal.signal(signal.SIGINT, on_term)
     code, _ = run_swarm(
         cfg,
         out,
