@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_integration import check_run_dir
+from test_integration import _start_nodes, check_run_dir
 
 from p2pfl.codec import state_nbytes
-from p2pfl.config import dump_topology, load_topology
+from p2pfl.config import load_topology
 from p2pfl.election import aggregator_for
 from p2pfl.metrics import read_records
 from p2pfl.models import build_model, part_keys
-from p2pfl.swarm import run_swarm, spawn_worker, stop_workers
+from p2pfl.swarm import run_swarm, stop_workers
 
 pytestmark = pytest.mark.integration
 
@@ -33,12 +33,13 @@ METHODS = {
 }
 
 
-def _config(method: str, extra: list[str]):
+def _overrides(method: str, extra: list[str]) -> list[str]:
     params = "{" + ", ".join(f"{k}: {v}" for k, v in METHODS[method].items()) + "}"
-    return load_topology(
-        "topologies/synthetic.yaml",
-        [f"algorithm.name={method}", f"algorithm.params={params}", FIVE, *SMALL, *extra],
-    )
+    return [f"algorithm.name={method}", f"algorithm.params={params}", FIVE, *SMALL, *extra]
+
+
+def _config(method: str, extra: list[str]):
+    return load_topology("topologies/synthetic.yaml", _overrides(method, extra))
 
 
 def _model_bytes(cfg, part: str) -> int:
@@ -99,18 +100,14 @@ def test_round_one_aggregator_killed_mid_round(tmp_path, broker):
     collects the round's uploads; the broker publishes its Last Will, the next peer in order
     (``c``) takes round 1 over as attempt 1, and the swarm finishes every round without it."""
     rounds = 3
-    cfg = _config(
-        "fedavg",
-        [f"rounds={rounds}", "timing.round_timeout_s=5", "timing.aggregator_timeout_s=8"],
+    cfg, out, workers = _start_nodes(
+        tmp_path,
+        broker,
+        _overrides(
+            "fedavg",
+            [f"rounds={rounds}", "timing.round_timeout_s=5", "timing.aggregator_timeout_s=8"],
+        ),
     )
-    cfg = cfg.model_copy(
-        update={"broker": cfg.broker.model_copy(update={"host": broker.host, "port": broker.port})}
-    )
-    out = tmp_path / "run"
-    out.mkdir()
-    path = out / "config.yaml"
-    path.write_text(dump_topology(cfg))
-    workers = {nid: spawn_worker(path, [nid], broker.address, out, False) for nid in cfg.node_ids}
     victim = aggregator_for(1, cfg.node_ids)
     assert victim == "b"
     survivors = [n for n in cfg.node_ids if n != victim]
