@@ -571,6 +571,7 @@ class CentralizedRounds:
                     lr,
                     extra_loss=alg.extra_loss(),
                     loss_fn=alg.loss_fn(),
+                    step_hook=alg.step_hook(),
                     seed=int(node.rng.integers(2**31)),
                     device=node.device,
                 )

@@ -256,33 +256,9 @@ class Node:
                 pulled[peer] = res
         return pulled, failed
 
-    async def _run_round(self, round_no: int) -> dict[str, Any]:
-        assert self.transport and self.algorithm and self.model and self.data
-        alg, tr, cfg = self.algorithm, self.transport, self.cfg
-        assert isinstance(alg, Algorithm)
-        t0 = time.monotonic()
-        sent0, recv0 = tr.stats.bytes_sent, tr.stats.bytes_recv
-        self.round = round_no
-        for old in [r for r in self._gossip if r < round_no - 1]:
-            del self._gossip[old]
-        self._keep_snapshot(round_no, alg.snapshot())
-        try:
-            await tr.gossip(round_no, alg.gossip())
-        except TransportError as exc:  # broker gone: peers will not hear from us this round
-            log.warning("%s: round %d: gossip not sent: %s", self.id, round_no, exc)
-        chosen = alg.choose_peers(self._live_neighbours())
-        deadline = t0 + cfg.timing.round_timeout_s
-
-        def heard_all() -> bool:
-            got = self._gossip.get(round_no, {})
-            return all(p in got or self._status(p) != "online" for p in chosen)
-
-        await self._wait_for(heard_all, deadline)
-        got = {p: self._gossip[round_no][p] for p in chosen if p in self._gossip.get(round_no, {})}
-        plan, facts = alg.plan(got)
-        pulled, failed = await self._pull_all(plan, deadline)
-        comm_s = time.monotonic() - t0
-        merged = await asyncio.to_thread(alg.merge, got, pulled)
+    async def _train(self, round_no: int):
+        assert self.algorithm and self.model and self.data
+        alg, cfg = self.algorithm, self.cfg
         lr = round_lr(cfg.training, round_no)
         result = await asyncio.to_thread(
             train_local,
@@ -292,6 +268,8 @@ class Node:
             cfg.training,
             lr,
             extra_loss=alg.extra_loss(),
+            loss_fn=alg.loss_fn(),
+            step_hook=alg.step_hook(),
             seed=int(self.rng.integers(2**31)),
             device=self.device,
         )
@@ -304,6 +282,45 @@ class Node:
                 lr,
             )
         await asyncio.to_thread(alg.after_train)
+        return result, lr
+
+    async def _run_round(self, round_no: int) -> dict[str, Any]:
+        assert self.transport and self.algorithm and self.model and self.data
+        alg, tr, cfg = self.algorithm, self.transport, self.cfg
+        assert isinstance(alg, Algorithm)
+        t0 = time.monotonic()
+        sent0, recv0 = tr.stats.bytes_sent, tr.stats.bytes_recv
+        self.round = round_no
+        for old in [r for r in self._gossip if r < round_no - 1]:
+            del self._gossip[old]
+        result = lr = None
+        if alg.exchange_after_training:  # peers pull what this node just trained
+            result, lr = await self._train(round_no)
+        t_comm = time.monotonic()
+        self._keep_snapshot(round_no, alg.snapshot())
+        message = alg.gossip()
+        chosen: list[str] = []
+        if message is not None:
+            try:
+                await tr.gossip(round_no, message)
+            except TransportError as exc:  # broker gone: peers will not hear from us
+                log.warning("%s: round %d: gossip not sent: %s", self.id, round_no, exc)
+            chosen = alg.choose_peers(self._live_neighbours())
+        deadline = t_comm + cfg.timing.round_timeout_s
+
+        def heard_all() -> bool:
+            got = self._gossip.get(round_no, {})
+            return all(p in got or self._status(p) != "online" for p in chosen)
+
+        await self._wait_for(heard_all, deadline)
+        got = {p: self._gossip[round_no][p] for p in chosen if p in self._gossip.get(round_no, {})}
+        plan, facts = alg.plan(got)
+        pulled, failed = await self._pull_all(plan, deadline)
+        comm_s = time.monotonic() - t_comm
+        merged = await asyncio.to_thread(alg.merge, got, pulled)
+        if not alg.exchange_after_training:
+            result, lr = await self._train(round_no)
+        assert result is not None and lr is not None
         acc, test_loss = await asyncio.to_thread(
             evaluate, self.model, self.data.test_x, self.data.test_y, 500, self.device
         )

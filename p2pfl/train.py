@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from p2pfl.algorithms.base import ExtraLoss, LossFn
+from p2pfl.algorithms.base import ExtraLoss, LossFn, StepHook
 from p2pfl.config import TrainingConfig
 from p2pfl.models import SplitModel
 
@@ -45,12 +45,14 @@ def train_local(
     epochs: int | None = None,
     extra_loss: ExtraLoss | None = None,
     loss_fn: LossFn | None = None,
+    step_hook: StepHook | None = None,
     seed: int = 0,
     device: torch.device | str = "cpu",
 ) -> TrainResult:
     """Train ``model`` in place for ``epochs`` (default ``cfg.epochs``) over ``(x, y)`` with
     cross-entropy plus ``extra_loss(model, xb, yb, logits)``, or with ``loss_fn(model, xb, yb)
-    -> (total, task loss)`` in place of both when given. A fresh optimizer is made each
+    -> (total, task loss)`` in place of both when given; ``step_hook(model)`` runs after every
+    optimizer step. A fresh optimizer is made each
     call (each round), as in the papers' simulations. Batches are shuffled by ``seed``."""
     t0 = time.perf_counter()
     model.train()
@@ -81,6 +83,8 @@ def train_local(
                 sum(p.grad.pow(2).sum() for p in model.parameters() if p.grad is not None)
             )
             opt.step()
+            if step_hook is not None:
+                step_hook(model)
             steps += 1
             batches += 1
             total += loss.item()

@@ -43,6 +43,7 @@ PullPlan = dict[str, str]  # peer id -> part ("g", "h" or "all")
 ExtraLoss = Callable[[SplitModel, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 # replaces cross-entropy: (model, xb, yb) -> (total loss to minimise, task loss to log)
 LossFn = Callable[[SplitModel, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+StepHook = Callable[[SplitModel], None]
 
 REGISTRY: dict[str, type[Method]] = {}
 
@@ -109,6 +110,11 @@ class Method(ABC):
         """A loss that replaces cross-entropy (and ``extra_loss``) in training, or None."""
         return None
 
+    def step_hook(self) -> StepHook | None:
+        """Called with the model after every optimizer step (gradients still in ``.grad``),
+        e.g. to re-apply a sparse mask; None for nothing."""
+        return None
+
     def after_train(self) -> None:
         """Hook after local training (e.g. recompute representations); default: nothing."""
         return None
@@ -120,10 +126,17 @@ class Method(ABC):
 
 
 class Algorithm(Method):
-    """One decentralized method. Subclasses set ``name`` and ``Params``."""
+    """One decentralized method. Subclasses set ``name`` and ``Params``.
 
-    def gossip(self) -> dict[str, Any]:
-        """Small per-round message published to neighbours (msgpack-able, may hold tensors)."""
+    ``exchange_after_training`` picks the round's order: False (default) is merge-then-train
+    as listed above (UA-PDFL, DisPFL); True trains first, then takes the snapshot peers pull
+    and merges what they sent (DFedAvgM mixes the models its neighbours just trained)."""
+
+    exchange_after_training: ClassVar[bool] = False
+
+    def gossip(self) -> dict[str, Any] | None:
+        """Small per-round message published to neighbours (msgpack-able, may hold tensors);
+        None publishes nothing (a method that never communicates)."""
         return {"n": self.ctx.num_samples}
 
     # -- one round -----------------------------------------------------------------------
