@@ -133,6 +133,7 @@ class Node:
         )
         self.algorithm = cls(self.cfg.algorithm.params, ctx)
         self.algorithm.local_epochs = self.cfg.training.epochs
+        self.algorithm.total_rounds = self.cfg.rounds  # e.g. DisPFL's annealing horizon
         self.algorithm.set_labels(self.data.train_y)
 
     def _write_run_files(self) -> None:
@@ -341,6 +342,7 @@ class Node:
             "missing": sorted(set(chosen) - set(got)),
             "pulled": {p: plan[p] for p in sorted(pulled)},
             "pull_failed": failed,
+            "dropout": False,  # UA-PDFL's client-wise dropout; its facts say when it is taken
             **facts,
             **merged,
             "dropped_total": sum(tr.dropped.values()),

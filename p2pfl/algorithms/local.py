@@ -1,0 +1,28 @@
+"""Local: every node trains on its own data and never communicates (ALGORITHMS.md,
+"Decentralized baselines"; DiversiFed's "Separate").
+
+Nothing is gossiped or pulled: the only traffic of a Local swarm is each node's presence.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from p2pfl.algorithms.base import Algorithm, PullPlan, State, register
+
+
+@register
+class Local(Algorithm):
+    name = "local"
+
+    def gossip(self) -> dict[str, Any] | None:
+        return None  # nothing to tell anyone
+
+    def choose_peers(self, candidates: list[str]) -> list[str]:
+        return []
+
+    def plan(self, gossip: dict[str, dict[str, Any]]) -> tuple[PullPlan, dict[str, Any]]:
+        return {}, {}
+
+    def merge(self, gossip: dict[str, dict[str, Any]], pulled: dict[str, State]) -> dict[str, Any]:
+        return {}
