@@ -1,0 +1,271 @@
+"""DFedAvgM: decentralized federated averaging with momentum (Sun et al., 2021).
+
+Implements ALGORITHMS.md, "Decentralized baselines", DFedAvgM: each node runs local SGD with
+heavy-ball momentum, then adds the sample-weighted average of its neighbours' model deltas
+(fp16 deltas are an option). The round order is train-then-exchange
+(``exchange_after_training = True``): peers pull what this node has just trained.
+
+**Reading** (the rule). Round ``t`` of node ``i``:
+
+1. train from ``x_i`` with the training config's SGD (``training.momentum`` is the heavy-ball
+   momentum, restarted every round: a fresh optimizer, as the paper's ``y^{-1} = y^0 = x_i``)
+   to ``z_i``;
+2. publish ``Δ_i = z_i − x_i`` (what :meth:`DFedAvgM.snapshot` returns; peers pull it whole);
+3. ``x_i ← x_i + Σ_j n_j Δ_j / Σ_j n_j`` over ``j ∈ {i} ∪ N_i'``, where ``N_i'`` are the
+   neighbours whose gossip and delta arrived this round (a neighbour whose pull failed or whose
+   delta is malformed is left out, so the weights are renormalised over who is present).
+
+The paper mixes the trained models, ``x_i ← Σ_j w_ij z_j`` with a doubly-stochastic ``W``.
+Since ``Σ_j w_ij z_j = Σ_j w_ij x_j + Σ_j w_ij Δ_j``, the two are equal when the neighbours
+started the round from the same ``x`` (as in round 1, where every node holds the same initial
+model); once the models drift apart, delta averaging keeps each node's own ``x_i`` and only
+mixes the updates, which is what ALGORITHMS.md describes ("adds ... the neighbours' model
+deltas"). The weights ``n_j / Σ n`` are row-stochastic per node, not doubly stochastic.
+
+**Reading** (knobs). ``weighted`` (default True) weights by the training sample counts the
+peers gossip; False averages uniformly. ``training.momentum = 0`` gives plain DFedAvg. The
+UA-PDFL comparison's "twice the local iterations, half the rounds" is a topology choice
+(``training.epochs``, ``rounds``), not a knob of this module.
+
+**Reading** (fp16 deltas). With ``fp16_deltas`` the published delta is float16, halving the
+bytes pulled; the receiver casts it back to float32 before averaging (float64 accumulation).
+float16 keeps 11 significant bits: each element's relative error is at most ``2^-11`` (about
+5e-4) for magnitudes above ``6.1e-5``, and an absolute error of at most ``2^-25`` (about
+3e-8) below, where float16 is subnormal. Magnitudes beyond the float16 range (65504) are
+clamped to ±65504 rather than sent as ``inf``. The node's own contribution always uses its
+exact delta, so only the peers' terms carry the rounding.
+
+**Reading** (non-floating buffers, e.g. BatchNorm's ``num_batches_tracked``). They have no
+meaningful delta: a "delta" carries the trained value itself, the average keeps the node's
+own, and applying it sets the buffer to that value.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from pydantic import Field
+
+from p2pfl.algorithms.base import (
+    Algorithm,
+    AlgorithmContext,
+    Params,
+    PullPlan,
+    State,
+    register,
+)
+
+FP16_MAX = float(torch.finfo(torch.float16).max)  # 65504
+WIRE_FLOAT_DTYPES = (torch.float16, torch.float32)  # what a peer's delta may be sent as
+
+
+class DFedAvgMParams(Params):
+    fp16_deltas: bool = Field(
+        False,
+        description="publish deltas as float16 (half the bytes; ~5e-4 relative rounding, "
+        "clamped to ±65504); receivers cast back to float32 before averaging",
+    )
+    weighted: bool = Field(
+        True, description="weight deltas by the nodes' training sample counts (False: uniform)"
+    )
+
+
+# ----------------------------------------------------------------------------- pure math
+
+
+def _check_same_layout(a: State, b: State, what: str) -> None:
+    if set(a) != set(b):
+        missing, extra = sorted(set(a) - set(b)), sorted(set(b) - set(a))
+        raise ValueError(f"{what}: keys differ (missing {missing}, extra {extra})")
+    for key, t in a.items():
+        if tuple(t.shape) != tuple(b[key].shape):
+            raise ValueError(
+                f"{what}: {key!r} has shape {tuple(b[key].shape)}, expected {tuple(t.shape)}"
+            )
+
+
+def model_delta(after: State, before: State, fp16: bool) -> State:
+    """``after − before`` for every floating tensor (in ``after``'s dtype, then float16 when
+    ``fp16``, clamped to ±65504); a non-floating tensor carries ``after``'s value instead.
+    Raises ``ValueError`` when the keys or shapes differ."""
+    _check_same_layout(after, before, "model_delta")
+    out: State = {}
+    for key, a in after.items():
+        if not torch.is_floating_point(a):
+            out[key] = a.detach().clone()
+            continue
+        d = a.detach() - before[key].detach().to(device=a.device, dtype=a.dtype)
+        if fp16:
+            d = d.clamp(-FP16_MAX, FP16_MAX).to(torch.float16)
+        out[key] = d
+    return out
+
+
+def average_deltas(deltas: list[State], weights: list[float]) -> State:
+    """``Σ w_u Δ_u / Σ w_u`` per floating key, accumulated in float64 and returned in the
+    first delta's dtype promoted to at least float32 (float16 deltas come back as float32).
+    Non-floating keys are taken from the first delta (the node's own).
+
+    Raises ``ValueError`` for no deltas, a length mismatch, mismatched keys or shapes, a
+    negative weight or a non-positive total."""
+    if not deltas:
+        raise ValueError("average_deltas needs at least one delta")
+    if len(deltas) != len(weights):
+        raise ValueError(f"average_deltas: {len(deltas)} deltas but {len(weights)} weights")
+    if any(not math.isfinite(w) or w < 0 for w in weights):
+        raise ValueError("average_deltas: weights must be finite and non-negative")
+    total = float(sum(weights))
+    if total <= 0:
+        raise ValueError("average_deltas: weights must sum to a positive number")
+    first = deltas[0]
+    for other in deltas[1:]:
+        _check_same_layout(first, other, "average_deltas")
+    out: State = {}
+    for key, ref in first.items():
+        if not torch.is_floating_point(ref):
+            out[key] = ref.clone()
+            continue
+        acc = torch.zeros(ref.shape, dtype=torch.float64, device=ref.device)
+        for w, delta in zip(weights, deltas, strict=True):
+            if w:
+                acc += (w / total) * delta[key].to(device=ref.device, dtype=torch.float64)
+        out[key] = acc.to(torch.promote_types(ref.dtype, torch.float32))
+    return out
+
+
+def apply_delta(base: State, delta: State) -> State:
+    """``base + delta`` for floating keys (summed in float64, cast to ``base``'s dtype and
+    device); a non-floating key takes ``delta``'s value (the trained buffer), cast likewise.
+    Raises ``ValueError`` when the keys or shapes differ."""
+    _check_same_layout(base, delta, "apply_delta")
+    out: State = {}
+    for key, b in base.items():
+        d = delta[key].to(b.device)
+        if torch.is_floating_point(b):
+            out[key] = (b.to(torch.float64) + d.to(torch.float64)).to(b.dtype)
+        else:
+            out[key] = d.to(b.dtype).clone()
+    return out
+
+
+def check_peer_delta(own: State, peer: State) -> str | None:
+    """Why a pulled delta cannot be averaged with ``own`` (None when it can): it must be a
+    map of tensors with ``own``'s keys and shapes, floating entries float16 or float32 and
+    finite, other entries of ``own``'s dtype."""
+    if not isinstance(peer, dict):
+        return "not a map"
+    if set(peer) != set(own):
+        missing, extra = sorted(set(own) - set(peer)), sorted(set(peer) - set(own))
+        return f"keys differ (missing {missing[:3]}, extra {extra[:3]})"
+    for key, ref in own.items():
+        t = peer[key]
+        if not isinstance(t, torch.Tensor):
+            return f"{key}: not a tensor"
+        if tuple(t.shape) != tuple(ref.shape):
+            return f"{key}: shape {tuple(t.shape)}, expected {tuple(ref.shape)}"
+        if torch.is_floating_point(ref):
+            if t.dtype not in WIRE_FLOAT_DTYPES:
+                return f"{key}: dtype {t.dtype}, expected float16 or float32"
+            if not bool(torch.isfinite(t).all()):
+                return f"{key}: not finite"
+        elif t.dtype != ref.dtype:
+            return f"{key}: dtype {t.dtype}, expected {ref.dtype}"
+    return None
+
+
+def _norm(state: State) -> float:
+    """L2 norm over every floating tensor of ``state``."""
+    sq = sum(
+        float(t.to(torch.float64).pow(2).sum()) for t in state.values() if t.is_floating_point()
+    )
+    return math.sqrt(sq)
+
+
+def _cpu_copy(model: torch.nn.Module) -> State:
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+
+# ----------------------------------------------------------------------------- the method
+
+
+@register
+class DFedAvgM(Algorithm):
+    name = "dfedavgm"
+    Params = DFedAvgMParams
+    exchange_after_training = True
+
+    def __init__(self, params: dict[str, Any], ctx: AlgorithmContext):
+        super().__init__(params, ctx)
+        self.x: State = _cpu_copy(self.model)  # x_i: where this round's training starts
+        self._delta: State | None = None  # Δ_i of this round, exact (own dtype)
+
+    def _own_delta(self) -> State:
+        if self._delta is None:
+            self._delta = model_delta(_cpu_copy(self.model), self.x, fp16=False)
+        return self._delta
+
+    def snapshot(self) -> State:
+        """This round's ``Δ_i = z_i − x_i`` (float16 with ``fp16_deltas``): what peers pull.
+        Called by the driver right after training."""
+        self._delta = None  # the model was trained since the last call
+        delta = self._own_delta()
+        if not self.params.fp16_deltas:
+            return {k: v.clone() for k, v in delta.items()}
+        return {
+            k: v.clamp(-FP16_MAX, FP16_MAX).to(torch.float16) if v.is_floating_point() else v
+            for k, v in delta.items()
+        }
+
+    def gossip(self) -> dict[str, Any]:
+        return {"n": self.ctx.num_samples}
+
+    def _weight(self, g: Any) -> float | None:
+        """A peer's averaging weight from its gossip, None when unusable."""
+        if not self.params.weighted:
+            return 1.0
+        n = g.get("n") if isinstance(g, dict) else None
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+            return None
+        return float(n)
+
+    def plan(self, gossip: dict[str, dict[str, Any]]) -> tuple[PullPlan, dict[str, Any]]:
+        """Pull the whole delta of every neighbour that gossiped a usable sample count."""
+        pull: PullPlan = {}
+        bad: list[str] = []
+        for peer in sorted(gossip):
+            if self._weight(gossip[peer]) is None:
+                bad.append(peer)
+            else:
+                pull[peer] = "all"
+        return pull, {"bad_gossip": bad} if bad else {}
+
+    def merge(self, gossip: dict[str, dict[str, Any]], pulled: dict[str, State]) -> dict[str, Any]:
+        """``x_i ← x_i + weighted mean of Δ over {i} and the valid pulled deltas``; load it."""
+        own = self._own_delta()
+        deltas = [own]
+        weights = [float(self.ctx.num_samples) if self.params.weighted else 1.0]
+        merged_from: list[str] = []
+        rejected: dict[str, str] = {}
+        for peer in sorted(pulled):
+            w = self._weight(gossip.get(peer))
+            reason = "no usable sample count" if w is None else check_peer_delta(own, pulled[peer])
+            if reason is not None:
+                rejected[peer] = reason
+                continue
+            assert w is not None
+            deltas.append(pulled[peer])
+            weights.append(w)
+            merged_from.append(peer)
+        if sum(weights) <= 0:  # own count unusable (n = 0): fall back to uniform
+            weights = [1.0] * len(deltas)
+        avg = average_deltas(deltas, weights)
+        new_x = apply_delta(self.x, avg)
+        self.model.load_state_dict(new_x)
+        self.x = new_x
+        self._delta = None
+        facts: dict[str, Any] = {"merged_from": merged_from, "delta_norm": round(_norm(avg), 6)}
+        if rejected:
+            facts["rejected"] = rejected
+        return facts

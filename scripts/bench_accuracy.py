@@ -1,0 +1,257 @@
+"""Paper-reproduction benchmark: every method of a suite through the real swarm.
+
+Each method of ``--suite`` runs as a whole swarm (a private Mosquitto and node processes,
+``--nodes-per-process`` allowed) once per seed of ``--seeds``; the table shows the paper's
+number, ours (mean ± std over seeds of the suite's metric: the final mean accuracy over
+nodes, or the best mean over rounds), the difference, the rounds actually run, wall time and
+bytes sent. Suites live in ``topologies/suites.yaml``. ``--rounds`` shortens a run: the
+table records the rounds run, so a short run is never presented as the paper's setting.
+
+    python scripts/bench_accuracy.py --suite quick
+    python scripts/bench_accuracy.py --suite uapdfl-cnn-cifar10-a0.5 --rounds 20 \\
+        --nodes-per-process 10 --seeds 0
+    python scripts/bench_accuracy.py --from-json results/quick.json   # table + plot again
+
+Writes ``--json`` (default ``results/<suite>.json``) and a plot beside it (``.png``):
+accuracy vs round and accuracy vs bytes sent, one line per method.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from p2pfl.config import load_topology  # noqa: E402
+from p2pfl.metrics import write_json  # noqa: E402
+
+SUITES = ROOT / "topologies" / "suites.yaml"
+
+
+class MethodSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    paper: float | None = None
+    set: list[str] = Field(default_factory=list)
+    rounds_factor: float = Field(1.0, gt=0, le=1)
+
+
+class Suite(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    topology: str
+    set: list[str] = Field(default_factory=list)
+    metric: Literal["final", "best"] = "final"
+    source: str = ""
+    note: str = ""
+    methods: dict[str, MethodSpec]
+
+
+def load_suites(path: Path = SUITES) -> tuple[dict[str, Suite], dict[str, list[str]]]:
+    """The suites and the named groups of suites; errors name the file and the suite."""
+    raw = yaml.safe_load(path.read_text()) or {}
+    groups = raw.pop("groups", {}) or {}
+    suites = {}
+    for name, body in raw.items():
+        try:
+            suites[name] = Suite.model_validate(body)
+        except ValidationError as exc:
+            raise SystemExit(f"{path}: suite {name!r}: {exc}") from None
+    for group, members in groups.items():
+        unknown = [m for m in members if m not in suites]
+        if unknown:
+            raise SystemExit(f"{path}: group {group!r} names unknown suites {unknown}")
+    return suites, groups
+
+
+def method_overrides(suite: Suite, method: str, spec: MethodSpec, base_method: str) -> list[str]:
+    swap = [] if method == base_method else [f"algorithm.name={method}", "algorithm.params={}"]
+    return [*suite.set, *swap, *spec.set]
+
+
+def run_one(
+    suite_name: str,
+    suite: Suite,
+    method: str,
+    spec: MethodSpec,
+    seed: int,
+    args: argparse.Namespace,
+    console: Console,
+) -> dict[str, Any]:
+    """One swarm run; returns its summary (with the run directory)."""
+    from p2pfl.swarm import run_swarm
+
+    base = load_topology(ROOT / suite.topology, suite.set)
+    extra = method_overrides(suite, method, spec, base.algorithm.name)
+    rounds = args.rounds or base.rounds
+    extra += [f"seed={seed}", f"rounds={max(1, round(rounds * spec.rounds_factor))}"]
+    if args.data_root:
+        extra.append(f"dataset.root={args.data_root}")
+    cfg = load_topology(ROOT / suite.topology, extra)
+    run_dir = Path(args.out) / suite_name / method / f"seed{seed}"
+    code, summary = run_swarm(
+        cfg, run_dir, nodes_per_process=args.nodes_per_process, progress=False, console=console
+    )
+    if code != 0:
+        console.print(f"[red]{suite_name}/{method}/seed{seed}: swarm exited with {code}[/]")
+    return {**summary, "run_dir": str(run_dir), "exit_code": code}
+
+
+def metric_of(summary: dict[str, Any], metric: str) -> float:
+    value = summary["final"]["acc_mean"] if metric == "final" else summary["best_acc_mean"]
+    return 100.0 * value
+
+
+def method_result(spec: MethodSpec, runs: list[dict[str, Any]], metric: str) -> dict[str, Any]:
+    """Mean ± std over seeds of the suite's metric (percent), plus cost and the curves."""
+    values = [metric_of(r, metric) for r in runs]
+    return {
+        "paper": spec.paper,
+        "acc_mean": statistics.fmean(values),
+        "acc_std": statistics.pstdev(values) if len(values) > 1 else 0.0,
+        "per_seed": values,
+        "rounds": min(r["rounds_reached"] for r in runs),
+        "wall_s": statistics.fmean(r["wall_s"] for r in runs),
+        "bytes_sent": statistics.fmean(r["bytes_sent_total"] for r in runs),
+        "nodes_completed": min(r["nodes_completed"] for r in runs),
+        "nodes": runs[0]["nodes"],
+        "curve": runs[0]["curve"],
+    }
+
+
+def render(result: dict[str, Any]) -> Table:
+    """The comparison table of one suite's result file."""
+    title = (
+        f"{result['suite']} ({result['metric']} mean accuracy over nodes, %; "
+        f"seeds {result['seeds']}; {result['source']})"
+    )
+    table = Table(title=title, caption=result.get("note") or None)
+    for col in ("method", "paper", "ours", "diff", "rounds", "wall", "bytes sent", "nodes"):
+        table.add_column(col, justify="left" if col == "method" else "right")
+    for name, r in result["methods"].items():
+        paper = r["paper"]
+        diff = "—" if paper is None else f"{r['acc_mean'] - paper:+.2f}"
+        table.add_row(
+            name,
+            "—" if paper is None else f"{paper:.2f}",
+            f"{r['acc_mean']:.2f} ± {r['acc_std']:.2f}",
+            diff,
+            f"{r['rounds']}" + ("" if r["rounds"] >= r.get("paper_rounds", 0) else " (short)"),
+            f"{r['wall_s']:.0f} s",
+            f"{r['bytes_sent'] / 1e6:.1f} MB",
+            f"{r['nodes_completed']}/{r['nodes']}",
+        )
+    return table
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Accuracy vs round and accuracy vs cumulative bytes sent, one line per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, r in result["methods"].items():
+        curve = r.get("curve") or []
+        if not curve:
+            continue
+        acc = [100 * c["acc_mean"] for c in curve]
+        ax1.plot([c["round"] for c in curve], acc, label=name)
+        ax2.plot([c["bytes_sent"] / 1e6 for c in curve], acc, label=name)
+    ax1.set(xlabel="round", ylabel="mean accuracy (%)", title=result["suite"])
+    ax2.set(xlabel="MB sent (all nodes)", ylabel="mean accuracy (%)")
+    ax2.set_xscale("symlog")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+    ax1.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_suite(name: str, suite: Suite, args: argparse.Namespace, console: Console) -> dict:
+    seeds = [int(s) for s in args.seeds.split(",")]
+    base = load_topology(ROOT / suite.topology, suite.set)
+    methods = {}
+    t0 = time.monotonic()
+    for method, spec in suite.methods.items():
+        if args.methods and method not in args.methods.split(","):
+            continue
+        runs = [run_one(name, suite, method, spec, s, args, console) for s in seeds]
+        methods[method] = method_result(spec, runs, suite.metric)
+        methods[method]["paper_rounds"] = max(1, round(base.rounds * spec.rounds_factor))
+        console.print(
+            f"{name}/{method}: {methods[method]['acc_mean']:.2f} "
+            f"(paper {spec.paper}) after {methods[method]['rounds']} rounds"
+        )
+    return {
+        "suite": name,
+        "rounds": args.rounds or base.rounds,
+        "paper_rounds": base.rounds,
+        "seeds": seeds,
+        "metric": suite.metric,
+        "source": suite.source,
+        "note": suite.note,
+        "topology": suite.topology,
+        "overrides": suite.set,
+        "machine": f"{platform.node()}: {platform.machine()}, {_cores()} cores, no GPU used",
+        "wall_s": time.monotonic() - t0,
+        "methods": methods,
+    }
+
+
+def _cores() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--suite", help="a suite or group of topologies/suites.yaml")
+    ap.add_argument("--rounds", type=int, help="shorten every run to this many rounds")
+    ap.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
+    ap.add_argument("--methods", help="only these methods of the suite (comma-separated)")
+    ap.add_argument("--nodes-per-process", type=int, default=1)
+    ap.add_argument("--data-root", help="sets dataset.root")
+    ap.add_argument("--out", default="runs/bench_accuracy", help="run directories go here")
+    ap.add_argument("--json", help="result file (default results/<suite>.json)")
+    ap.add_argument("--from-json", help="only render the table and plot of a result file")
+    args = ap.parse_args(argv)
+    console = Console()
+    if args.from_json:
+        import json
+
+        result = json.loads(Path(args.from_json).read_text())
+        console.print(render(result))
+        plot(result, Path(args.from_json).with_suffix(".png"))
+        return 0
+    suites, groups = load_suites()
+    if args.suite not in suites and args.suite not in groups:
+        known = ", ".join([*suites, *groups])
+        ap.error(f"unknown suite {args.suite!r}; known: {known}")
+    names = groups.get(args.suite, [args.suite])
+    for name in names:
+        result = run_suite(name, suites[name], args, console)
+        path = Path(args.json if args.json and len(names) == 1 else f"results/{name}.json")
+        write_json(path, result)
+        plot(result, path.with_suffix(".png"))
+        console.print(render(result))
+        console.print(f"wrote {path} and {path.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
