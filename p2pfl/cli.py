@@ -112,12 +112,12 @@ def cmd_swarm(args: argparse.Namespace) -> int:
 
 
 def cmd_node(args: argparse.Namespace) -> int:
-    from p2pfl.node import NodeOptions, run_nodes
+    from p2pfl.node import Node, NodeOptions, run_nodes
 
     extra = []
     ids = list(args.id or [])
     broker = args.broker
-    data_root, device = args.data_root, args.device
+    data_root, device, certs, host = args.data_root, args.device, args.certs, args.host
     if args.node_config:
         over = load_node_overrides(args.node_config)
         if over.id and not ids:
@@ -125,12 +125,24 @@ def cmd_node(args: argparse.Namespace) -> int:
         broker = broker or over.broker
         data_root = data_root or over.data_root
         device = device or over.device
+        certs = certs or over.certs
+        host = host or over.host
         if over.threads:
             extra.append(f"training.threads={over.threads}")
-    if not ids:
-        console.print("[red]error[/] give --id (or an id in --node-config)")
-        return 2
     cfg = _load(args, extra)
+    if not ids:  # the nodes the topology pins to this host
+        import socket
+
+        host = host or socket.gethostname()
+        ids = cfg.nodes_on(host)
+        if not ids:
+            console.print(
+                f"[red]error[/] {args.topology}: nodes: no node pinned to host {host!r} "
+                "(give --id, an id in --node-config, or --host NAME)",
+                highlight=False,
+            )
+            return 2
+        console.print(f"host {host}: nodes {', '.join(ids)}", highlight=False)
     unknown = [i for i in ids if i not in cfg.node_ids]
     if unknown:
         console.print(f"[red]error[/] {args.topology}: nodes: no node with id {unknown}")
@@ -143,7 +155,11 @@ def cmd_node(args: argparse.Namespace) -> int:
         data_root=data_root,
         device=device,
         out_dir=Path(args.out) if args.out else Path(f"runs/{cfg.name}"),
+        certs=certs,
     )
+
+    for nid in ids:  # a missing or bad certificate is reported before anything starts
+        Node(cfg, nid, opts).security_context()
 
     async def main() -> int:
         loop = asyncio.get_running_loop()
@@ -176,7 +192,7 @@ def cmd_summarize(args: argparse.Namespace) -> int:
 
 def cmd_broker(args: argparse.Namespace) -> int:
     """Run a Mosquitto for a swarm on this host and announce it by mDNS until stopped."""
-    from p2pfl.broker import MosquittoBroker
+    from p2pfl.broker import BrokerTLS, MosquittoBroker
     from p2pfl.discovery import Announcer
 
     async def main() -> int:
@@ -185,14 +201,50 @@ def cmd_broker(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         workdir = Path(args.workdir) if args.workdir else None
-        with MosquittoBroker(args.host, args.port, workdir=workdir) as broker:
+        swarm = None if args.swarm == "*" else args.swarm
+        tls = BrokerTLS(Path(args.certs), swarm) if args.certs else None
+        with MosquittoBroker(args.host, args.port, workdir=workdir, tls=tls) as broker:
             async with Announcer.broker(args.swarm, args.host, broker.port):
-                print(f"broker {broker.address} announced for swarm {args.swarm}", flush=True)
+                print(
+                    f"broker {broker.address} announced for swarm {args.swarm}"
+                    + (" (TLS, client certificates, per-node ACL)" if tls else ""),
+                    flush=True,
+                )
                 await stop.wait()
         print("broker stopped", flush=True)
         return 0
 
     return _run_async(main())
+
+
+def cmd_certs(args: argparse.Namespace) -> int:
+    """Create (or extend) a swarm's CA, broker certificate and per-node identities."""
+    from p2pfl.certs import make_swarm_certs
+
+    cfg = _load(args)
+    out = Path(args.out or cfg.security.certs or f"certs/{cfg.name}")
+    ids = args.node or cfg.node_ids
+    unknown = [i for i in ids if i not in cfg.node_ids]
+    if unknown:
+        console.print(f"[red]error[/] {args.topology}: nodes: no node with id {unknown}")
+        return 2
+    hosts = list(args.broker_host or [])
+    if not cfg.broker.mdns and cfg.broker.host not in hosts:
+        hosts.append(cfg.broker.host)
+    paths = make_swarm_certs(out, cfg.name, ids, hosts, days=args.days, overwrite=args.force)
+    console.print(
+        f"[green]ok[/] {out}: swarm CA, broker certificate for {', '.join(hosts) or '-'} "
+        f"(+127.0.0.1, localhost), {len(ids)} node identities (Ed25519), Mosquitto ACL",
+        highlight=False,
+        soft_wrap=True,
+    )
+    console.print(
+        f"each device needs {paths.ca_cert.name} and its own nodes/<id>.crt + nodes/<id>.key; "
+        f"keep {paths.ca_key} off the devices",
+        highlight=False,
+        soft_wrap=True,
+    )
+    return 0
 
 
 def cmd_discover(args: argparse.Namespace) -> int:
@@ -265,6 +317,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--device", help="torch device, e.g. cpu or cuda:0")
     sp.add_argument("--out", help="run directory (default runs/<swarm name>)")
     sp.add_argument("--no-rich", action="store_true", help="plain log lines")
+    sp.add_argument(
+        "--host",
+        help="without --id: run the nodes the topology pins to this host "
+        "(default: this machine's hostname)",
+    )
+    sp.add_argument("--certs", help="this device's certificate directory (p2pfl certs)")
     sp.set_defaults(func=cmd_node)
 
     sp = sub.add_parser("validate", help="check a topology file and print every error")
@@ -278,8 +336,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("--port", type=int, default=0, help="port (default: a free one)")
     sp.add_argument("--workdir", help="where its config and log go (default: a temp dir)")
+    sp.add_argument(
+        "--certs",
+        help="a p2pfl certs directory: TLS only, client certificates required, per-node ACL",
+    )
     sp.add_argument("-v", "--verbose", action="store_true")
     sp.set_defaults(func=cmd_broker)
+
+    sp = sub.add_parser("certs", help="create a swarm CA and per-node certificates")
+    common(sp)
+    sp.add_argument("--out", help="directory (default: security.certs, else certs/<swarm>)")
+    sp.add_argument(
+        "--broker-host",
+        action="append",
+        metavar="HOST",
+        help="an address or name the broker is reached at (repeatable; the topology's "
+        "broker host, 127.0.0.1 and localhost are always included)",
+    )
+    sp.add_argument("--node", action="append", help="only these node ids (repeatable)")
+    sp.add_argument("--days", type=int, default=825, help="validity (825 days)")
+    sp.add_argument("--force", action="store_true", help="new CA and identities even if they exist")
+    sp.set_defaults(func=cmd_certs)
 
     sp = sub.add_parser("discover", help="list brokers, nodes and swarms visible by mDNS")
     sp.add_argument("--seconds", type=float, default=3.0, help="how long to listen (3)")
@@ -304,12 +381,17 @@ def main(argv: list[str] | None = None) -> int:
     from p2pfl.sysopt import tune_malloc
 
     tune_malloc()  # before the first large allocation (see p2pfl.sysopt)
+    from p2pfl.certs import CertError
+
     args = build_parser().parse_args(argv)
     _setup_logging(args.verbose, rich=not getattr(args, "no_rich", False))
     try:
         return int(args.func(args) or 0)
     except ConfigError as exc:
         _print_config_error(exc)
+        return 2
+    except CertError as exc:
+        console.print(f"[red]error[/] {exc}", highlight=False, soft_wrap=True)
         return 2
 
 

@@ -132,7 +132,12 @@ class GeneratedEdges(_Strict):
 
 class NodeSpec(_Strict):
     id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
-    host: str | None = None
+    host: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_.-]{1,253}$",
+        description="the device this node runs on: `p2pfl node TOPOLOGY --host NAME` runs "
+        "every node pinned to NAME (default: this machine's hostname)",
+    )
 
 
 class TimingConfig(_Strict):
@@ -156,6 +161,33 @@ class TimingConfig(_Strict):
         return self.aggregator_timeout_s or 3 * self.round_timeout_s
 
 
+class SecurityConfig(_Strict):
+    """Who may join and what is trusted (issue 5). Both switches need ``certs``: a
+    directory made by ``p2pfl certs`` (per device: ``certs:`` in its ``nodes/`` file or
+    ``--certs``; the local launcher creates one in the run directory when none is given)."""
+
+    tls: bool = Field(
+        False,
+        description="TLS to the broker with client certificates; the launcher's Mosquitto "
+        "then requires them and applies the per-node ACL",
+    )
+    sign: bool = Field(
+        False,
+        description="sign every message (Ed25519); drop unsigned, forged and replayed ones",
+    )
+    certs: str | None = Field(None, description="the swarm's certificate directory")
+    max_age_s: float = Field(
+        300.0,
+        gt=0,
+        description="signed messages older than this (or with a repeated id) "
+        "are replays; also the clock skew tolerated between devices",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.tls or self.sign
+
+
 class TopologyConfig(_Strict):
     """One swarm: nodes, edges, algorithm, data, model, training."""
 
@@ -168,6 +200,7 @@ class TopologyConfig(_Strict):
     model: ModelConfig = Field(default_factory=ModelConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     timing: TimingConfig = Field(default_factory=TimingConfig)
+    security: SecurityConfig = Field(default_factory=SecurityConfig)
     nodes: list[NodeSpec]
     edges: GeneratedEdges | list[tuple[str, str]] = Field(
         default_factory=lambda: GeneratedEdges(kind="ring")
@@ -224,6 +257,10 @@ class TopologyConfig(_Strict):
     def node_ids(self) -> list[str]:
         return [n.id for n in self.nodes]
 
+    def nodes_on(self, host: str) -> list[str]:
+        """The ids of the nodes pinned to ``host`` (``nodes: [{id, host}]``)."""
+        return [n.id for n in self.nodes if n.host == host]
+
 
 class NodeOverrides(_Strict):
     """A per-device file in ``nodes/``: what one device changes for its own daemon."""
@@ -233,6 +270,8 @@ class NodeOverrides(_Strict):
     device: str | None = None
     broker: str | None = None
     threads: int | None = Field(None, ge=1)
+    host: str | None = Field(None, description="run the topology's nodes pinned to this host")
+    certs: str | None = Field(None, description="this device's certificate directory")
 
 
 # ----------------------------------------------------------------------------- loading

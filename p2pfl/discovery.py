@@ -108,6 +108,16 @@ def default_interfaces() -> list[str] | None:
     return [x.strip() for x in raw.split(",") if x.strip()] or None
 
 
+def local_address(peer_host: str, peer_port: int = 9) -> str:
+    """This host's address on the route to ``peer_host`` (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((peer_host, peer_port))
+            return s.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
+
+
 def _zeroconf(interfaces: list[str] | None) -> AsyncZeroconf:
     interfaces = interfaces or default_interfaces()
     if interfaces:

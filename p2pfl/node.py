@@ -12,6 +12,14 @@ Lifecycle of :meth:`Node.run` (one asyncio task per node; several may share a pr
 5. announce ``done`` and keep serving pulls until every neighbour is done or gone
    (``timing.linger_s`` at most), then leave.
 
+The peer set of every round is the node's topology neighbours that are present (retained
+MQTT presence, ``online``). A neighbour that starts late is picked up in the next round; a
+node that itself starts when its neighbours are already under way joins at the round after
+the latest one they report (their presence carries it). With ``broker: mdns`` the node also
+announces itself by mDNS (:mod:`p2pfl.discovery`) for as long as it runs. With
+``security.sign`` / ``security.tls`` it signs every message and connects with its
+certificate (:mod:`p2pfl.signing`).
+
 Training and evaluation run in worker threads: the event loop keeps answering peers.
 """
 
@@ -37,7 +45,7 @@ from p2pfl import PROTOCOL_VERSION
 from p2pfl.algorithms import AlgorithmContext, get_algorithm
 from p2pfl.algorithms.base import Algorithm, CentralizedAlgorithm, Method, State
 from p2pfl.central import CentralizedRounds
-from p2pfl.config import BrokerAddress, TopologyConfig, dump_topology
+from p2pfl.config import BrokerAddress, ConfigError, TopologyConfig, dump_topology
 from p2pfl.data import NodeData, load_node_data
 from p2pfl.metrics import (
     append_record,
@@ -75,6 +83,7 @@ class NodeOptions:
     device: str | None = None
     out_dir: Path | None = None
     cache_dir: str | None = None
+    certs: str | None = None  # None: the topology's security.certs
 
 
 class Node:
@@ -167,6 +176,50 @@ class Node:
 
     def _on_presence(self, peer: str, info: dict[str, Any]) -> None:
         self._changed.set()
+
+    def _swarm_round(self) -> int:
+        """The latest round an online neighbour reports having finished (0: none)."""
+        assert self.transport is not None
+        rounds = [self.transport.peers.get(p, {}).get("round") for p in self._live_neighbours()]
+        return max((r for r in rounds if isinstance(r, int) and not isinstance(r, bool)), default=0)
+
+    def security_context(self):
+        """(message security, TLS context) from ``security`` and this device's certs dir."""
+        sec = self.cfg.security
+        if not sec.enabled:
+            return None, None
+        certs = self.opts.certs or sec.certs
+        if not certs:
+            raise ConfigError(
+                "topology",
+                [
+                    (
+                        "security.certs",
+                        "security.tls/sign need the swarm's certificate directory "
+                        "(security.certs, certs: in the node config, or --certs)",
+                    )
+                ],
+            )
+        from p2pfl.signing import MessageSecurity, tls_context
+
+        signing = (
+            MessageSecurity.from_certs(certs, self.id, self.cfg.node_ids, sec.max_age_s)
+            if sec.sign
+            else None
+        )
+        return signing, (tls_context(certs, self.id) if sec.tls else None)
+
+    async def _announce(self, stack: contextlib.AsyncExitStack) -> None:
+        """Announce this node by mDNS (for ``p2pfl discover`` and LAN tooling)."""
+        from p2pfl.discovery import Announcer, local_address
+
+        address = local_address(self.broker.host, self.broker.port)
+        try:
+            await stack.enter_async_context(
+                Announcer.node(self.id, self.cfg.name, self.cfg.algorithm.name, address)
+            )
+        except (OSError, ValueError) as exc:  # discovery is a convenience: never fatal
+            log.warning("%s: not announced by mDNS: %s", self.id, exc)
 
     def _on_gossip(self, env: Envelope) -> None:
         if env.kind != "gossip" or env.sender not in self.neighbours:
@@ -355,7 +408,12 @@ class Node:
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> list[dict[str, Any]]:
         """Run the whole lifecycle; returns the per-round records."""
+        async with contextlib.AsyncExitStack() as stack:
+            return await self._run(stack)
+
+    async def _run(self, stack: contextlib.AsyncExitStack) -> list[dict[str, Any]]:
         t_start = time.monotonic()
+        signing, tls = self.security_context()  # a missing or bad certificate fails before loading
         await asyncio.to_thread(self._load)
         cfg = self.cfg
         if self.broker.mdns:  # browse for a broker announced for this swarm
@@ -363,6 +421,7 @@ class Node:
 
             self.broker = await find_broker(cfg.name, cfg.timing.startup_timeout_s)
             log.info("%s: broker %s found by mDNS", self.id, self.broker)
+            await self._announce(stack)
         self._write_run_files()
         self.transport = Transport(
             cfg.name,
@@ -377,6 +436,8 @@ class Node:
             },
             max_message_bytes=int(cfg.max_message_mb * 2**20),
             max_transfer_bytes=int(cfg.max_transfer_mb * 2**20),
+            security=signing,
+            tls_context=tls,
         )
         self.transport.on_presence = self._on_presence
         central = None
@@ -404,7 +465,13 @@ class Node:
             )
             if central is not None:
                 await central.run()
-            for r in range(1, cfg.rounds + 1) if central is None else ():
+            first = 1
+            if central is None and self._swarm_round() > 0:  # neighbours already under way
+                first = self._swarm_round() + 1
+                log.info(
+                    "%s: neighbours are past round %d; joining at %d", self.id, first - 1, first
+                )
+            for r in range(first, cfg.rounds + 1) if central is None else ():
                 record = await self._run_round(r)
                 self.records.append(record)
                 if self.out_dir is not None:
@@ -417,6 +484,11 @@ class Node:
                     record["peers"],
                     " (dropout)" if record.get("dropout") else "",
                 )
+                if r < cfg.rounds:  # a late joiner starts after the latest reported round
+                    try:
+                        await self.transport.set_status("online", round=r)
+                    except TransportError as exc:
+                        log.warning("%s: could not update presence: %s", self.id, exc)
             try:
                 await self.transport.set_status("done", round=cfg.rounds)
             except TransportError as exc:

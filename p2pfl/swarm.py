@@ -25,7 +25,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from p2pfl.broker import MosquittoBroker
+from p2pfl.broker import BrokerTLS, MosquittoBroker
+from p2pfl.certs import SwarmCerts, make_swarm_certs
 from p2pfl.config import BrokerAddress, TopologyConfig, dump_topology
 from p2pfl.metrics import (
     node_log_path,
@@ -164,6 +165,22 @@ def finish_run(cfg: TopologyConfig, out_dir: Path, wall_s: float | None) -> dict
     return summary
 
 
+def ensure_certs(cfg: TopologyConfig, out_dir: Path, console: Console) -> TopologyConfig:
+    """With ``security`` on, make sure the swarm has certificates for every node: create
+    them (in ``security.certs``, or ``<run>/certs`` when it is not set) where the directory
+    has no CA yet, and record the absolute path in the config the nodes read."""
+    if not cfg.security.enabled:
+        return cfg
+    root = Path(cfg.security.certs or out_dir / "certs").absolute()
+    paths = SwarmCerts(root)
+    missing = [n for n in cfg.node_ids if not paths.node_cert(n).exists()]
+    if not paths.ca_cert.exists() or missing:
+        make_swarm_certs(root, cfg.name, cfg.node_ids)
+        console.print(f"[bold]certs[/] swarm CA and {len(cfg.node_ids)} node identities in {root}")
+    security = cfg.security.model_copy(update={"certs": str(root)})
+    return cfg.model_copy(update={"security": security})
+
+
 def run_swarm(
     cfg: TopologyConfig,
     out_dir: Path,
@@ -186,13 +203,19 @@ def run_swarm(
     t0 = time.monotonic()
     code = 1
     try:
+        cfg = ensure_certs(cfg, out_dir, console)
         if broker is None:
+            tls = BrokerTLS(Path(cfg.security.certs), cfg.name) if cfg.security.tls else None
             own_broker = MosquittoBroker(
                 workdir=out_dir / "broker",
                 max_packet_mb=cfg.max_message_mb * 2,
+                tls=tls,
             ).start()
             broker = BrokerAddress(host=own_broker.host, port=own_broker.port)
-            console.print(f"[bold]broker[/] mosquitto on {own_broker.address}")
+            console.print(
+                f"[bold]broker[/] mosquitto on {own_broker.address}"
+                + (" (TLS, client certificates, per-node ACL)" if tls else "")
+            )
         cfg = cfg.model_copy(update={"broker": broker})
         if cfg.dataset.root and not os.path.isabs(cfg.dataset.root):
             # the recorded config must not depend on where it is read from

@@ -27,13 +27,16 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import math
 import socket
+import ssl
 import struct
+import time
 import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiomqtt
 import numpy as np
@@ -41,6 +44,9 @@ import numpy as np
 from p2pfl import PROTOCOL_VERSION
 from p2pfl.codec import CodecError, buffer_to_state, decode, encode, state_to_buffer
 from p2pfl.digest import DEFAULT_DIGEST, hexdigest, new_hasher
+
+if TYPE_CHECKING:
+    from p2pfl.signing import MessageSecurity
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +59,8 @@ INBOX_KINDS = frozenset({"report"})  # small messages handed to ``on_inbox``
 MAX_ATTEMPT = 1 << 16
 CHUNK_BYTES = 1 << 20
 FRAME_MAGIC = b"P2F\x01"  # a msgpack message never starts with these bytes (0x50 is a fixint)
+SIGNED_MAGIC = b"P2S\x01"
+SIGNATURE_BYTES = 64
 HASH_BATCH = 8  # chunks per hashing job: fewer GIL hand-offs to the hashing thread
 PUBLISH_WINDOW = 16  # QoS-1 publishes in flight per transfer
 
@@ -64,9 +72,14 @@ class TransportError(RuntimeError):
 @dataclass(frozen=True)
 class Envelope:
     """One message. ``attempt`` numbers the tries at a round (the rotating aggregator's
-    failover; 0 otherwise). ``data`` is an optional raw binary tail (transfer chunks): it
-    travels after the msgpack header as ``FRAME_MAGIC | u32 header length | header | data``
-    so a 1 MiB chunk is neither msgpack-encoded nor copied on decode."""
+    failover; 0 otherwise). ``ts`` is the sender's clock when it was made (replay window).
+    ``data`` is an optional raw binary tail (transfer chunks).
+
+    Frames: a plain message is the msgpack header alone; a message with a data tail is
+    ``FRAME_MAGIC | u32 header length | header | data`` so a 1 MiB chunk is neither
+    msgpack-encoded nor copied on decode; a signed message (:mod:`p2pfl.signing`) is
+    ``SIGNED_MAGIC | u32 header length | header | 64-byte signature | data``. ``header``
+    keeps the exact signed bytes of a received message."""
 
     swarm: str
     sender: str
@@ -76,6 +89,9 @@ class Envelope:
     body: Any
     data: memoryview | None = field(default=None, compare=False, repr=False)
     attempt: int = 0
+    ts: float = 0.0
+    sig: bytes | None = field(default=None, compare=False, repr=False)
+    header: memoryview | bytes | None = field(default=None, compare=False, repr=False)
 
     def _header(self) -> bytes:
         return encode(
@@ -87,28 +103,45 @@ class Envelope:
                 "attempt": self.attempt,
                 "kind": self.kind,
                 "id": self.id,
+                "ts": self.ts,
                 "body": self.body,
             }
         )
 
-    def pack(self) -> bytes:
-        if self.data is None:
-            return self._header()
+    def pack(self, sign: Callable[[bytes], bytes] | None = None) -> bytes:
+        """The wire bytes; ``sign(header) -> 64-byte signature`` makes a signed frame."""
         header = self._header()
+        if sign is not None:
+            sig = sign(header)
+            if len(sig) != SIGNATURE_BYTES:
+                raise ValueError("signature must be 64 bytes")
+            parts = [SIGNED_MAGIC, struct.pack("<I", len(header)), header, sig]
+            if self.data is not None:
+                parts.append(self.data)
+            return b"".join(parts)
+        if self.data is None:
+            return header
         return b"".join((FRAME_MAGIC, struct.pack("<I", len(header)), header, self.data))
 
     @classmethod
     def unpack(cls, payload: bytes, max_bytes: int) -> Envelope:
-        """Decode and check the envelope's shape; raise :class:`CodecError` if it is off."""
-        data = None
-        if payload[:4] == FRAME_MAGIC:
+        """Decode and check the envelope's shape; raise :class:`CodecError` if it is off.
+        A signature is returned in ``sig`` unchecked: verifying it is the caller's job."""
+        data = sig = None
+        magic = payload[:4]
+        if magic in (FRAME_MAGIC, SIGNED_MAGIC):
             if len(payload) < 8:
                 raise CodecError("truncated binary frame")
             (hlen,) = struct.unpack_from("<I", payload, 4)
-            if 8 + hlen > len(payload):
+            tail = 8 + hlen + (SIGNATURE_BYTES if magic == SIGNED_MAGIC else 0)
+            if tail > len(payload):
                 raise CodecError("binary frame header runs past the payload")
             view = memoryview(payload)
-            data = view[8 + hlen :]
+            if magic == SIGNED_MAGIC:
+                sig = bytes(view[8 + hlen : tail])
+                data = view[tail:] if tail < len(payload) else None
+            else:
+                data = view[tail:]
             payload = view[8 : 8 + hlen]
         obj = decode(payload, max_bytes)
         if not isinstance(obj, dict):
@@ -127,11 +160,16 @@ class Envelope:
             raise CodecError(f"envelope attempt must be an int, got {attempt!r}")
         if not 0 <= attempt <= MAX_ATTEMPT:
             raise CodecError(f"envelope attempt {attempt} out of range")
+        ts = obj.get("ts", 0.0)
+        if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not math.isfinite(ts):
+            raise CodecError(f"envelope ts must be a number, got {ts!r}")
         if kind not in KINDS:
             raise CodecError(f"unknown message kind {kind!r}")
         if not 0 < len(mid) <= 64 or not 0 < len(sender) <= 64:
             raise CodecError("envelope id/from length out of range")
-        return cls(swarm, sender, rnd, kind, mid, obj.get("body"), data, attempt)
+        return cls(
+            swarm, sender, rnd, kind, mid, obj.get("body"), data, attempt, float(ts), sig, payload
+        )
 
 
 @dataclass
@@ -182,6 +220,8 @@ class Transport:
         chunk_bytes: int = CHUNK_BYTES,
         connect_timeout: float = 30.0,
         client_factory: Callable[..., aiomqtt.Client] | None = None,
+        security: MessageSecurity | None = None,
+        tls_context: ssl.SSLContext | None = None,
     ):
         self.swarm = swarm
         self.node_id = node_id
@@ -194,6 +234,8 @@ class Transport:
         self.chunk_bytes = chunk_bytes
         self.connect_timeout = connect_timeout
         self._client_factory = client_factory or aiomqtt.Client
+        self.security = security  # sign what we send, verify what we receive
+        self.tls_context = tls_context  # TLS with a client certificate to the broker
         self.stats = TransportStats()
         self.dropped: Counter[str] = Counter()
         self.peers: dict[str, dict[str, Any]] = {}  # latest presence of every node seen
@@ -253,24 +295,30 @@ class Transport:
     def _will(self) -> aiomqtt.Will:
         return aiomqtt.Will(
             topic=self.topic("presence", self.node_id),
-            payload=self._presence_payload("offline"),
+            payload=self._presence_payload("offline", will=True),
             qos=1,
             retain=True,
         )
 
-    def _presence_payload(self, status: str) -> bytes:
-        return Envelope(
-            self.swarm,
-            self.node_id,
-            0,
-            "presence",
-            uuid.uuid4().hex[:16],
-            {"presence": {**self.presence_info, "status": status}},
-        ).pack()
+    def _presence_payload(self, status: str, will: bool = False) -> bytes:
+        body: dict[str, Any] = {"presence": {**self.presence_info, "status": status}}
+        if self.security is not None:  # peers learn our key from the certificate
+            body["order"] = self.security.next_presence(will)
+            body["cert"] = self.security.certificate_pem
+        env = Envelope(
+            self.swarm, self.node_id, 0, "presence", uuid.uuid4().hex[:16], body, ts=time.time()
+        )
+        return env.pack(self._signer(self.topic("presence", self.node_id)))
+
+    def _signer(self, topic: str) -> Callable[[bytes], bytes] | None:
+        sec = self.security
+        return None if sec is None else (lambda header: sec.sign(topic, header))
 
     async def _run(self) -> None:
         backoff = 0.2
         while not self._closing:
+            if self.security is not None:  # this connection's Will outranks older ones
+                self.security.new_session()
             try:
                 async with self._client_factory(
                     self.host,
@@ -283,6 +331,7 @@ class Transport:
                     max_queued_outgoing_messages=0,
                     # small requests must not wait behind delayed ACKs (Nagle): 40 ms each
                     socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
+                    tls_context=self.tls_context,
                 ) as client:
                     client.pending_calls_threshold = PUBLISH_WINDOW * 4  # windowed on purpose
                     self._client = client
@@ -353,6 +402,7 @@ class Transport:
             mid or uuid.uuid4().hex[:16],
             body,
             attempt=attempt,
+            ts=time.time(),
         )
 
     async def gossip(
@@ -362,10 +412,11 @@ class Transport:
         gossip topic, which every member of the swarm hears."""
         if kind not in GOSSIP_KINDS:
             raise ValueError(f"{kind!r} is not a gossip kind")
-        payload = self._envelope(kind, round_no, body, attempt=attempt).pack()
+        topic = self.topic("gossip", self.node_id)
+        payload = self._envelope(kind, round_no, body, attempt=attempt).pack(self._signer(topic))
         if len(payload) > self.max_message_bytes:
             raise TransportError(f"{kind} of {len(payload)} bytes exceeds the message limit")
-        await self._publish(self.topic("gossip", self.node_id), payload)
+        await self._publish(topic, payload)
 
     async def send(
         self,
@@ -378,10 +429,11 @@ class Transport:
         attempt: int = 0,
     ) -> None:
         """Send one message to ``to``'s inbox."""
-        payload = self._envelope(kind, round_no, body, mid, attempt).pack()
+        topic = self.topic("inbox", to)
+        payload = self._envelope(kind, round_no, body, mid, attempt).pack(self._signer(topic))
         if len(payload) > self.max_message_bytes:
             raise TransportError(f"{kind} of {len(payload)} bytes exceeds the message limit")
-        await self._publish(self.topic("inbox", to), payload)
+        await self._publish(topic, payload)
 
     # ------------------------------------------------------------------ transfers
     async def pull(
@@ -417,6 +469,7 @@ class Transport:
         }
         await self.send(to, "xfer_meta", round_no, meta)
         topic = self.topic("inbox", to)
+        sign = self._signer(topic)  # chunk headers; their bytes are covered by the digest
         view = memoryview(prepared.buf)
         pending: set[asyncio.Task] = set()
         try:
@@ -430,7 +483,8 @@ class Transport:
                     uuid.uuid4().hex[:16],
                     {"xfer": xfer, "seq": seq},
                     data,
-                ).pack()
+                    ts=time.time(),
+                ).pack(sign)
                 pending.add(asyncio.create_task(self._publish(topic, payload)))
                 if len(pending) >= PUBLISH_WINDOW:
                     done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -580,6 +634,13 @@ class Transport:
             return
         if env.sender == self.node_id and channel != "inbox":
             return  # our own presence or gossip, echoed back by the broker
+        if self.security is not None:
+            reason = self._authenticate(topic, env)
+            if reason == "same":
+                return  # a retained presence we already hold, delivered again
+            if reason is not None:
+                self._drop(reason, f"{topic}: {env.kind} claiming to be from {env.sender!r}")
+                return
         if channel == "presence":
             body = env.body
             info = body.get("presence") if isinstance(body, dict) else None
@@ -630,6 +691,20 @@ class Transport:
                 self.on_inbox(env)
         else:
             self._drop("unexpected_kind", f"{topic}: {env.kind}")
+
+    def _authenticate(self, topic: str, env: Envelope) -> str | None:
+        """Signature, then freshness, of a message in a signed swarm (p2pfl.signing).
+        ``None``: accept; ``same``: a presence already held; otherwise the drop reason."""
+        sec = self.security
+        assert sec is not None
+        if env.sig is None or env.header is None:
+            return "unsigned"
+        if env.kind == "presence":
+            body = env.body if isinstance(env.body, dict) else {}
+            reason = sec.verify_presence(env.sender, topic, env.header, env.sig, body.get("cert"))
+            return reason or sec.presence_order(env.sender, body.get("order"))
+        reason = sec.verify(env.sender, topic, env.header, env.sig)
+        return reason or sec.replay.check(env.id, env.ts)
 
     def _request_done(self, task: asyncio.Task) -> None:
         self._request_tasks.discard(task)

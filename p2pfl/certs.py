@@ -1,0 +1,281 @@
+"""A swarm's certificate authority and per-node identities (``p2pfl certs``; issue 5).
+
+:func:`make_swarm_certs` writes one directory per swarm::
+
+    ca.crt   ca.key          the swarm CA (keep ca.key off the devices)
+    broker.crt broker.key    the broker's TLS server certificate (SANs: the broker hosts)
+    nodes/<id>.crt <id>.key  one Ed25519 identity per node (CN = node id)
+    acl                      the Mosquitto ACL: each node publishes only its own topics
+
+A node's Ed25519 key is both its TLS client key and its message-signing key, so its
+certificate is also how peers learn its public key (:class:`Keyring`). A device needs only
+``ca.crt`` and its own ``nodes/<id>.crt`` + ``.key``; peers' certificates travel in their
+signed presence messages and are checked against the CA.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+DEFAULT_DAYS = 825
+MAX_CERT_BYTES = 4096  # a peer's certificate is untrusted input
+
+
+class CertError(ValueError):
+    """A missing, unreadable or untrusted certificate or key; the message names the file."""
+
+
+@dataclass(frozen=True)
+class SwarmCerts:
+    """Where a swarm's certificate directory keeps each file."""
+
+    root: Path
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.root / "ca.crt"
+
+    @property
+    def ca_key(self) -> Path:
+        return self.root / "ca.key"
+
+    @property
+    def broker_cert(self) -> Path:
+        return self.root / "broker.crt"
+
+    @property
+    def broker_key(self) -> Path:
+        return self.root / "broker.key"
+
+    @property
+    def acl(self) -> Path:
+        return self.root / "acl"
+
+    def node_cert(self, node_id: str) -> Path:
+        return self.root / "nodes" / f"{node_id}.crt"
+
+    def node_key(self, node_id: str) -> Path:
+        return self.root / "nodes" / f"{node_id}.key"
+
+    def require(self, *paths: Path) -> None:
+        """Raise :class:`CertError` naming the first missing file."""
+        for p in paths:
+            if not p.is_file():
+                raise CertError(
+                    f"{p}: missing (create the swarm's certificates with `p2pfl certs`)"
+                )
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "p2pfl"),
+            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+        ]
+    )
+
+
+def _write_key(path: Path, key) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def _write_cert(path: Path, cert: x509.Certificate) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def _issue(
+    subject: x509.Name,
+    public_key,
+    ca_key,
+    ca_name: x509.Name,
+    days: int,
+    *,
+    ca: bool = False,
+    usage: list | None = None,
+    sans: list[x509.GeneralName] | None = None,
+) -> x509.Certificate:
+    now = dt.datetime.now(dt.timezone.utc)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca_name)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=0 if ca else None), critical=True)
+    )
+    if ca:
+        builder = builder.add_extension(
+            x509.KeyUsage(False, False, False, False, False, True, True, False, False), True
+        )
+    if usage:
+        builder = builder.add_extension(x509.ExtendedKeyUsage(usage), critical=False)
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    # Ed25519 signs without a separate digest; ECDSA keys sign with SHA-256
+    algorithm = None if isinstance(ca_key, ed25519.Ed25519PrivateKey) else hashes.SHA256()
+    return builder.sign(ca_key, algorithm)
+
+
+def _san(host: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        return x509.DNSName(host)
+
+
+def mosquitto_acl(swarm: str | None) -> str:
+    """ACL for a TLS listener with ``use_identity_as_username``: ``%u`` is the client's
+    certificate CN, i.e. its node id. Each node writes only its own presence and gossip
+    topics and reads only its own inbox; any member may write any inbox (requests and
+    replies), where signatures say who really sent what. ``swarm=None``: every swarm."""
+    s = swarm or "+"
+    return "\n".join(
+        [
+            "# generated by p2pfl: each node publishes only its own topics",
+            f"pattern readwrite p2pfl/{s}/presence/%u",
+            f"pattern read p2pfl/{s}/presence/+",
+            f"pattern write p2pfl/{s}/gossip/%u",
+            f"pattern read p2pfl/{s}/gossip/+",
+            f"pattern read p2pfl/{s}/inbox/%u",
+            f"pattern write p2pfl/{s}/inbox/+",
+            "",
+        ]
+    )
+
+
+def make_swarm_certs(
+    out: Path,
+    swarm: str,
+    node_ids: list[str],
+    broker_hosts: list[str] | None = None,
+    *,
+    days: int = DEFAULT_DAYS,
+    overwrite: bool = False,
+) -> SwarmCerts:
+    """Create (or extend) a swarm's CA, broker certificate, node identities and ACL.
+
+    An existing CA is reused, so adding a node later signs it with the same CA; existing
+    node identities are kept unless ``overwrite``. The broker certificate is always
+    re-issued for ``broker_hosts`` (plus ``127.0.0.1`` and ``localhost``)."""
+    paths = SwarmCerts(Path(out))
+    paths.root.mkdir(parents=True, exist_ok=True)
+    if paths.ca_cert.exists() and not overwrite:  # extend: sign with the same CA
+        paths.require(paths.ca_key)
+        ca_key = load_private_key(paths.ca_key)
+        ca_cert = load_certificate(paths.ca_cert)
+    else:
+        ca_key = ed25519.Ed25519PrivateKey.generate()
+        ca_name = _name(f"p2pfl {swarm} CA")  # self-signed: issuer = subject
+        ca_cert = _issue(ca_name, ca_key.public_key(), ca_key, ca_name, days, ca=True)
+        _write_key(paths.ca_key, ca_key)
+        _write_cert(paths.ca_cert, ca_cert)
+    hosts = list(dict.fromkeys([*(broker_hosts or []), "127.0.0.1", "localhost"]))
+    # the broker's server key is ECDSA P-256: every TLS client and Mosquitto build has it
+    broker_key = ec.generate_private_key(ec.SECP256R1())
+    broker_cert = _issue(
+        _name(f"p2pfl {swarm} broker"),
+        broker_key.public_key(),
+        ca_key,
+        ca_cert.subject,
+        days,
+        usage=[ExtendedKeyUsageOID.SERVER_AUTH],
+        sans=[_san(h) for h in hosts],
+    )
+    _write_key(paths.broker_key, broker_key)
+    _write_cert(paths.broker_cert, broker_cert)
+    for nid in node_ids:
+        if paths.node_key(nid).exists() and paths.node_cert(nid).exists() and not overwrite:
+            continue
+        key = ed25519.Ed25519PrivateKey.generate()
+        cert = _issue(
+            _name(nid),
+            key.public_key(),
+            ca_key,
+            ca_cert.subject,
+            days,
+            usage=[ExtendedKeyUsageOID.CLIENT_AUTH],
+        )
+        _write_key(paths.node_key(nid), key)
+        _write_cert(paths.node_cert(nid), cert)
+    paths.acl.write_text(mosquitto_acl(swarm))
+    return paths
+
+
+def load_certificate(path: Path) -> x509.Certificate:
+    try:
+        return x509.load_pem_x509_certificate(Path(path).read_bytes())
+    except OSError as exc:
+        raise CertError(f"{path}: cannot read: {exc.strerror}") from None
+    except ValueError as exc:
+        raise CertError(f"{path}: not a PEM certificate: {exc}") from None
+
+
+def load_private_key(path: Path):
+    try:
+        return serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
+    except OSError as exc:
+        raise CertError(f"{path}: cannot read: {exc.strerror}") from None
+    except (ValueError, TypeError) as exc:
+        raise CertError(f"{path}: not an unencrypted PEM private key: {exc}") from None
+
+
+def common_name(cert: x509.Certificate) -> str | None:
+    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    value = names[0].value if names else None
+    return value if isinstance(value, str) else None
+
+
+def verify_member_certificate(
+    pem: bytes, ca: x509.Certificate, expected_id: str | None = None
+) -> ed25519.Ed25519PublicKey:
+    """Check an untrusted node certificate: PEM, issued by ``ca`` (signature and validity),
+    a client certificate, an Ed25519 key, and CN = ``expected_id`` when given. Returns the
+    public key; raises :class:`CertError` saying what is wrong."""
+    if not isinstance(pem, (bytes, bytearray)) or len(pem) > MAX_CERT_BYTES:
+        raise CertError("certificate missing or too large")
+    try:
+        cert = x509.load_pem_x509_certificate(bytes(pem))
+    except ValueError as exc:
+        raise CertError(f"not a PEM certificate: {exc}") from None
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        raise CertError("not issued by the swarm CA") from None
+    now = dt.datetime.now(dt.timezone.utc)
+    if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
+        raise CertError("certificate expired or not yet valid")
+    try:
+        basic = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
+        usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        raise CertError("not a p2pfl node certificate") from None
+    if basic.ca or ExtendedKeyUsageOID.CLIENT_AUTH not in usage:
+        raise CertError("not a node (client) certificate")
+    key = cert.public_key()
+    if not isinstance(key, ed25519.Ed25519PublicKey):
+        raise CertError("node key is not Ed25519")
+    cn = common_name(cert)
+    if expected_id is not None and cn != expected_id:
+        raise CertError(f"certificate is for {cn!r}, not {expected_id!r}")
+    return key

@@ -1,0 +1,233 @@
+"""Per-message Ed25519 signatures and replay protection for one node (issue 5).
+
+With ``security.sign`` every envelope a node publishes is signed with its Ed25519 key (the
+key of its certificate, :mod:`p2pfl.certs`). The signature covers the MQTT topic and the
+envelope header — swarm, sender, round, attempt, kind, message id, timestamp and body — so
+a message cannot be altered, re-addressed to another inbox, or claimed by another sender.
+A transfer chunk's raw bytes are not signed one by one: they are covered by the digest in
+the transfer's signed metadata, which the receiver checks before using any tensor.
+
+Peers' public keys come from their certificates, verified against the swarm CA
+(:func:`p2pfl.certs.verify_member_certificate`): those found in the certificate directory
+at start, and those carried in peers' signed presence messages. Only topology members are
+accepted.
+
+Replay protection (:class:`ReplayGuard`): every non-presence message carries a timestamp and
+a random id; one older than ``max_age_s`` (or than the oldest id still remembered) is
+``stale``, a repeated id is ``replayed``. Presence messages are retained by the broker and
+may be hours old, so they are ordered instead: ``(session start, sequence)`` must grow per
+sender (the Last Will holds the largest sequence of its session).
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+from p2pfl.certs import (
+    CertError,
+    SwarmCerts,
+    common_name,
+    load_certificate,
+    load_private_key,
+    verify_member_certificate,
+)
+
+log = logging.getLogger(__name__)
+
+WILL_SEQUENCE = 1 << 30  # the Last Will's presence sequence: after every update of a session
+
+
+class ReplayGuard:
+    """Accepts a message id once, and only while its timestamp is fresh.
+
+    ``check(mid, ts)`` returns ``None`` (accept) or a drop reason: ``stale`` when ``ts`` is
+    more than ``max_age_s`` in the past or future, or not newer than the oldest id already
+    forgotten (the low-water mark: a forgotten id can never be replayed); ``replayed`` when
+    the id was seen. At most ``capacity`` ids are remembered."""
+
+    def __init__(self, max_age_s: float = 300.0, capacity: int = 200_000):
+        self.max_age_s = max_age_s
+        self.capacity = capacity
+        self._seen: OrderedDict[str, float] = OrderedDict()  # in arrival order
+        self.low_water = 0.0
+
+    def check(self, mid: str, ts: float, now: float | None = None) -> str | None:
+        now = time.time() if now is None else now
+        if abs(now - ts) > self.max_age_s or ts <= self.low_water:
+            return "stale"
+        if mid in self._seen:
+            return "replayed"
+        self._seen[mid] = ts
+        horizon = now - self.max_age_s
+        while self._seen:
+            oldest_id, oldest_ts = next(iter(self._seen.items()))
+            if len(self._seen) <= self.capacity and oldest_ts >= horizon:
+                break
+            del self._seen[oldest_id]
+            if len(self._seen) >= self.capacity:  # evicted while still fresh
+                self.low_water = max(self.low_water, oldest_ts)
+        return None
+
+
+class MessageSecurity:
+    """One node's signing key, the swarm's keyring, and its replay state.
+
+    Build with :meth:`from_certs`. ``members`` limits whose keys are accepted."""
+
+    def __init__(
+        self,
+        node_id: str,
+        private_key: ed25519.Ed25519PrivateKey,
+        certificate_pem: bytes,
+        ca: x509.Certificate,
+        members: set[str],
+        max_age_s: float = 300.0,
+    ):
+        self.node_id = node_id
+        self._key = private_key
+        self.certificate_pem = certificate_pem
+        self.ca = ca
+        self.members = set(members)
+        self.keys: dict[str, ed25519.Ed25519PublicKey] = {node_id: private_key.public_key()}
+        self.replay = ReplayGuard(max_age_s)
+        self._presence_order: dict[str, tuple[float, int]] = {}
+        self.session = time.time()
+        self._presence_seq = 0
+
+    @classmethod
+    def from_certs(
+        cls, root: str | Path, node_id: str, members: list[str], max_age_s: float = 300.0
+    ) -> MessageSecurity:
+        """Load ``node_id``'s identity from a ``p2pfl certs`` directory, plus every member
+        certificate found there; raise :class:`CertError` naming a missing or bad file."""
+        paths = SwarmCerts(Path(root))
+        paths.require(paths.ca_cert, paths.node_cert(node_id), paths.node_key(node_id))
+        ca = load_certificate(paths.ca_cert)
+        key = load_private_key(paths.node_key(node_id))
+        if not isinstance(key, ed25519.Ed25519PrivateKey):
+            raise CertError(f"{paths.node_key(node_id)}: not an Ed25519 key")
+        pem = paths.node_cert(node_id).read_bytes()
+        try:
+            own = verify_member_certificate(pem, ca, node_id)
+        except CertError as exc:
+            raise CertError(f"{paths.node_cert(node_id)}: {exc}") from None
+        raw = serialization.PublicFormat.Raw
+        if own.public_bytes(serialization.Encoding.Raw, raw) != key.public_key().public_bytes(
+            serialization.Encoding.Raw, raw
+        ):
+            raise CertError(f"{paths.node_key(node_id)}: does not match {node_id}.crt")
+        sec = cls(node_id, key, pem, ca, set(members), max_age_s)
+        for other in members:
+            path = paths.node_cert(other)
+            if other != node_id and path.is_file():
+                reason = sec.learn(other, path.read_bytes())
+                if reason:
+                    log.warning("%s: ignored %s: %s", node_id, path, reason)
+        return sec
+
+    # ------------------------------------------------------------------ keys
+    def learn(self, node_id: str, pem: bytes) -> str | None:
+        """Add ``node_id``'s key from its certificate; returns a reason when refused."""
+        if node_id not in self.members:
+            return f"{node_id!r} is not a member of the swarm"
+        try:
+            key = verify_member_certificate(pem, self.ca, node_id)
+        except CertError as exc:
+            return str(exc)
+        self.keys[node_id] = key
+        return None
+
+    def verify_presence(
+        self, sender: str, topic: str, header: bytes | memoryview, sig: bytes, pem: object
+    ) -> str | None:
+        """Verify a presence message, which may carry the sender's certificate: a valid
+        certificate (CA-issued, for ``sender``, a member) whose key made the signature
+        becomes ``sender``'s key. Without one, the key already known must verify it."""
+        if pem is None:
+            return self.verify(sender, topic, header, sig)
+        if sender not in self.members:
+            return "unknown_signer"
+        try:
+            key = verify_member_certificate(pem, self.ca, sender)  # type: ignore[arg-type]
+        except CertError as exc:
+            log.warning("%s: certificate presented by %r refused: %s", self.node_id, sender, exc)
+            return "bad_certificate"
+        try:
+            key.verify(bytes(sig), topic.encode() + b"\x00" + bytes(header))
+        except InvalidSignature:
+            return "forged"
+        self.keys[sender] = key
+        return None
+
+    # ------------------------------------------------------------------ signatures
+    def sign(self, topic: str, header: bytes | memoryview) -> bytes:
+        return self._key.sign(topic.encode() + b"\x00" + bytes(header))
+
+    def verify(self, sender: str, topic: str, header: bytes | memoryview, sig: bytes) -> str | None:
+        """``None`` when ``sig`` is ``sender``'s signature of (topic, header); otherwise the
+        drop reason: ``unknown_signer`` or ``forged``."""
+        key = self.keys.get(sender)
+        if key is None:
+            return "unknown_signer"
+        try:
+            key.verify(bytes(sig), topic.encode() + b"\x00" + bytes(header))
+        except InvalidSignature:
+            return "forged"
+        return None
+
+    # ------------------------------------------------------------------ ordering
+    def next_presence(self, will: bool = False) -> list[float | int]:
+        """The ``[session, sequence]`` of this node's next presence (or of its Will)."""
+        if will:
+            return [self.session, WILL_SEQUENCE]
+        self._presence_seq += 1
+        return [self.session, self._presence_seq]
+
+    def new_session(self) -> None:
+        """A fresh session (each MQTT connection), so its Will outranks the previous one."""
+        self.session = max(time.time(), self.session + 1e-6)
+        self._presence_seq = 0
+
+    def presence_order(self, sender: str, order: object) -> str | None:
+        """Accept a presence whose ``[session, sequence]`` is newer than the last one seen
+        from ``sender``: ``None``, ``same`` (a retained copy seen again) or ``replayed``."""
+        if (
+            not isinstance(order, (list, tuple))
+            or len(order) != 2
+            or not isinstance(order[0], (int, float))
+            or not isinstance(order[1], int)
+            or isinstance(order[1], bool)
+        ):
+            return "malformed"
+        key = (float(order[0]), int(order[1]))
+        last = self._presence_order.get(sender)
+        if last is not None and key <= last:
+            return "same" if key == last else "replayed"
+        self._presence_order[sender] = key
+        return None
+
+
+def tls_context(root: str | Path, node_id: str) -> ssl.SSLContext:
+    """A TLS client context for ``node_id``: trusts only the swarm CA (hostname checked
+    against the broker certificate's SANs) and presents the node's certificate."""
+    paths = SwarmCerts(Path(root))
+    paths.require(paths.ca_cert, paths.node_cert(node_id), paths.node_key(node_id))
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(paths.ca_cert))
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(str(paths.node_cert(node_id)), str(paths.node_key(node_id)))
+    except ssl.SSLError as exc:
+        raise CertError(f"{paths.node_cert(node_id)}: cannot be used for TLS: {exc}") from None
+    cn = common_name(load_certificate(paths.node_cert(node_id)))
+    if cn != node_id:
+        raise CertError(f"{paths.node_cert(node_id)}: certificate is for {cn!r}, not {node_id!r}")
+    return ctx
