@@ -471,6 +471,7 @@ class Node:
                 log.info(
                     "%s: neighbours are past round %d; joining at %d", self.id, first - 1, first
                 )
+                self.round = first - 1  # keep the gossip of the rounds we join at
             for r in range(first, cfg.rounds + 1) if central is None else ():
                 record = await self._run_round(r)
                 self.records.append(record)

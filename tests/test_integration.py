@@ -82,7 +82,7 @@ def test_swarm_always_dropout_with_high_threshold(tmp_path):
     )
 
 
-def _start_nodes(tmp_path, broker, overrides):
+def _start_nodes(tmp_path, broker, overrides, only=None):
     cfg = load_topology("topologies/synthetic.yaml", overrides)
     cfg = cfg.model_copy(
         update={"broker": cfg.broker.model_copy(update={"host": broker.host, "port": broker.port})}
@@ -91,7 +91,8 @@ def _start_nodes(tmp_path, broker, overrides):
     out.mkdir()
     path = out / "config.yaml"
     path.write_text(dump_topology(cfg))
-    workers = {nid: spawn_worker(path, [nid], broker.address, out, False) for nid in cfg.node_ids}
+    ids = only or cfg.node_ids
+    workers = {nid: spawn_worker(path, [nid], broker.address, out, False) for nid in ids}
     return cfg, out, workers
 
 
