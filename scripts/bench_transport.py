@@ -9,6 +9,11 @@
 
 Prints a table and writes ``raw_MBps``, ``p2pfl_MBps`` and ``ratio`` (plus details) to
 ``--json``. Target: p2pfl ≥ 50% of raw.
+
+``--security`` measures the cost of issue 5's protections in the same run: a second,
+TLS-only Mosquitto (client certificates, per-node ACL) from a throwaway swarm CA, raw MQTT
+over TLS, and the p2pfl pull with signatures only, TLS only, and both (``security`` in the
+JSON, MB/s and the ratio to the unprotected pull).
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ import multiprocessing as mp
 import socket
 import statistics
 import sys
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiomqtt
@@ -31,6 +38,9 @@ from p2pfl.broker import MosquittoBroker  # noqa: E402
 
 MiB = 1 << 20
 WINDOW = 16
+SWARM = "bench"
+# the raw publisher writes into the subscriber's inbox: a topic the TLS broker's ACL allows
+RAW_TOPIC = f"p2pfl/{SWARM}/inbox/raw-sub"
 NODELAY = (socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as p2pfl.transport sets it
 
 
@@ -49,31 +59,47 @@ def _run(coro):
 # ----------------------------------------------------------------------------- raw MQTT
 
 
-async def _raw_publisher(host: str, port: int, total_mb: int, go: mp.Event) -> None:
+def _tls(certs: str | None, identity: str):
+    if certs is None:
+        return None
+    from p2pfl.signing import tls_context
+
+    return tls_context(certs, identity)
+
+
+async def _raw_publisher(
+    host: str, port: int, total_mb: int, go: mp.Event, certs: str | None = None
+) -> None:
     payload = b"\x5a" * MiB
     async with aiomqtt.Client(
-        host, port, max_inflight_messages=WINDOW * 2, socket_options=[NODELAY]
+        host,
+        port,
+        max_inflight_messages=WINDOW * 2,
+        socket_options=[NODELAY],
+        tls_context=_tls(certs, "raw-pub"),
     ) as client:
         client.pending_calls_threshold = WINDOW * 4
         go.wait()
         pending: set[asyncio.Task] = set()
         for _ in range(total_mb):
-            pending.add(asyncio.create_task(client.publish("bench/raw", payload, qos=1)))
+            pending.add(asyncio.create_task(client.publish(RAW_TOPIC, payload, qos=1)))
             if len(pending) >= WINDOW:
                 _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
         await asyncio.gather(*pending)
 
 
-def raw_publisher_main(host, port, total_mb, go):
-    _run(_raw_publisher(host, port, total_mb, go))
+def raw_publisher_main(host, port, total_mb, go, certs=None):
+    _run(_raw_publisher(host, port, total_mb, go, certs))
 
 
-async def raw_once(host: str, port: int, total_mb: int) -> float:
+async def raw_once(host: str, port: int, total_mb: int, certs: str | None = None) -> float:
     ctx = mp.get_context("spawn")
     go = ctx.Event()
-    proc = ctx.Process(target=raw_publisher_main, args=(host, port, total_mb, go))
-    async with aiomqtt.Client(host, port, socket_options=[NODELAY]) as sub:
-        await sub.subscribe("bench/raw", qos=1)
+    proc = ctx.Process(target=raw_publisher_main, args=(host, port, total_mb, go, certs))
+    async with aiomqtt.Client(
+        host, port, socket_options=[NODELAY], tls_context=_tls(certs, "raw-sub")
+    ) as sub:
+        await sub.subscribe(RAW_TOPIC, qos=1)
         proc.start()
         await asyncio.sleep(1.0)  # let the publisher connect
         got = 0
@@ -104,12 +130,36 @@ def resnet18_state():
     return build_model(ModelConfig(name="resnet18"), 10, (3, 32, 32)).state_dict()
 
 
-async def _server(host: str, port: int, ready: mp.Event, stop: mp.Event) -> None:
-    from p2pfl.transport import PreparedState, Transport
+@dataclass(frozen=True)
+class Mode:
+    """One protection setting of the p2pfl pull."""
+
+    name: str
+    tls: bool = False
+    sign: bool = False
+
+
+MODES = (Mode("off"), Mode("sign", sign=True), Mode("tls", tls=True), Mode("tls+sign", True, True))
+IDS = ["server", "client", "raw-pub", "raw-sub"]
+
+
+def _transport(node_id: str, host: str, port: int, mode: Mode, certs: str | None):
+    from p2pfl.signing import MessageSecurity
+    from p2pfl.transport import Transport
+
+    security = MessageSecurity.from_certs(certs, node_id, IDS) if mode.sign else None
+    tls = _tls(certs, node_id) if mode.tls else None
+    return Transport(SWARM, node_id, host, port, security=security, tls_context=tls)
+
+
+async def _server(
+    host: str, port: int, ready: mp.Event, stop: mp.Event, mode: Mode, certs: str | None
+) -> None:
+    from p2pfl.transport import PreparedState
 
     state = resnet18_state()
     prepared = PreparedState.from_state(state)
-    async with Transport("bench", "server", host, port) as t:
+    async with _transport("server", host, port, mode, certs) as t:
 
         async def serve(env):
             await t.send_state(env.sender, env.id, env.round, prepared)
@@ -120,24 +170,25 @@ async def _server(host: str, port: int, ready: mp.Event, stop: mp.Event) -> None
             await asyncio.sleep(0.1)
 
 
-def server_main(host, port, ready, stop):
-    _run(_server(host, port, ready, stop))
+def server_main(host, port, ready, stop, mode=MODES[0], certs=None):
+    _run(_server(host, port, ready, stop, mode, certs))
 
 
-async def p2pfl_pulls(host: str, port: int, repeats: int) -> tuple[list[float], int]:
+async def p2pfl_pulls(
+    host: str, port: int, repeats: int, mode: Mode = MODES[0], certs: str | None = None
+) -> tuple[list[float], int]:
     from p2pfl.codec import state_nbytes
-    from p2pfl.transport import Transport
 
     ctx = mp.get_context("spawn")
     ready, stop = ctx.Event(), ctx.Event()
-    proc = ctx.Process(target=server_main, args=(host, port, ready, stop))
+    proc = ctx.Process(target=server_main, args=(host, port, ready, stop, mode, certs))
     proc.start()
     try:
         while not ready.is_set():
             await asyncio.sleep(0.1)
         speeds = []
         nbytes = 0
-        async with Transport("bench", "client", host, port) as t:
+        async with _transport("client", host, port, mode, certs) as t:
             for i in range(repeats):
                 t0 = time.perf_counter()
                 state = await t.pull("server", i, "all", timeout=120)
@@ -150,14 +201,43 @@ async def p2pfl_pulls(host: str, port: int, repeats: int) -> tuple[list[float], 
     return speeds, nbytes
 
 
-async def bench(repeats: int, raw_mb: int) -> dict:
+async def bench_security(repeats: int, raw_mb: int) -> dict:
+    """Raw MQTT over TLS and the pull in every protected :data:`MODES` setting; TLS modes
+    on a TLS broker, signatures alone on a plain one."""
+    from p2pfl.broker import BrokerTLS
+    from p2pfl.certs import make_swarm_certs
+
+    out: dict = {}
+    with tempfile.TemporaryDirectory(prefix="p2pfl-bench-certs-") as tmp:
+        certs = str(make_swarm_certs(Path(tmp), SWARM, IDS).root)
+        with MosquittoBroker(max_packet_mb=8, tls=BrokerTLS(Path(certs), SWARM)) as tls_broker:
+            runs = [
+                await raw_once(tls_broker.host, tls_broker.port, raw_mb, certs)
+                for _ in range(repeats + 1)
+            ][1:]
+            out["raw_tls"] = {"MBps": statistics.median(runs), "runs_MBps": runs}
+            for mode in MODES[1:]:
+                # a fresh plain broker: no retained unsigned presence from the "off" runs
+                with MosquittoBroker(max_packet_mb=8) as plain:
+                    port = tls_broker.port if mode.tls else plain.port
+                    pulls, _ = await p2pfl_pulls("127.0.0.1", port, repeats + 1, mode, certs)
+                out[mode.name] = {"MBps": statistics.median(pulls[1:]), "runs_MBps": pulls[1:]}
+    return out
+
+
+async def bench(repeats: int, raw_mb: int, security: bool = False) -> dict:
     with MosquittoBroker(max_packet_mb=8) as broker:
         # one warm-up run of each (discarded), so neither side pays first-touch costs
         raw = [await raw_once(broker.host, broker.port, raw_mb) for _ in range(repeats + 1)][1:]
         pulls, nbytes = await p2pfl_pulls(broker.host, broker.port, repeats + 1)
         pulls = pulls[1:]
+        secure = await bench_security(repeats, raw_mb) if security else None
     raw_mbps = statistics.median(raw)
     p2p_mbps = statistics.median(pulls)
+    if secure is not None:
+        for mode in MODES[1:]:
+            secure[mode.name]["ratio_to_off"] = secure[mode.name]["MBps"] / p2p_mbps
+        secure["raw_tls"]["ratio_to_raw"] = secure["raw_tls"]["MBps"] / raw_mbps
     return {
         "raw_MBps": raw_mbps,
         "p2pfl_MBps": p2p_mbps,
@@ -168,6 +248,7 @@ async def bench(repeats: int, raw_mb: int) -> dict:
         "raw_bytes": raw_mb * MiB,
         "repeats": repeats,
         "warmup_runs_discarded": 1,
+        **({"security": secure} if secure is not None else {}),
     }
 
 
@@ -179,8 +260,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the figures here")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--raw-mb", type=int, default=128, help="MiB sent in the raw test")
+    ap.add_argument(
+        "--security",
+        action="store_true",
+        help="also measure TLS (client certificates, ACL) and Ed25519 signatures",
+    )
     args = ap.parse_args(argv)
-    res = _run(bench(args.repeats, args.raw_mb))
+    res = _run(bench(args.repeats, args.raw_mb, args.security))
     from rich.console import Console
     from rich.table import Table
 
@@ -199,6 +285,21 @@ def main(argv: list[str] | None = None) -> int:
         ", ".join(f"{x:.0f}" for x in res["p2pfl_runs_MBps"]),
     )
     t.add_row("ratio p2pfl / raw", f"{res['ratio']:.2f}", "target ≥ 0.50")
+    sec = res.get("security")
+    if sec is not None:
+        t.add_section()
+        t.add_row(
+            f"raw MQTT over TLS (client certificates) — {sec['raw_tls']['ratio_to_raw']:.2f}× raw",
+            f"{sec['raw_tls']['MBps']:.0f}",
+            ", ".join(f"{x:.0f}" for x in sec["raw_tls"]["runs_MBps"]),
+        )
+        for mode in MODES[1:]:
+            row = sec[mode.name]
+            t.add_row(
+                f"p2pfl pull, security {mode.name} — {row['ratio_to_off']:.2f}× unprotected",
+                f"{row['MBps']:.0f}",
+                ", ".join(f"{x:.0f}" for x in row["runs_MBps"]),
+            )
     Console().print(t)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -317,3 +317,40 @@ async def test_acl_and_signatures_stop_a_connected_rogue(certs, tls_broker):
         await rogue.publish(inbox, captured, qos=1)
         await asyncio.sleep(0.5)
         assert len(reports) == 1 and n0.dropped["replayed"] == 1
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def test_certs_command_and_node_refusals(tmp_path, capsys):
+    from cryptography import x509
+
+    from p2pfl.cli import main as cli_main
+
+    out = tmp_path / "c"
+    assert (
+        cli_main(
+            ["certs", "topologies/lan-3hosts.yaml", "--out", str(out), "--broker-host", "10.9.8.7"]
+        )
+        == 0
+    )
+    made = SwarmCerts(out)
+    for nid in ("hospital-a", "jetson-1a", "jetson-1b", "laptop"):
+        assert made.node_cert(nid).is_file() and made.node_key(nid).is_file()
+    sans = load_certificate(made.broker_cert).extensions.get_extension_for_class(
+        x509.SubjectAlternativeName
+    )
+    assert "10.9.8.7" in {str(ip) for ip in sans.value.get_values_for_type(x509.IPAddress)}
+    # no node pinned to this host
+    assert cli_main(["node", "topologies/lan-3hosts.yaml", "--host", "nowhere"]) == 2
+    assert "no node pinned to host 'nowhere'" in capsys.readouterr().err
+    # security on without a certificate directory, then one lacking this node's identity
+    topo = "topologies/synthetic.yaml"
+    assert cli_main(["node", topo, "--id", "a", "--set", "security.sign=true"]) == 2
+    assert "security.certs" in capsys.readouterr().err
+    assert (
+        cli_main(["node", topo, "--id", "a", "--set", "security.tls=true", "--certs", str(out)])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "a.crt" in err and "missing" in err
