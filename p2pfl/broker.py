@@ -14,6 +14,7 @@ its own presence and gossip topics and reads only its own inbox (:func:`p2pfl.ce
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pwd
 import shutil
@@ -159,7 +160,12 @@ class MosquittoBroker:
             except KeyError:
                 pass
         if account is not None:
-            dst = Path(tempfile.mkdtemp(prefix="p2pfl-broker-tls-"))
+            # named after the work directory, so a start after a hard kill (which skips
+            # stop()) removes the copy of the key the previous instance left behind
+            tag = hashlib.sha256(str(self.workdir.resolve()).encode()).hexdigest()[:16]
+            dst = Path(tempfile.gettempdir()) / f"p2pfl-broker-tls-{tag}"
+            shutil.rmtree(dst, ignore_errors=True)
+            dst.mkdir(mode=0o700)
             self._tls_tmp = dst
         else:
             dst = self.workdir / "tls"

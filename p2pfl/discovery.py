@@ -264,24 +264,52 @@ class Browser:
         if self.on_change is not None:
             self.on_change(service, present)
 
-    async def wait_for_broker(self, swarm: str, timeout: float) -> Service:
-        """The first broker that serves ``swarm``; ``TimeoutError`` after ``timeout`` s."""
+    async def wait_for_broker(self, swarm: str, timeout: float, probe: bool = True) -> Service:
+        """A broker that serves ``swarm``, the most recently announced first; with
+        ``probe``, only one that accepts a TCP connection (a broker that died without its
+        mDNS goodbye is still announced for a while). ``TimeoutError`` after ``timeout`` s."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        unreachable: set[str] = set()
         while True:
-            brokers = sorted(
-                (s for s in self.services.values() if s.serves(swarm)), key=lambda s: s.name
-            )
-            if brokers:
-                return brokers[0]
+            brokers = [s for s in self.services.values() if s.serves(swarm)][::-1]
+            for candidate in brokers:
+                if not probe or await _accepts(candidate.host, candidate.port):
+                    return candidate
+                if candidate.name not in unreachable:
+                    unreachable.add(candidate.name)
+                    log.warning(
+                        "discovery: broker %s:%d announced but not reachable",
+                        candidate.host,
+                        candidate.port,
+                    )
             remaining = deadline - loop.time()
             if remaining <= 0:
-                raise TimeoutError(f"no broker for swarm {swarm!r} found by mDNS in {timeout:g} s")
+                seen = f" ({len(unreachable)} announced but unreachable)" if unreachable else ""
+                raise TimeoutError(
+                    f"no broker for swarm {swarm!r} found by mDNS in {timeout:g} s{seen}"
+                )
             self._changed.clear()
-            try:
-                await asyncio.wait_for(self._changed.wait(), remaining)
+            try:  # a new announcement, or a while before probing the known ones again
+                await asyncio.wait_for(
+                    self._changed.wait(), min(remaining, 2.0 if brokers else remaining)
+                )
             except asyncio.TimeoutError:
                 pass
+
+
+async def _accepts(host: str, port: int, timeout: float = 2.0) -> bool:
+    """Whether ``host:port`` accepts a TCP connection (closed straight away)."""
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    except (OSError, asyncio.TimeoutError):
+        return False
+    writer.close()
+    try:
+        await writer.wait_closed()
+    except OSError:
+        pass
+    return True
 
 
 async def discover(seconds: float = 3.0, interfaces: list[str] | None = None) -> list[Service]:

@@ -64,7 +64,7 @@ async def test_broker_and_nodes_are_found_and_departures_seen():
     events = []
     async with Browser(interfaces=LO, on_change=lambda s, up: events.append((s.node, up))) as br:
         async with Announcer.broker(swarm, "127.0.0.1", 18830, interfaces=LO):
-            found = await br.wait_for_broker(swarm, timeout=15)
+            found = await br.wait_for_broker(swarm, timeout=15, probe=False)
             assert (found.host, found.port, found.protocol) == (
                 "127.0.0.1",
                 18830,
@@ -86,6 +86,32 @@ async def test_broker_and_nodes_are_found_and_departures_seen():
             assert ("n1", True) in events and ("n1", False) in events
         with pytest.raises(TimeoutError):
             await br.wait_for_broker(f"other{swarm}", timeout=0.5)
+
+
+@pytest.mark.integration
+async def test_a_broker_that_died_without_goodbye_is_passed_over(broker):
+    """Two brokers announced for the swarm, the newer one dead (nothing listens on its
+    port): the node gets the live one; with only the dead one it times out saying so."""
+    from p2pfl.broker import free_port
+
+    swarm = f"t{uuid.uuid4().hex[:8]}"
+    async with Browser(interfaces=LO) as br:
+        async with Announcer.broker(swarm, "127.0.0.1", broker.port, interfaces=LO):
+            async with Announcer.broker(swarm, "127.0.0.1", free_port(), interfaces=LO):
+                for _ in range(150):
+                    if sum(s.serves(swarm) for s in br.services.values()) == 2:
+                        break
+                    await asyncio.sleep(0.1)
+                found = await br.wait_for_broker(swarm, timeout=10)
+                assert found.port == broker.port
+        for _ in range(150):  # both goodbyes seen
+            if not any(s.serves(swarm) for s in br.services.values()):
+                break
+            await asyncio.sleep(0.1)
+        dead = free_port()
+        async with Announcer.broker(swarm, "127.0.0.1", dead, interfaces=LO):
+            with pytest.raises(TimeoutError, match="unreachable"):
+                await br.wait_for_broker(swarm, timeout=4)
 
 
 @pytest.mark.integration

@@ -21,7 +21,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -175,6 +174,18 @@ class _Proc:
         self._fh.close()
 
 
+def _remove_staged_tls(conf: Path) -> None:
+    """The broker stages its TLS files in a temp dir it removes on a clean stop; after a
+    kill that dir is left behind: the generated config names it."""
+    try:
+        text = conf.read_text()
+    except OSError:
+        return
+    m = re.search(r"^cafile (.+)/ca\.crt$", text, re.M)
+    if m and Path(m.group(1)).name.startswith("p2pfl-broker-tls-"):
+        shutil.rmtree(m.group(1), ignore_errors=True)
+
+
 def _topology(swarm: str) -> str:
     nodes = ", ".join(f"{{id: {n}, host: {h}}}" for h, ids in NODES.items() for n in ids)
     return f"""\
@@ -237,114 +248,68 @@ def test_swarm_across_three_network_namespaces(tmp_path):
         res = _cli("certs", str(topo), "--out", str(certs), "--broker-host", net.addr["h0"])
         assert res.returncode == 0, res.stderr
 
+        h0, h1 = net.addr["h0"], net.addr["h1"]
         broker = _Proc(
             net,
             "h0",
-            [
-                "broker",
-                "--host",
-                net.addr["h0"],
-                "--swarm",
-                swarm,
-                "--certs",
-                str(certs),
-                "--workdir",
-                str(tmp_path / "broker"),
-            ],
+            ["broker", "--host", h0, "--swarm", swarm, "--certs", str(certs)]
+            + ["--workdir", str(tmp_path / "broker")],
             tmp_path / "broker.log",
         )
         procs.append(broker)
         ready = broker.wait_for(
-            rf"broker ({re.escape(net.addr['h0'])}:\d+) announced for swarm {swarm}",
-            BROKER_READY_S,
+            rf"broker ({re.escape(h0)}:\d+) announced for swarm {swarm}", BROKER_READY_S
         )
         assert ready, f"the broker did not come up in {BROKER_READY_S:g} s\n{broker.tail()}"
         broker_address = ready.group(1)
 
-        nodes = {
-            host: _Proc(
+        nodes = {}
+        for host in NODES:
+            nodes[host] = _Proc(
                 net,
                 host,
-                [
-                    "node",
-                    str(topo),
-                    "--host",
-                    host,
-                    "--certs",
-                    str(certs),
-                    "--out",
-                    str(run_dir),
-                    "--no-rich",
-                ],
+                ["node", str(topo), "--host", host, "--certs", str(certs)]
+                + ["--out", str(run_dir), "--no-rich"],
                 tmp_path / f"node-{host}.log",
             )
-            for host in NODES
-        }
         procs.extend(nodes.values())
-
-        # meanwhile, from h1: the broker on h0 is visible by mDNS across the bridge
-        found: dict[str, subprocess.CompletedProcess] = {}
-
-        def discover() -> None:
-            found["res"] = subprocess.run(
-                [
-                    ip,
-                    "netns",
-                    "exec",
-                    net.ns["h1"],
-                    sys.executable,
-                    "-m",
-                    "p2pfl.cli",
-                    "discover",
-                    "--seconds",
-                    "3",
-                    "--interface",
-                    net.addr["h1"],
-                ],
-                cwd=ROOT,
-                capture_output=True,
-                text=True,
-                timeout=60,
-                env={**os.environ, "PATH": SBIN_PATH, "COLUMNS": "200"},
-            )
-
-        lister = threading.Thread(target=discover, daemon=True)
-        lister.start()
+        # meanwhile, from h1: the broker on h0 is listed by mDNS across the bridge
+        lister = _Proc(
+            net, "h1", ["discover", "--seconds", "3", "--interface", h1], tmp_path / "discover.log"
+        )
+        procs.append(lister)
 
         deadline = t0 + NODES_DEADLINE_S
-        for proc in nodes.values():
+        for proc in (*nodes.values(), lister):
             try:
                 proc.proc.wait(max(1.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-        lister.join(60)
         logs = "\n".join(p.tail() for p in procs)
         for host, proc in nodes.items():
             rc = proc.proc.poll()
             assert rc is not None, f"node process on {host} still running after deadline\n{logs}"
             assert rc == 0, f"node process on {host} exited with {rc}\n{logs}"
 
-        records = {
-            n: read_records(run_dir / "nodes" / f"{n}.jsonl") for ids in NODES.values() for n in ids
-        }
-        for nid, recs in records.items():
+        final = {}
+        for nid in (n for ids in NODES.values() for n in ids):
+            recs = read_records(run_dir / "nodes" / f"{nid}.jsonl")
             last = [r for r in recs if r.get("round") == 2]
             assert last, f"{nid}: no record for round 2: {recs}\n{logs}"
             acc = last[0].get("test_acc")
             assert isinstance(acc, (int, float)) and math.isfinite(acc), (nid, last[0])
+            final[nid] = last[0]
         # traffic crossed the bridge: a node on h1 heard from (and merged) a node on h2
-        crossed = {
-            nid: sorted(set(records[nid][-1]["peers"]) & set(NODES["h2"])) for nid in NODES["h1"]
-        }
+        crossed = {nid: sorted(set(final[nid]["peers"]) & set(NODES["h2"])) for nid in NODES["h1"]}
         assert any(crossed.values()), f"no h1 node used an h2 peer in round 2: {crossed}\n{logs}"
-        config = (run_dir / "config.yaml").read_text()
-        assert broker_address in config  # the nodes connected where mDNS said
+        # the nodes connected where mDNS said (the first one records the resolved config)
+        assert broker_address in (run_dir / "config.yaml").read_text()
 
-        res = found.get("res")
-        assert res is not None, "p2pfl discover did not finish"
-        assert res.returncode == 0, res.stdout + res.stderr
-        assert swarm in res.stdout and broker_address in res.stdout, res.stdout + res.stderr
+        listed = lister.text()
+        assert lister.proc.poll() == 0, lister.tail()
+        assert swarm in listed and broker_address in listed, lister.tail()
     finally:
         for proc in reversed(procs):
             proc.stop()
         net.down()
+        _remove_staged_tls(tmp_path / "broker" / "mosquitto.conf")
