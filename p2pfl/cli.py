@@ -75,7 +75,19 @@ def cmd_validate(args: argparse.Namespace) -> int:
         highlight=False,
         soft_wrap=True,
     )
-    for w in graph_warnings(cfg):
+    warnings = graph_warnings(cfg)
+    sec = cfg.security
+    if sec.enabled and sec.certs is None:
+        warnings.append(
+            "security.certs: not set: each device must give its own (certs: in its nodes/ "
+            "file, or --certs); p2pfl swarm uses <run>/certs"
+        )
+    elif sec.enabled and not (Path(sec.certs) / "ca.crt").is_file():
+        warnings.append(
+            f"security.certs: {sec.certs}/ca.crt does not exist yet (p2pfl certs creates it; "
+            "p2pfl swarm does for a local swarm)"
+        )
+    for w in warnings:
         console.print(f"[yellow]warning[/] {args.topology}: {w}", highlight=False, soft_wrap=True)
     return 0
 

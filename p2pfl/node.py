@@ -15,8 +15,9 @@ Lifecycle of :meth:`Node.run` (one asyncio task per node; several may share a pr
 The peer set of every round is the node's topology neighbours that are present (retained
 MQTT presence, ``online``). A neighbour that starts late is picked up in the next round; a
 node that itself starts when its neighbours are already under way joins at the round after
-the latest one they report (their presence carries it). With ``broker: mdns`` the node also
-announces itself by mDNS (:mod:`p2pfl.discovery`) for as long as it runs. With
+the latest one they report (their presence carries it). A node whose broker is on the LAN
+(found with ``broker: mdns`` or given) announces itself by mDNS (:mod:`p2pfl.discovery`)
+for as long as it runs. With
 ``security.sign`` / ``security.tls`` it signs every message and connects with its
 certificate (:mod:`p2pfl.signing`).
 
@@ -210,10 +211,13 @@ class Node:
         return signing, (tls_context(certs, self.id) if sec.tls else None)
 
     async def _announce(self, stack: contextlib.AsyncExitStack) -> None:
-        """Announce this node by mDNS (for ``p2pfl discover`` and LAN tooling)."""
+        """Announce this node by mDNS (``p2pfl discover``) for as long as it runs, when it
+        talks to a broker on the LAN; nodes of a local swarm (loopback broker) do not."""
         from p2pfl.discovery import Announcer, local_address
 
         address = local_address(self.broker.host, self.broker.port)
+        if address.startswith("127."):
+            return
         try:
             await stack.enter_async_context(
                 Announcer.node(self.id, self.cfg.name, self.cfg.algorithm.name, address)
@@ -421,7 +425,7 @@ class Node:
 
             self.broker = await find_broker(cfg.name, cfg.timing.startup_timeout_s)
             log.info("%s: broker %s found by mDNS", self.id, self.broker)
-            await self._announce(stack)
+        await self._announce(stack)
         self._write_run_files()
         self.transport = Transport(
             cfg.name,

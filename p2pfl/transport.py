@@ -639,7 +639,10 @@ class Transport:
             if reason == "same":
                 return  # a retained presence we already hold, delivered again
             if reason is not None:
-                self._drop(reason, f"{topic}: {env.kind} claiming to be from {env.sender!r}")
+                detail = f"{topic}: {env.kind} claiming to be from {env.sender!r}"
+                if reason == "stale":  # or the two clocks disagree: say by how much
+                    detail += f", sent {time.time() - env.ts:+.0f} s ago"
+                self._drop(reason, detail)
                 return
         if channel == "presence":
             body = env.body
