@@ -6,6 +6,7 @@
     broker.crt broker.key    the broker's TLS server certificate (SANs: the broker hosts)
     nodes/<id>.crt <id>.key  one Ed25519 identity per node (CN = node id)
     acl                      the Mosquitto ACL: each node publishes only its own topics
+    crl.pem                  revoked node certificates (:func:`revoke`), when any are
 
 A node's Ed25519 key is both its TLS client key and its message-signing key, so its
 certificate is also how peers learn its public key (:class:`Keyring`). A device needs only
@@ -60,6 +61,10 @@ class SwarmCerts:
     @property
     def acl(self) -> Path:
         return self.root / "acl"
+
+    @property
+    def crl(self) -> Path:
+        return self.root / "crl.pem"
 
     def node_cert(self, node_id: str) -> Path:
         return self.root / "nodes" / f"{node_id}.crt"
@@ -222,6 +227,52 @@ def make_swarm_certs(
     return paths
 
 
+def revoke(root: Path, node_ids: list[str], days: int = DEFAULT_DAYS) -> SwarmCerts:
+    """Add the current certificates of ``node_ids`` to the swarm's CRL (``crl.pem``, signed
+    by the CA; earlier revocations are kept). A broker given the directory refuses them at
+    the TLS handshake, and nodes refuse their signatures."""
+    paths = SwarmCerts(Path(root))
+    paths.require(paths.ca_cert, paths.ca_key, *(paths.node_cert(n) for n in node_ids))
+    ca_key, ca_cert = load_private_key(paths.ca_key), load_certificate(paths.ca_cert)
+    now = dt.datetime.now(dt.timezone.utc)
+    entries = {r.serial_number: r for r in load_crl(paths, ca_cert) or []}
+    for nid in node_ids:
+        serial = load_certificate(paths.node_cert(nid)).serial_number
+        entries.setdefault(
+            serial,
+            x509.RevokedCertificateBuilder().serial_number(serial).revocation_date(now).build(),
+        )
+    builder = (
+        x509.CertificateRevocationListBuilder()
+        .issuer_name(ca_cert.subject)
+        .last_update(now - dt.timedelta(minutes=5))
+        .next_update(now + dt.timedelta(days=days))
+    )
+    for entry in entries.values():
+        builder = builder.add_revoked_certificate(entry)
+    crl = builder.sign(ca_key, None)
+    paths.crl.write_bytes(crl.public_bytes(serialization.Encoding.PEM))
+    return paths
+
+
+def load_crl(paths: SwarmCerts, ca: x509.Certificate) -> x509.CertificateRevocationList | None:
+    """The swarm's CRL, checked against its CA; None when there is none."""
+    if not paths.crl.is_file():
+        return None
+    try:
+        crl = x509.load_pem_x509_crl(paths.crl.read_bytes())
+    except ValueError as exc:
+        raise CertError(f"{paths.crl}: not a PEM CRL: {exc}") from None
+    if not crl.is_signature_valid(ca.public_key()):
+        raise CertError(f"{paths.crl}: not signed by the swarm CA")
+    return crl
+
+
+def revoked_serials(paths: SwarmCerts, ca: x509.Certificate) -> frozenset[int]:
+    crl = load_crl(paths, ca)
+    return frozenset(r.serial_number for r in crl) if crl is not None else frozenset()
+
+
 def load_certificate(path: Path) -> x509.Certificate:
     try:
         return x509.load_pem_x509_certificate(Path(path).read_bytes())
@@ -247,11 +298,15 @@ def common_name(cert: x509.Certificate) -> str | None:
 
 
 def verify_member_certificate(
-    pem: bytes, ca: x509.Certificate, expected_id: str | None = None
+    pem: bytes,
+    ca: x509.Certificate,
+    expected_id: str | None = None,
+    revoked: frozenset[int] = frozenset(),
 ) -> ed25519.Ed25519PublicKey:
     """Check an untrusted node certificate: PEM, issued by ``ca`` (signature and validity),
-    a client certificate, an Ed25519 key, and CN = ``expected_id`` when given. Returns the
-    public key; raises :class:`CertError` saying what is wrong."""
+    not ``revoked`` (serial numbers), a client certificate, an Ed25519 key, and CN =
+    ``expected_id`` when given. Returns the public key; raises :class:`CertError` saying
+    what is wrong."""
     if not isinstance(pem, (bytes, bytearray)) or len(pem) > MAX_CERT_BYTES:
         raise CertError("certificate missing or too large")
     try:
@@ -265,6 +320,8 @@ def verify_member_certificate(
     now = dt.datetime.now(dt.timezone.utc)
     if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
         raise CertError("certificate expired or not yet valid")
+    if cert.serial_number in revoked:
+        raise CertError("certificate revoked")
     try:
         basic = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
         usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value

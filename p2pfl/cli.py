@@ -231,7 +231,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 def cmd_certs(args: argparse.Namespace) -> int:
     """Create (or extend) a swarm's CA, broker certificate and per-node identities."""
-    from p2pfl.certs import make_swarm_certs
+    from p2pfl.certs import make_swarm_certs, revoke
 
     cfg = _load(args)
     out = Path(args.out or cfg.security.certs or f"certs/{cfg.name}")
@@ -240,6 +240,19 @@ def cmd_certs(args: argparse.Namespace) -> int:
     if unknown:
         console.print(f"[red]error[/] {args.topology}: nodes: no node with id {unknown}")
         return 2
+    if args.revoke:
+        unknown = [i for i in args.revoke if i not in cfg.node_ids]
+        if unknown:
+            console.print(f"[red]error[/] {args.topology}: nodes: no node with id {unknown}")
+            return 2
+        paths = revoke(out, args.revoke, days=args.days)
+        console.print(
+            f"[green]ok[/] {paths.crl}: revoked {', '.join(args.revoke)}; copy it to the "
+            "broker's and the devices' certificate directories and restart them",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return 0
     hosts = list(args.broker_host or [])
     if not cfg.broker.mdns and cfg.broker.host not in hosts:
         hosts.append(cfg.broker.host)
@@ -368,6 +381,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--node", action="append", help="only these node ids (repeatable)")
     sp.add_argument("--days", type=int, default=825, help="validity (825 days)")
     sp.add_argument("--force", action="store_true", help="new CA and identities even if they exist")
+    sp.add_argument(
+        "--revoke",
+        action="append",
+        metavar="ID",
+        help="revoke this node's certificate (repeatable): adds it to crl.pem",
+    )
     sp.set_defaults(func=cmd_certs)
 
     sp = sub.add_parser("discover", help="list brokers, nodes and swarms visible by mDNS")

@@ -115,6 +115,10 @@ class Node:
         self._changed = asyncio.Event()
         self.records: list[dict[str, Any]] = []
         self.central: CentralizedRounds | None = None  # the aggregator driver, when centralized
+        self._online: set[str] = set()  # peers whose latest presence is online
+        self._last_gossip: tuple[int, dict[str, Any]] | None = None  # for late joiners
+        self._started = False  # rounds under way: gossip is kept for a window around ours
+        self._background: set[asyncio.Task] = set()
 
     # ------------------------------------------------------------------ set-up
     def _load(self) -> None:
@@ -176,7 +180,24 @@ class Node:
         return [p for p in self.neighbours if self._status(p) == "online"]
 
     def _on_presence(self, peer: str, info: dict[str, Any]) -> None:
+        online = info.get("status") == "online"
+        if online and peer not in self._online and peer in self.neighbours:
+            self._regossip()  # a neighbour (re)joined: it missed this round's gossip
+        if online:
+            self._online.add(peer)
+        else:
+            self._online.discard(peer)
         self._changed.set()
+
+    def _regossip(self) -> None:
+        """Publish this round's gossip again, for a neighbour that joined after it went out."""
+        if self._last_gossip is None or self.transport is None:
+            return
+        round_no, message = self._last_gossip
+        task = asyncio.ensure_future(self.transport.gossip(round_no, message))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # best effort
 
     def _swarm_round(self) -> int:
         """The latest round an online neighbour reports having finished (0: none)."""
@@ -228,7 +249,11 @@ class Node:
     def _on_gossip(self, env: Envelope) -> None:
         if env.kind != "gossip" or env.sender not in self.neighbours:
             return  # gossip is for neighbours; others' traffic is not ours to keep
-        if not self.round - 1 <= env.round <= self.round + GOSSIP_AHEAD:
+        # before the first round, the round we join at is not known yet: keep any round
+        lo, hi = (
+            (self.round - 1, self.round + GOSSIP_AHEAD) if self._started else (1, self.cfg.rounds)
+        )
+        if not lo <= env.round <= hi:
             assert self.transport is not None
             self.transport.dropped["stale_gossip"] += 1
             return
@@ -360,6 +385,7 @@ class Node:
         message = alg.gossip()
         chosen: list[str] = []
         if message is not None:
+            self._last_gossip = (round_no, message)
             try:
                 await tr.gossip(round_no, message)
             except TransportError as exc:  # broker gone: peers will not hear from us
@@ -476,6 +502,7 @@ class Node:
                     "%s: neighbours are past round %d; joining at %d", self.id, first - 1, first
                 )
                 self.round = first - 1  # keep the gossip of the rounds we join at
+            self._started = True
             for r in range(first, cfg.rounds + 1) if central is None else ():
                 record = await self._run_round(r)
                 self.records.append(record)

@@ -12,6 +12,9 @@ Peers' public keys come from their certificates, verified against the swarm CA
 at start, and those carried in peers' signed presence messages. Only topology members are
 accepted.
 
+Certificates in the swarm's CRL (``crl.pem`` in the certificate directory, made by
+``p2pfl certs --revoke``) are refused.
+
 Replay protection (:class:`ReplayGuard`): every non-presence message carries a timestamp and
 a random id; one older than ``max_age_s`` (or than the oldest id still remembered) is
 ``stale``, a repeated id is ``replayed``. Presence messages are retained by the broker and
@@ -38,6 +41,7 @@ from p2pfl.certs import (
     common_name,
     load_certificate,
     load_private_key,
+    revoked_serials,
     verify_member_certificate,
 )
 
@@ -91,8 +95,10 @@ class MessageSecurity:
         ca: x509.Certificate,
         members: set[str],
         max_age_s: float = 300.0,
+        revoked: frozenset[int] = frozenset(),
     ):
         self.node_id = node_id
+        self.revoked = revoked  # certificate serials in the swarm's CRL
         self._key = private_key
         self.certificate_pem = certificate_pem
         self.ca = ca
@@ -112,12 +118,13 @@ class MessageSecurity:
         paths = SwarmCerts(Path(root))
         paths.require(paths.ca_cert, paths.node_cert(node_id), paths.node_key(node_id))
         ca = load_certificate(paths.ca_cert)
+        revoked = revoked_serials(paths, ca)
         key = load_private_key(paths.node_key(node_id))
         if not isinstance(key, ed25519.Ed25519PrivateKey):
             raise CertError(f"{paths.node_key(node_id)}: not an Ed25519 key")
         pem = paths.node_cert(node_id).read_bytes()
         try:
-            own = verify_member_certificate(pem, ca, node_id)
+            own = verify_member_certificate(pem, ca, node_id, revoked)
         except CertError as exc:
             raise CertError(f"{paths.node_cert(node_id)}: {exc}") from None
         raw = serialization.PublicFormat.Raw
@@ -125,7 +132,7 @@ class MessageSecurity:
             serialization.Encoding.Raw, raw
         ):
             raise CertError(f"{paths.node_key(node_id)}: does not match {node_id}.crt")
-        sec = cls(node_id, key, pem, ca, set(members), max_age_s)
+        sec = cls(node_id, key, pem, ca, set(members), max_age_s, revoked)
         for other in members:
             path = paths.node_cert(other)
             if other != node_id and path.is_file():
@@ -140,7 +147,7 @@ class MessageSecurity:
         if node_id not in self.members:
             return f"{node_id!r} is not a member of the swarm"
         try:
-            key = verify_member_certificate(pem, self.ca, node_id)
+            key = verify_member_certificate(pem, self.ca, node_id, self.revoked)
         except CertError as exc:
             return str(exc)
         self.keys[node_id] = key
@@ -157,7 +164,7 @@ class MessageSecurity:
         if sender not in self.members:
             return "unknown_signer"
         try:
-            key = verify_member_certificate(pem, self.ca, sender)  # type: ignore[arg-type]
+            key = verify_member_certificate(pem, self.ca, sender, self.revoked)  # type: ignore[arg-type]
         except CertError as exc:
             log.warning("%s: certificate presented by %r refused: %s", self.node_id, sender, exc)
             return "bad_certificate"

@@ -596,8 +596,15 @@ class Transport:
 
     # ------------------------------------------------------------------ receiving
     def _drop(self, reason: str, detail: Any = "") -> None:
+        """Count a dropped message and log it: the first ten of each reason, then every
+        thousandth, so a peer that floods a node with garbage cannot flood its log too."""
         self.dropped[reason] += 1
-        log.warning("%s: dropped message (%s) %s", self.node_id, reason, str(detail)[:200])
+        n = self.dropped[reason]
+        if n <= 10 or n % 1000 == 0:
+            more = f" [{n} so far]" if n > 10 else ""
+            log.warning(
+                "%s: dropped message (%s) %s%s", self.node_id, reason, str(detail)[:200], more
+            )
 
     def _dispatch(self, topic: str, payload: Any) -> None:
         """Route one incoming MQTT message; never raises."""

@@ -65,6 +65,8 @@ def test_late_node_is_picked_up(tmp_path, broker):
         stop_workers(list(workers.values()), grace=2)
     late = read_records(out / "nodes" / "d.jsonl")
     assert late and late[0]["round"] > 2 and late[-1]["round"] == rounds, late
+    # its neighbours published their gossip again when it came online: nobody was missing
+    assert late[0]["chosen"] and late[0]["missing"] == [], late[0]
     for nid in ("a", "c"):  # d's ring neighbours
         recs = read_records(out / "nodes" / f"{nid}.jsonl")
         assert [r["round"] for r in recs] == list(range(1, rounds + 1))

@@ -354,3 +354,40 @@ def test_certs_command_and_node_refusals(tmp_path, capsys):
     )
     err = capsys.readouterr().err
     assert "a.crt" in err and "missing" in err
+
+
+@pytest.mark.integration
+async def test_a_revoked_node_is_refused_by_the_broker_and_by_its_peers(tmp_path):
+    from p2pfl.cli import main as cli_main
+
+    root = tmp_path / "c"
+    topo = tmp_path / "t.yaml"
+    topo.write_text(f"name: {SWARM}\nnodes: [n0, n1, n2]\n")
+    assert cli_main(["certs", str(topo), "--out", str(root)]) == 0
+    paths = SwarmCerts(root)
+    n1_pem = paths.node_cert("n1").read_bytes()
+    assert cli_main(["certs", str(topo), "--out", str(root), "--revoke", "n1"]) == 0
+    assert cli_main(["certs", str(topo), "--out", str(root), "--revoke", "n2"]) == 0
+    from p2pfl.certs import load_crl
+
+    crl = load_crl(paths, load_certificate(paths.ca_cert))
+    assert len(list(crl)) == 2  # earlier revocations are kept
+    # peers: n1's certificate is skipped at load and refused when it presents it
+    n0 = MessageSecurity.from_certs(root, "n0", ["n0", "n1"])
+    assert "n1" not in n0.keys
+    assert n0.learn("n1", n1_pem) == "certificate revoked"
+    with pytest.raises(CertError, match="revoked"):
+        MessageSecurity.from_certs(root, "n1", ["n0", "n1"])
+    # the broker: n0 gets in, n1 is refused at the handshake
+    with MosquittoBroker(workdir=tmp_path / "b", tls=BrokerTLS(root, SWARM)) as broker:
+        assert "crlfile" in (tmp_path / "b" / "mosquitto.conf").read_text()
+        async with aiomqtt.Client(
+            "127.0.0.1", broker.port, tls_context=tls_context(root, "n0"), timeout=5
+        ) as c:
+            await c.publish("p2pfl/sec/presence/n0", b"x", qos=1)
+        with pytest.raises(aiomqtt.MqttError):
+            async with aiomqtt.Client(
+                "127.0.0.1", broker.port, tls_context=tls_context(root, "n1"), timeout=3
+            ) as c:
+                await c.subscribe("p2pfl/sec/#")
+                await c.publish("p2pfl/sec/presence/n1", b"x", qos=1)
