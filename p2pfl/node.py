@@ -13,13 +13,13 @@ Lifecycle of :meth:`Node.run` (one asyncio task per node; several may share a pr
    (``timing.linger_s`` at most), then leave.
 
 The peer set of every round is the node's topology neighbours that are present (retained
-MQTT presence, ``online``). A neighbour that starts late is picked up in the next round; a
-node that itself starts when its neighbours are already under way joins at the round after
-the latest one they report (their presence carries it). A node whose broker is on the LAN
-(found with ``broker: mdns`` or given) announces itself by mDNS (:mod:`p2pfl.discovery`)
-for as long as it runs. With
-``security.sign`` / ``security.tls`` it signs every message and connects with its
-certificate (:mod:`p2pfl.signing`).
+MQTT presence, ``online``). A neighbour that starts late is picked up in the next round
+(its neighbours send their round's gossip again when it comes online); a node that itself
+starts when its neighbours are already under way joins at the round after the latest one
+they report (their presence carries it). A node whose broker is on the LAN (found with
+``broker: mdns`` or given) announces itself by mDNS (:mod:`p2pfl.discovery`) for as long as
+it runs. With ``security.sign`` / ``security.tls`` it signs every message and connects with
+its certificate (:mod:`p2pfl.signing`).
 
 Training and evaluation run in worker threads: the event loop keeps answering peers.
 """
