@@ -124,7 +124,7 @@ def cmd_swarm(args: argparse.Namespace) -> int:
 
 
 def cmd_node(args: argparse.Namespace) -> int:
-    from p2pfl.node import Node, NodeOptions, run_nodes
+    from p2pfl.node import Node, NodeOptions, run_all
 
     extra = []
     ids = list(args.id or [])
@@ -170,8 +170,9 @@ def cmd_node(args: argparse.Namespace) -> int:
         certs=certs,
     )
 
-    for nid in ids:  # a missing or bad certificate is reported before anything starts
-        Node(cfg, nid, opts).security_context()
+    nodes = [Node(cfg, nid, opts) for nid in ids]
+    for node in nodes:  # a missing or bad certificate is reported before anything starts
+        node.security_context()
 
     async def main() -> int:
         loop = asyncio.get_running_loop()
@@ -179,7 +180,7 @@ def cmd_node(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)
         try:
-            failed = await run_nodes(cfg, ids, opts)
+            failed = await run_all(nodes)
         except asyncio.CancelledError:
             logging.getLogger("p2pfl").warning("stopped by signal")
             return 130

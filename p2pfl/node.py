@@ -119,6 +119,7 @@ class Node:
         self._last_gossip: tuple[int, dict[str, Any]] | None = None  # for late joiners
         self._started = False  # rounds under way: gossip is kept for a window around ours
         self._background: set[asyncio.Task] = set()
+        self._security_ctx: tuple[Any, Any] | None = None  # see security_context()
 
     # ------------------------------------------------------------------ set-up
     def _load(self) -> None:
@@ -206,7 +207,14 @@ class Node:
         return max((r for r in rounds if isinstance(r, int) and not isinstance(r, bool)), default=0)
 
     def security_context(self):
-        """(message security, TLS context) from ``security`` and this device's certs dir."""
+        """(message security, TLS context) from ``security`` and this device's certs dir;
+        built once (loading keys and checking certificates), so a caller may check it early
+        and :meth:`run` reuses it."""
+        if self._security_ctx is None:
+            self._security_ctx = self._load_security()
+        return self._security_ctx
+
+    def _load_security(self):
         sec = self.cfg.security
         if not sec.enabled:
             return None, None
@@ -495,9 +503,8 @@ class Node:
             )
             if central is not None:
                 await central.run()
-            first = 1
-            if central is None and self._swarm_round() > 0:  # neighbours already under way
-                first = self._swarm_round() + 1
+            first = 1 if central is not None else self._swarm_round() + 1
+            if first > 1:  # neighbours already under way
                 log.info(
                     "%s: neighbours are past round %d; joining at %d", self.id, first - 1, first
                 )
@@ -534,7 +541,11 @@ class Node:
 
 async def run_nodes(cfg: TopologyConfig, node_ids: list[str], options: NodeOptions) -> int:
     """Host several nodes in this process (same wire, same broker); returns how many failed."""
-    nodes = [Node(cfg, nid, options) for nid in node_ids]
+    return await run_all([Node(cfg, nid, options) for nid in node_ids])
+
+
+async def run_all(nodes: list[Node]) -> int:
+    """Run ``nodes`` together in this process; returns how many failed."""
     results = await asyncio.gather(*(n.run() for n in nodes), return_exceptions=True)
     failed = 0
     for node, res in zip(nodes, results, strict=True):

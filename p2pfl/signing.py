@@ -50,6 +50,11 @@ log = logging.getLogger(__name__)
 WILL_SEQUENCE = 1 << 30  # the Last Will's presence sequence: after every update of a session
 
 
+def _signed_bytes(topic: str, header: bytes | memoryview) -> bytes:
+    """What a signature covers: the MQTT topic, a NUL, and the envelope header."""
+    return topic.encode() + b"\x00" + bytes(header)
+
+
 class ReplayGuard:
     """Accepts a message id once, and only while its timestamp is fresh.
 
@@ -169,7 +174,7 @@ class MessageSecurity:
             log.warning("%s: certificate presented by %r refused: %s", self.node_id, sender, exc)
             return "bad_certificate"
         try:
-            key.verify(bytes(sig), topic.encode() + b"\x00" + bytes(header))
+            key.verify(bytes(sig), _signed_bytes(topic, header))
         except InvalidSignature:
             return "forged"
         self.keys[sender] = key
@@ -177,7 +182,7 @@ class MessageSecurity:
 
     # ------------------------------------------------------------------ signatures
     def sign(self, topic: str, header: bytes | memoryview) -> bytes:
-        return self._key.sign(topic.encode() + b"\x00" + bytes(header))
+        return self._key.sign(_signed_bytes(topic, header))
 
     def verify(self, sender: str, topic: str, header: bytes | memoryview, sig: bytes) -> str | None:
         """``None`` when ``sig`` is ``sender``'s signature of (topic, header); otherwise the
@@ -186,7 +191,7 @@ class MessageSecurity:
         if key is None:
             return "unknown_signer"
         try:
-            key.verify(bytes(sig), topic.encode() + b"\x00" + bytes(header))
+            key.verify(bytes(sig), _signed_bytes(topic, header))
         except InvalidSignature:
             return "forged"
         return None

@@ -136,12 +136,17 @@ def _deliver(receiver: Transport, topic: str, payload: bytes) -> None:
     receiver._dispatch(topic, payload)
 
 
-def test_signed_messages_verify_and_tampering_is_dropped(certs):
+def _gossip_pair(certs) -> tuple[Transport, Transport, list[Envelope], str]:
+    """n0 receiving (gossip collected in ``seen``) what n1 sends on its gossip topic."""
     n0 = secure_transport(certs, "n0")
     n1 = secure_transport(certs, "n1")
     seen: list[Envelope] = []
     n0.on_gossip = seen.append
-    topic = n1.topic("gossip", "n1")
+    return n0, n1, seen, n1.topic("gossip", "n1")
+
+
+def test_signed_messages_verify_and_tampering_is_dropped(certs):
+    n0, n1, seen, topic = _gossip_pair(certs)
     good = n1._envelope("gossip", 3, {"I": [0.5, 0.5]}).pack(n1._signer(topic))
     _deliver(n0, topic, good)
     assert [e.body for e in seen] == [{"I": [0.5, 0.5]}]
@@ -164,11 +169,7 @@ def test_signed_messages_verify_and_tampering_is_dropped(certs):
 
 
 def test_replayed_and_stale_messages_are_dropped(certs):
-    n0 = secure_transport(certs, "n0")
-    n1 = secure_transport(certs, "n1")
-    seen: list[Envelope] = []
-    n0.on_gossip = seen.append
-    topic = n1.topic("gossip", "n1")
+    n0, n1, seen, topic = _gossip_pair(certs)
     captured = n1._envelope("gossip", 1, {"k": 1}).pack(n1._signer(topic))
     _deliver(n0, topic, captured)
     _deliver(n0, topic, captured)  # replayed as is
