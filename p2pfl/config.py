@@ -109,6 +109,12 @@ class DatasetConfig(_Strict):
 class ModelConfig(_Strict):
     name: Literal["cnn", "lenet", "mlp", "resnet18", "vgg11"] = "cnn"
     hidden: int = Field(64, ge=1, description="mlp: hidden units")
+    padding: Literal["same", "valid"] = Field(
+        "same",
+        description="cnn: 'same' pads its 5x5 convolutions by 2 (McMahan et al.'s CNN, 4,096 "
+        "features on 32x32 inputs); 'valid' pads none (the personalized-FL literature's CIFAR "
+        "CNN, 1,600 features)",
+    )
 
 
 class TrainingConfig(_Strict):

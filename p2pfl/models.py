@@ -103,14 +103,16 @@ def _image_shape(input_shape: tuple[int, ...], model: str) -> tuple[int, int, in
     return c, hh, ww
 
 
-def _cnn(c: int) -> nn.Module:
-    """UA-PDFL CNN features: two 5x5 conv layers (32, 64 channels, padding 2), ReLU, max-pool 2."""
+def _cnn(c: int, padding: str = "same") -> nn.Module:
+    """UA-PDFL CNN features: two 5x5 conv layers (32, 64 channels), ReLU, max-pool 2; padding 2
+    (``same``) or none (``valid``)."""
+    pad = 2 if padding == "same" else 0
     return nn.Sequential(
         OrderedDict(
-            conv1=nn.Conv2d(c, 32, 5, padding=2),
+            conv1=nn.Conv2d(c, 32, 5, padding=pad),
             relu1=nn.ReLU(inplace=True),
             pool1=nn.MaxPool2d(2),
-            conv2=nn.Conv2d(32, 64, 5, padding=2),
+            conv2=nn.Conv2d(32, 64, 5, padding=pad),
             relu2=nn.ReLU(inplace=True),
             pool2=nn.MaxPool2d(2),
             flatten=nn.Flatten(),
@@ -191,7 +193,8 @@ def build_model(cfg: ModelConfig, num_classes: int, input_shape: tuple[int, ...]
     shape ``input_shape`` (``(C, H, W)`` for images; any shape for ``mlp``).
 
     * ``cnn``: g = conv5x5(32, pad 2) → ReLU → pool2 → conv5x5(64, pad 2) → ReLU → pool2 →
-      flatten; h = Linear(F, 512) → ReLU → Linear(512, classes).
+      flatten; h = Linear(F, 512) → ReLU → Linear(512, classes). ``cfg.padding = "valid"``
+      pads none (F = 1,600 on 32x32 inputs, 1,024 on 28x28).
     * ``lenet``: g = conv5x5(6) → ReLU → pool2 → conv5x5(16) → ReLU → pool2 → flatten;
       h = Linear(F, 120) → ReLU → Linear(120, 84) → ReLU → Linear(84, classes).
     * ``mlp``: g = flatten → Linear(prod(shape), cfg.hidden) → ReLU; h = Linear(hidden, classes).
@@ -215,7 +218,7 @@ def build_model(cfg: ModelConfig, num_classes: int, input_shape: tuple[int, ...]
         h: nn.Module = nn.Linear(cfg.hidden, num_classes)
     elif name == "cnn":
         c, _, _ = _image_shape(input_shape, name)
-        g = _cnn(c)
+        g = _cnn(c, cfg.padding)
         f = _feature_dim(g, input_shape, name)
         h = nn.Sequential(
             OrderedDict(

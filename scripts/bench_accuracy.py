@@ -175,6 +175,13 @@ def merge_results(parts: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def seed_spread(values: list[float]) -> str:
+    """The per-seed values of one row and their range, e.g. ``83.10 84.00 82.70 (Δ 1.30)``."""
+    if len(values) < 2:
+        return "—"
+    return " ".join(f"{v:.2f}" for v in values) + f" (Δ {max(values) - min(values):.2f})"
+
+
 def render(result: dict[str, Any]) -> Table:
     """The comparison table of one suite's result file."""
     title = (
@@ -184,7 +191,8 @@ def render(result: dict[str, Any]) -> Table:
     notes = [result.get("note") or ""]
     notes += [f"{name}: {r['note']}" for name, r in result["methods"].items() if r.get("note")]
     table = Table(title=title, caption="\n".join(n for n in notes if n) or None)
-    for col in ("method", "paper", "ours", "diff", "rounds", "wall", "bytes sent", "nodes"):
+    cols = ("method", "paper", "ours", "per seed", "diff", "rounds", "wall", "bytes sent", "nodes")
+    for col in cols:
         table.add_column(col, justify="left" if col == "method" else "right")
     for name, r in result["methods"].items():
         paper = r["paper"]
@@ -193,6 +201,7 @@ def render(result: dict[str, Any]) -> Table:
             name,
             "—" if paper is None else f"{paper:.2f}",
             f"{r['acc_mean']:.2f} ± {r['acc_std']:.2f}",
+            seed_spread(r.get("per_seed") or []),
             diff,
             f"{r['rounds']}" + ("" if r["rounds"] >= r.get("paper_rounds", 0) else " (short)"),
             f"{r['wall_s']:.0f} s",

@@ -53,7 +53,7 @@ def test_table_from_a_tiny_result_file(tmp_path, capsys, monkeypatch):
         "source": "a paper, Table 9",
         "note": "JPEG-recompressed",
         "methods": {
-            "fedavg": _row(60.0, 1.5, 67.16, 2, 150),
+            "fedavg": {**_row(60.0, 1.5, 67.16, 2, 150), "per_seed": [58.5, 61.5]},
             "uapdfl": _row(75.5, 0.25, 74.85, 150, 150),
             "local": _row(50.0, 0.0, None, 2, 150),
         },
@@ -63,6 +63,7 @@ def test_table_from_a_tiny_result_file(tmp_path, capsys, monkeypatch):
     assert bench.main(["--from-json", str(path)]) == 0
     out = capsys.readouterr().out
     assert "67.16" in out and "60.00 ± 1.50" in out and "-7.16" in out
+    assert "58.50 61.50 (Δ 3.00)" in out  # the seed spread of a row run with several seeds
     assert "+0.65" in out  # 75.5 - 74.85
     assert "2 (short)" in out  # a shortened run is never shown as the paper's setting
     assert "JPEG-recompressed" in out and "2.5 MB" in out

@@ -32,7 +32,7 @@ def test_defaults_and_node_count(tmp_path):
     cfg = load_topology(write(tmp_path, BASE))
     assert cfg.node_ids == ["n0", "n1", "n2"]
     assert cfg.algorithm.params["th_I"] == 0.2
-    assert cfg.algorithm.params["mu"] == 0.1  # default filled in
+    assert cfg.algorithm.params["mu"] == 0.01  # default filled in
     assert cfg.broker.port == 1883
 
 

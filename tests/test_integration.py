@@ -55,7 +55,10 @@ def test_swarm_takes_dropout_and_personalization_branches(tmp_path):
     """th_I = 0: round 1 starts from the common initial model, so every divergence is exactly 0
     and client-wise dropout is taken; once local training has made the models differ, the
     divergences are > 0 and layer-wise personalization is taken."""
-    cfg = load_topology("topologies/synthetic.yaml", ["algorithm.params.th_I=0"])
+    cfg = load_topology(
+        "topologies/synthetic.yaml",
+        ["algorithm.params.divergence_rule=fixed", "algorithm.params.th_I=0"],
+    )
     code, summary = run_swarm(cfg, tmp_path / "run", nodes_per_process=2, progress=False)
     assert code == 0
     logs = check_run_dir(tmp_path / "run", cfg.node_ids, cfg.rounds)
@@ -71,7 +74,10 @@ def test_swarm_takes_dropout_and_personalization_branches(tmp_path):
 
 
 def test_swarm_always_dropout_with_high_threshold(tmp_path):
-    cfg = load_topology("topologies/synthetic.yaml", ["algorithm.params.th_I=1e9", "rounds=2"])
+    cfg = load_topology(
+        "topologies/synthetic.yaml",
+        ["algorithm.params.divergence_rule=fixed", "algorithm.params.th_I=1e9", "rounds=2"],
+    )
     code, _ = run_swarm(cfg, tmp_path / "run", nodes_per_process=4, progress=False)
     assert code == 0
     logs = check_run_dir(tmp_path / "run", cfg.node_ids, 2)
@@ -120,6 +126,7 @@ def test_dead_node_does_not_stall_others(tmp_path, broker, how):
             f"rounds={rounds}",
             f"timing.round_timeout_s={deadline_s}",
             "timing.linger_s=2",
+            "algorithm.params.divergence_rule=fixed",
             "algorithm.params.th_I=0",
         ],
     )

@@ -51,6 +51,7 @@ def test_late_node_is_picked_up(tmp_path, broker):
             "timing.round_timeout_s=8",
             "timing.startup_timeout_s=2",
             "timing.linger_s=3",
+            "algorithm.params.divergence_rule=fixed",
             "algorithm.params.th_I=0",
             "training.epochs=2",
         ],

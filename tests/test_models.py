@@ -51,6 +51,15 @@ def test_cnn_layout():
     assert build_model(ModelConfig(name="cnn"), 10, (1, 8, 8)).feature_dim == 64 * 2 * 2
 
 
+def test_cnn_valid_padding_has_the_literatures_1600_features():
+    valid = ModelConfig(name="cnn", padding="valid")
+    m = build_model(valid, 10, (3, 32, 32))
+    assert m.feature_dim == 64 * 5 * 5  # 32 → 28 → 14 → 10 → 5
+    assert m.h.fc1.in_features == 1600
+    assert build_model(valid, 10, (1, 28, 28)).feature_dim == 64 * 4 * 4
+    assert build_model(ModelConfig(name="cnn"), 10, (3, 32, 32)).feature_dim == 4096
+
+
 def test_lenet_has_400_features_on_28_and_32():
     assert build_model(ModelConfig(name="lenet"), 10, (1, 28, 28)).feature_dim == 400
     assert build_model(ModelConfig(name="lenet"), 10, (3, 32, 32)).feature_dim == 400

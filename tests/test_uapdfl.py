@@ -9,7 +9,15 @@ import pytest
 import torch
 
 from p2pfl.algorithms import AlgorithmContext, get_algorithm
-from p2pfl.algorithms.uapdfl import decide, kl, symmetric_kl, unit_tensor, weighted_average
+from p2pfl.algorithms.uapdfl import (
+    decide,
+    gossiped_drift,
+    kl,
+    relative_divergence,
+    symmetric_kl,
+    unit_tensor,
+    weighted_average,
+)
 from p2pfl.config import ModelConfig
 from p2pfl.models import build_model
 
@@ -67,7 +75,7 @@ def const_state(like, value):
 
 
 def test_layerwise_personalization_weights_by_samples():
-    alg = make_alg({"th_I": 0.5}, n=2)
+    alg = make_alg({"divergence_rule": "fixed", "th_I": 0.5}, n=2)
     own = {k: v.clone() for k, v in alg.model.state_dict().items()}
     I_me = alg.I
     close = torch.tensor(I_me.tolist())  # identical: Div 0
@@ -95,7 +103,7 @@ def test_layerwise_personalization_weights_by_samples():
 
 
 def test_client_wise_dropout_adopts_whole_model():
-    alg = make_alg({"th_I": 10.0})
+    alg = make_alg({"divergence_rule": "fixed", "th_I": 10.0})
     gossip = {
         "p": {"n": 5, "I": alg.I.clone(), "A": alg.A.clone()},
         "q": {"n": 5, "I": alg.I.clone(), "A": alg.A.clone()},
@@ -164,3 +172,92 @@ def test_auxiliary_term_mean_reduction_divides_by_feature_dim():
     alg.plan(gossip)
     value = alg.extra_loss()(alg.model, None, None, None)
     assert float(value.detach()) == pytest.approx(0.5, rel=1e-5)  # μ · mean(1²)
+
+
+def test_relative_divergence_hand_values():
+    assert relative_divergence(0.3, 0.1, 0.2) == pytest.approx(2.0)  # 0.3 / 0.15
+    assert relative_divergence(0.0, None, None) == 0.0  # identical representations
+    assert relative_divergence(0.0, 0.0, 0.0) == 0.0
+    assert relative_divergence(0.3, None, 0.2) == math.inf  # no drift known yet
+    assert relative_divergence(0.3, 0.0, 0.0) == math.inf  # nobody moved, yet they differ
+    # scale-free: Div and drift scaled alike give the same value
+    assert relative_divergence(3e-4, 1e-4, 2e-4) == pytest.approx(2.0)
+
+
+def test_gossiped_drift_rejects_malformed_values():
+    assert gossiped_drift({"d": 0.25}) == 0.25
+    assert gossiped_drift({"d": 0}) == 0.0
+    for bad in (True, -0.1, math.nan, math.inf, "0.1", None, [0.1]):
+        assert gossiped_drift({"d": bad}) is None, bad
+    assert gossiped_drift({}) is None
+
+
+def _near(rep: torch.Tensor, shift: float) -> torch.Tensor:
+    """A distribution at a small, known divergence from ``rep``."""
+    logits = rep.log() + torch.tensor([shift, 0.0, -shift])
+    return torch.softmax(logits, dim=0)
+
+
+def test_drift_is_measured_and_gossiped():
+    alg = make_alg({})
+    assert "d" not in alg.gossip() and alg.drift is None
+    alg.plan({})
+    alg.merge({}, {})
+    I_pre = alg.I.clone()
+    with torch.no_grad():  # stands in for local training: the classifier moves
+        alg.model.h.bias.add_(torch.tensor([0.5, 0.0, -0.5]))
+    assert alg.after_train() == {}
+    assert alg.drift == pytest.approx(symmetric_kl(I_pre, alg.I), rel=1e-9)
+    assert alg.drift > 0
+    assert alg.gossip()["d"] == alg.drift
+
+
+def test_relative_rule_compares_div_with_the_pairs_drift():
+    alg = make_alg({})
+    assert (alg.params.divergence_rule, alg.params.kappa) == ("relative", 2.0)  # the defaults
+    close, far = _near(alg.I, 0.05), _near(alg.I, 0.5)
+    div_close, div_far = symmetric_kl(alg.I, close), symmetric_kl(alg.I, far)
+    drift = 2 * div_close  # both peers and this node moved this much last round
+    alg.drift = drift
+    gossip = {
+        "p": {"n": 2, "I": close, "A": alg.A, "d": drift},
+        "q": {"n": 2, "I": far, "A": alg.A, "d": drift},
+    }
+    plan, facts = alg.plan(gossip)
+    assert div_far / drift > 2 > div_close / drift
+    assert facts["dropout"] is False and facts["h_peers"] == ["p"]
+    assert plan == {"p": "all", "q": "g"}
+    assert facts["relative"]["p"] == pytest.approx(0.5, abs=1e-3)
+    assert facts["drift"] == pytest.approx(drift, rel=1e-4)
+    # every peer within its drift: client-wise dropout
+    alg.drift = gossip["q"]["d"] = 2 * div_far
+    plan, facts = alg.plan(gossip)
+    assert facts["dropout"] is True and len(plan) == 1
+    # the same Div with a hundredth of the drift: nobody is similar any more
+    alg.drift = drift / 100
+    for g in gossip.values():
+        g["d"] = drift / 100
+    plan, facts = alg.plan(gossip)
+    assert facts["dropout"] is False and facts["h_peers"] == []
+    assert plan == {"p": "g", "q": "g"}
+
+
+def test_relative_rule_without_drift_shares_only_identical_representations():
+    alg = make_alg({})
+    gossip = {
+        "same": {"n": 2, "I": alg.I.clone(), "A": alg.A},  # round 1: the common initial model
+        "other": {"n": 2, "I": _near(alg.I, 0.01), "A": alg.A, "d": "bad"},
+    }
+    plan, facts = alg.plan(gossip)
+    assert facts["h_peers"] == ["same"] and plan == {"same": "all", "other": "g"}
+    assert facts["relative"] == {"same": 0.0, "other": None}
+
+
+def test_fixed_rule_ignores_drift():
+    alg = make_alg({"divergence_rule": "fixed", "th_I": 0.1})
+    close = _near(alg.I, 0.05)
+    assert symmetric_kl(alg.I, close) < 0.1
+    alg.drift = 1e-9
+    gossip = {"p": {"n": 2, "I": close, "A": alg.A, "d": 1e-9}}
+    plan, facts = alg.plan(gossip)
+    assert facts["dropout"] is True and "relative" not in facts

@@ -13,23 +13,45 @@ Implements ALGORITHMS.md, "UA-PDFL" (seed ``002_cc91c9f51018c876.txt``):
 - local loss ``CE + μ ‖g_i(X_unit) − A_avg‖²`` with
   ``A_avg = (A_i + Σ_j A_j) / (|Q_i| + 1)`` over the peers that answered.
 
-**Reading** (ALGORITHMS.md): ``th_I`` = 0.1, ``μ`` = 0.1 and one local epoch are defaults, not
-the paper's; all are knobs. ``com`` peers are drawn among the node's live topology neighbours.
+**Reading** (ALGORITHMS.md): ``μ`` and one local epoch are defaults, not the paper's; both are
+knobs. ``com`` peers are drawn among the node's live topology neighbours.
+
+**Reading** (the divergence rule; README "UA-PDFL's divergence rule"). The paper compares
+``Div`` with a fixed ``th_I`` it never gives, and the scale of ``Div`` depends on the data, the
+model, ``X_unit`` and the round: median gossiped ``Div`` 0.47–1.5 on CIFAR-10 Dir(0.5) and
+0.06–0.009 at Dir(5) (CNN); 0.025 and 0.002 on Fashion-MNIST Dir(0.5) / Dir(5) (CNN); 0.006–0.03
+with the MLP on Fashion-MNIST Dir(0.1), where the fixed 0.1 made every node adopt a random
+peer's model every round. So the default rule (``divergence_rule: relative``) measures ``Div``
+in a unit every node gets for free: its **drift** ``d_i = Div(I_i^pre, I_i)``, how far this
+round's local training moved its own unit representation (``I_i^pre`` is taken after the
+merge, ``I_i`` after training), gossiped with ``(I, A, n)``. The **relative divergence**
+
+    D(i,j) = Div(i,j) / ((d_i + d_j) / 2)
+
+replaces ``Div`` and a threshold ``kappa`` (2) replaces ``th_I`` in steps 4–5 (dropout when
+``D ≤ kappa`` for every drawn peer, ``h`` from the peers with ``D < kappa``). For two nodes
+that start a round from the same model and move by ``m_i``, ``m_j`` (in the metric ``Div``
+induces), ``D = 2 − 4 m_i·m_j / (|m_i|² + |m_j|²)``: 0 for the same move, 2 for unrelated
+moves, 4 for opposite ones, so ``kappa = 2`` reads "our representations differ by no more
+than two unrelated rounds of drift would make them". Nodes with alike data share ``h`` (or
+drop out) and stay together; nodes whose data pull their classifiers apart round after round
+soon differ by many rounds of drift (``D ≫ 2``) and keep ``h`` to themselves. The ratio is
+free of the scale of ``Div``: the learning rate, the model and ``X_unit`` scale ``Div`` and
+``d`` alike. Until a drift is known (round 1, or a peer that does not gossip one) ``D`` is 0
+for identical representations (``Div`` = 0, e.g. the common initial model) and infinite
+otherwise. ``divergence_rule: fixed`` is the paper's rule with the number ``th_I``.
 
 **Reading** (scale of ``μ``): Eq. (12) is the squared L2 norm summed over the feature vector,
 so the strength of a given ``μ`` grows with the feature dimension ``F``. Measured on the CNN
 with Fashion-MNIST (``F`` = 3136, SGD lr 0.05): ``μ`` = 0.1 diverges within one epoch
-(cross-entropy 191), ``μ`` = 0.01 trains normally. ``aux_reduction: sum`` (default) is the
-paper's form; ``aux_reduction: mean`` divides by ``F`` so ``μ`` means the same for any model.
-
-**Measured** (scale of ``Div``; README "Results"). The divergences nodes gossip depend on the
-data and the model: CNN on CIFAR-10 Dir(0.5), median 0.47 (round 2) to 1.5 (round 50), so
-``th_I`` = 0.1 never shares ``h`` there and 0.5 does (73.2% vs 64.2% after 50 rounds); Dir(5),
-median 0.06 to 0.009; MLP on Fashion-MNIST Dir(0.1), 0.006–0.03, so every round is dropout.
+(cross-entropy 191), ``μ`` = 0.01 trains normally, and is the default. ``aux_reduction: sum``
+(default) is the paper's form; ``aux_reduction: mean`` divides by ``F`` so ``μ`` means the same
+for any model.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any, Literal
 
@@ -51,8 +73,13 @@ from p2pfl.algorithms.base import (
 
 
 class UAPDFLParams(Params):
-    th_I: float = Field(0.1, ge=0, description="divergence threshold (dropout / share h)")
-    mu: float = Field(0.1, ge=0, description="weight of the auxiliary proximal term")
+    divergence_rule: Literal["relative", "fixed"] = Field(
+        "relative",
+        description="relative: Div / mean drift of the pair against kappa; fixed: Div against th_I",
+    )
+    kappa: float = Field(2.0, gt=0, description="relative rule: threshold on Div / mean drift")
+    th_I: float = Field(0.1, ge=0, description="fixed rule: divergence threshold (paper)")
+    mu: float = Field(0.01, ge=0, description="weight of the auxiliary proximal term")
     aux_reduction: Literal["sum", "mean"] = Field(
         "sum", description="‖·‖² over the feature vector (paper) or its mean (÷ F)"
     )
@@ -102,6 +129,26 @@ def weighted_average(items: list[tuple[float, State]]) -> State:
     return out
 
 
+def relative_divergence(div: float, drift_i: float | None, drift_j: float | None) -> float:
+    """``D(i,j) = Div(i,j) / ((d_i + d_j) / 2)``: the divergence in units of the pair's mean
+    drift. Without both drifts, or with zero drift, identical representations (``Div`` = 0)
+    give 0 and any other ``Div`` gives infinity."""
+    if div <= 0.0:
+        return 0.0
+    if drift_i is None or drift_j is None:
+        return math.inf
+    scale = 0.5 * (drift_i + drift_j)
+    return div / scale if scale > 0.0 else math.inf
+
+
+def gossiped_drift(gossip: dict[str, Any]) -> float | None:
+    """A peer's gossiped drift ``d`` (a finite float ≥ 0), None when absent or malformed."""
+    d = gossip.get("d")
+    if isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d) or d < 0:
+        return None
+    return float(d)
+
+
 def decide(
     divergences: dict[str, float], th_I: float, rng: np.random.Generator
 ) -> tuple[str | None, list[str]]:
@@ -132,6 +179,8 @@ class UAPDFL(Algorithm):
         self.x_unit = unit_tensor(ctx.input_shape, self.params.unit_value).to(ctx.device)
         self.A_avg: torch.Tensor | None = None
         self._dropout_peer: str | None = None
+        self.drift: float | None = None  # d_i of the latest round; None before the first
+        self._I_pre: torch.Tensor | None = None
         self._refresh_representations()
 
     @torch.no_grad()
@@ -144,7 +193,10 @@ class UAPDFL(Algorithm):
         self.model.train(was_training)
 
     def gossip(self) -> dict[str, Any]:
-        return {"n": self.ctx.num_samples, "I": self.I, "A": self.A}
+        message: dict[str, Any] = {"n": self.ctx.num_samples, "I": self.I, "A": self.A}
+        if self.drift is not None:
+            message["d"] = self.drift
+        return message
 
     def choose_peers(self, candidates: list[str]) -> list[str]:
         """``Q_i``: ``com`` random peers among the live neighbours (step 1)."""
@@ -167,10 +219,21 @@ class UAPDFL(Algorithm):
                 ok[peer] = g
         return ok
 
+    def similarity(
+        self, gossip: dict[str, dict[str, Any]], divs: dict[str, float]
+    ) -> tuple[dict[str, float], float]:
+        """The values steps 4–5 compare, and their threshold: ``(Div, th_I)`` for the fixed
+        rule, ``(D, kappa)`` for the relative one (module docstring)."""
+        if self.params.divergence_rule == "fixed":
+            return divs, self.params.th_I
+        rel = {j: relative_divergence(divs[j], self.drift, gossiped_drift(gossip[j])) for j in divs}
+        return rel, self.params.kappa
+
     def plan(self, gossip: dict[str, dict[str, Any]]) -> tuple[PullPlan, dict[str, Any]]:
         gossip = self._valid_gossip(gossip)
         divs = {j: symmetric_kl(self.I, g["I"].float(), self.params.eps) for j, g in gossip.items()}
-        dropout_peer, h_peers = decide(divs, self.params.th_I, self.ctx.rng)
+        compared, threshold = self.similarity(gossip, divs)
+        dropout_peer, h_peers = decide(compared, threshold, self.ctx.rng)
         self._dropout_peer = dropout_peer
         if dropout_peer is not None:
             pull: PullPlan = {dropout_peer: "all"}
@@ -184,14 +247,24 @@ class UAPDFL(Algorithm):
             self.A_avg = None
         facts = {
             "divergence": {j: round(d, 6) for j, d in divs.items()},
+            "drift": None if self.drift is None else round(self.drift, 8),
             "dropout": dropout_peer is not None,
             "dropout_peer": dropout_peer,
             "h_peers": h_peers,
         }
+        if self.params.divergence_rule == "relative":
+            facts["relative"] = {j: _finite_or_none(v, 4) for j, v in compared.items()}
         return pull, facts
 
     def merge(self, gossip: dict[str, dict[str, Any]], pulled: dict[str, State]) -> dict[str, Any]:
-        """Step 4 (adopt the dropout peer's whole model) or step 5 (layer-wise average)."""
+        """Step 4 (adopt the dropout peer's whole model) or step 5 (layer-wise average); then
+        ``I_i^pre``, the unit representation training starts from (for the drift)."""
+        facts = self._merge(gossip, pulled)
+        self._refresh_representations()
+        self._I_pre = self.I.clone()
+        return facts
+
+    def _merge(self, gossip: dict[str, dict[str, Any]], pulled: dict[str, State]) -> dict[str, Any]:
         own = self.model.state_dict()
         if self._dropout_peer is not None:
             peer = self._dropout_peer
@@ -233,5 +306,15 @@ class UAPDFL(Algorithm):
 
         return aux_term
 
-    def after_train(self) -> None:
+    def after_train(self) -> dict[str, Any]:
+        """Step 8, and the drift ``d_i = Div(I_i^pre, I_i)`` gossiped next round."""
         self._refresh_representations()
+        if self._I_pre is not None:
+            self.drift = symmetric_kl(self._I_pre, self.I, self.params.eps)
+            self._I_pre = None
+        return {}
+
+
+def _finite_or_none(value: float, digits: int) -> float | None:
+    """``round(value, digits)``, or None for an infinite value (JSON has no infinity)."""
+    return round(value, digits) if math.isfinite(value) else None

@@ -1,0 +1,82 @@
+"""UA-PDFL's decision report on a hand-written run directory."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _report():
+    spec = importlib.util.spec_from_file_location(
+        "divergence_report", ROOT / "scripts/divergence_report.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["divergence_report"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _write(run: Path, node: str, records: list[dict]) -> None:
+    path = run / "nodes" / f"{node}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_rates_and_quantiles_per_round_bucket(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    rep = _report()
+    run = tmp_path / "run"
+    r1 = {"round": 1, "divergence": {"b": 0.0}, "relative": {"b": 0.0}, "dropout": True}
+    _write(
+        run,
+        "a",
+        [
+            {**r1, "h_peers": []},
+            {
+                "round": 2,
+                "divergence": {"b": 0.2, "c": 0.4},
+                "relative": {"b": 0.5, "c": None},
+                "dropout": False,
+                "h_peers": ["b"],
+            },
+        ],
+    )
+    _write(
+        run,
+        "b",
+        [
+            {**r1, "h_peers": []},
+            {
+                "round": 2,
+                "divergence": {"a": 0.2},
+                "relative": {"a": 0.5},
+                "dropout": True,
+                "h_peers": [],
+            },
+        ],
+    )
+    report = rep.run_report(run, buckets=2)
+    first, second = report["buckets"]
+    assert first["rounds"] == [1, 1] and first["dropout_rate"] == 1.0
+    assert second["node_rounds"] == 2 and second["dropout_rate"] == 0.5
+    assert second["h_peers_mean"] == 0.5 and second["h_share_of_drawn"] == pytest.approx(1 / 3)
+    assert second["div_q10_50_90"][1] == pytest.approx(0.2)
+    assert math.isinf(second["rel_q10_50_90"][2])  # a null D (no drift yet) counts as far
+    assert report["rounds_2_on"] == {k: second[k] for k in report["rounds_2_on"]}
+    out = tmp_path / "report.json"
+    assert rep.main([str(run), "--buckets", "2", "--json", str(out)]) == 0
+    written = json.loads(out.read_text())[0]
+    assert written["rounds"] == 2 and written["buckets"][1]["rel_q10_50_90"][2] is None
+    assert "50%" in capsys.readouterr().out
+
+
+def test_a_directory_without_records_is_a_clear_error(tmp_path):
+    with pytest.raises(SystemExit, match="no node records"):
+        _report().run_report(tmp_path, buckets=2)
