@@ -5,7 +5,9 @@ same data shards, initial model, peer draws, merges and training as the node dae
 same order of random draws, so a healthy swarm's accuracies come out to the last digit
 (``quick``'s UA-PDFL with the fixed ``th_I`` 0.1: 87.35 both ways) in a fraction of the time
 (no processes, no broker, no serialisation). Every node hears every drawn peer; nothing
-fails, nothing is late: faults and timing need the real swarm (``p2pfl swarm``).
+fails, nothing is late: faults and timing need the real swarm (``p2pfl swarm``). One timing
+effect remains: in the last round the daemon leaves neighbours that already finished
+(presence ``done``) out of its draw, so that round may draw other peers than the replay.
 
     python scripts/replay_decentralized.py topologies/uapdfl-fmnist.yaml \\
         --set "dataset.partition=dirichlet(5)" --set algorithm.params.kappa=1.5

@@ -30,14 +30,17 @@ def _replay_module():
 
 def test_replay_matches_the_swarm_to_the_last_digit(tmp_path):
     # full graph: every node draws com = 2 of its 3 neighbours, so the peer draws matter
-    cfg = load_topology(ROOT / "topologies/synthetic.yaml", ["edges=full", "rounds=3"])
+    cfg = load_topology(ROOT / "topologies/synthetic.yaml", ["edges=full", "rounds=4"])
     code, _ = run_swarm(cfg, tmp_path / "run", nodes_per_process=4, progress=False)
     assert code == 0
     swarm = read_run(tmp_path / "run")
     replayed = _replay_module().replay(cfg)["records"]
     assert sorted(replayed) == sorted(swarm)
     for nid, recs in swarm.items():
-        for live, again in zip(recs, replayed[nid], strict=True):
+        assert len(recs) == len(replayed[nid]) == cfg.rounds
+        # the last round may differ: a node leaves neighbours that already finished ("done")
+        # out of its draw, and which ones have depends on timing
+        for live, again in zip(recs[:-1], replayed[nid][:-1], strict=True):
             assert again["test_acc"] == live["test_acc"], (nid, live["round"])
             for key in ("chosen", "dropout", "h_peers", "divergence", "relative", "drift"):
                 assert again[key] == live[key], (nid, live["round"], key)
