@@ -2,24 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location(
-        "bench_accuracy", ROOT / "scripts/bench_accuracy.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_accuracy"] = mod  # pydantic resolves the models' annotations there
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _row(acc, std, paper, rounds, paper_rounds):
@@ -41,9 +26,9 @@ def _row(acc, std, paper, rounds, paper_rounds):
     }
 
 
-def test_table_from_a_tiny_result_file(tmp_path, capsys, monkeypatch):
+def test_table_from_a_tiny_result_file(tmp_path, capsys, monkeypatch, load_script):
     monkeypatch.setenv("COLUMNS", "200")  # one table row per line
-    bench = _bench()
+    bench = load_script("bench_accuracy")
     result = {
         "suite": "fake-suite",
         "rounds": 2,
@@ -70,9 +55,9 @@ def test_table_from_a_tiny_result_file(tmp_path, capsys, monkeypatch):
     assert (tmp_path / "fake.png").stat().st_size > 0
 
 
-def test_merge_of_parts_run_separately(tmp_path, capsys, monkeypatch):
+def test_merge_of_parts_run_separately(tmp_path, capsys, monkeypatch, load_script):
     monkeypatch.setenv("COLUMNS", "200")
-    bench = _bench()
+    bench = load_script("bench_accuracy")
     common = {
         "suite": "uapdfl-cnn-cifar10-a0.5",
         "rounds": 50,
@@ -109,8 +94,8 @@ def test_merge_of_parts_run_separately(tmp_path, capsys, monkeypatch):
         bench.main(["--from-json", str(pa), str(pb)])
 
 
-def test_variant_rows_run_their_algorithm_with_their_knobs():
-    bench = _bench()
+def test_variant_rows_run_their_algorithm_with_their_knobs(load_script):
+    bench = load_script("bench_accuracy")
     suites, _ = bench.load_suites()
     suite = suites["uapdfl-cnn-cifar10-a0.5"]
     spec = suite.methods["uapdfl-thI0.5"]

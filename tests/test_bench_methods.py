@@ -2,24 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location(
-        "bench_methods", ROOT / "scripts/bench_methods.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_from_runs_tabulates_and_writes_json(tmp_path, capsys):
-    bench = _load()
+def test_from_runs_tabulates_and_writes_json(tmp_path, capsys, load_script):
+    bench = load_script("bench_methods")
     for method, acc in (("fedavg", 0.5), ("fedper", 0.75)):
         d = tmp_path / "runs" / method
         d.mkdir(parents=True)

@@ -2,25 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _report():
-    spec = importlib.util.spec_from_file_location(
-        "divergence_report", ROOT / "scripts/divergence_report.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["divergence_report"] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _write(run: Path, node: str, records: list[dict]) -> None:
@@ -29,9 +15,9 @@ def _write(run: Path, node: str, records: list[dict]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
-def test_rates_and_quantiles_per_round_bucket(tmp_path, capsys, monkeypatch):
+def test_rates_and_quantiles_per_round_bucket(tmp_path, capsys, monkeypatch, load_script):
     monkeypatch.setenv("COLUMNS", "200")
-    rep = _report()
+    rep = load_script("divergence_report")
     run = tmp_path / "run"
     r1 = {"round": 1, "divergence": {"b": 0.0}, "relative": {"b": 0.0}, "dropout": True}
     _write(
@@ -77,6 +63,6 @@ def test_rates_and_quantiles_per_round_bucket(tmp_path, capsys, monkeypatch):
     assert "50%" in capsys.readouterr().out
 
 
-def test_a_directory_without_records_is_a_clear_error(tmp_path):
+def test_a_directory_without_records_is_a_clear_error(tmp_path, load_script):
     with pytest.raises(SystemExit, match="no node records"):
-        _report().run_report(tmp_path, buckets=2)
+        load_script("divergence_report").run_report(tmp_path, buckets=2)

@@ -3,8 +3,6 @@ seed gives the same accuracies and the same UA-PDFL decisions, round by round.""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,23 +16,13 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.integration
 
 
-def _replay_module():
-    spec = importlib.util.spec_from_file_location(
-        "replay_decentralized", ROOT / "scripts/replay_decentralized.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["replay_decentralized"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_replay_matches_the_swarm_to_the_last_digit(tmp_path):
+def test_replay_matches_the_swarm_to_the_last_digit(tmp_path, load_script):
     # full graph: every node draws com = 2 of its 3 neighbours, so the peer draws matter
     cfg = load_topology(ROOT / "topologies/synthetic.yaml", ["edges=full", "rounds=4"])
     code, _ = run_swarm(cfg, tmp_path / "run", nodes_per_process=4, progress=False)
     assert code == 0
     swarm = read_run(tmp_path / "run")
-    replayed = _replay_module().replay(cfg)["records"]
+    replayed = load_script("replay_decentralized").replay(cfg)["records"]
     assert sorted(replayed) == sorted(swarm)
     for nid, recs in swarm.items():
         assert len(recs) == len(replayed[nid]) == cfg.rounds
@@ -46,9 +34,9 @@ def test_replay_matches_the_swarm_to_the_last_digit(tmp_path):
                 assert again[key] == live[key], (nid, live["round"], key)
 
 
-def test_methods_that_train_first_are_refused():
+def test_methods_that_train_first_are_refused(load_script):
     cfg = load_topology(
         ROOT / "topologies/synthetic.yaml", ["algorithm.name=dfedavgm", "algorithm.params={}"]
     )
     with pytest.raises(SystemExit, match="only decentralized merge-then-train"):
-        _replay_module().replay(cfg)
+        load_script("replay_decentralized").replay(cfg)
