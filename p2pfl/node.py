@@ -75,6 +75,39 @@ def node_seed(seed: int, node_id: str) -> list[int]:
     return [seed, zlib.crc32(node_id.encode())]
 
 
+def build_method(
+    cls: type[Method],
+    cfg: TopologyConfig,
+    node_id: str,
+    data: NodeData,
+    rng: np.random.Generator,
+    device: torch.device,
+) -> Method:
+    """Node ``node_id``'s method instance over the swarm's common initial model (torch's RNG
+    seeded with ``cfg.seed``, under a lock shared by co-hosted nodes), on ``device``, told
+    its epochs, the run's rounds and its training labels."""
+    with _MODEL_INIT_LOCK:  # the same initial model on every node of the swarm
+        torch.manual_seed(cfg.seed)
+        model = build_model(cfg.model, data.num_classes, data.input_shape)
+        params = cls.Params.model_validate(cfg.algorithm.params)
+        model = cls.adapt_model(model, params, data.num_classes)
+    model.to(device)
+    ctx = AlgorithmContext(
+        node_id=node_id,
+        model=model,
+        num_samples=len(data.train_y),
+        num_classes=data.num_classes,
+        input_shape=tuple(data.input_shape),
+        rng=rng,
+        device=device,
+    )
+    method = cls(cfg.algorithm.params, ctx)
+    method.local_epochs = cfg.training.epochs
+    method.total_rounds = cfg.rounds  # e.g. DisPFL's annealing horizon
+    method.set_labels(data.train_y)
+    return method
+
+
 @dataclass
 class NodeOptions:
     """What differs between devices running the same topology."""
@@ -124,32 +157,16 @@ class Node:
     # ------------------------------------------------------------------ set-up
     def _load(self) -> None:
         """Data shard, model and algorithm (blocking: run in a thread)."""
-        cls = self.method
         ds = self.cfg.dataset
         if self.opts.data_root:
             ds = ds.model_copy(update={"root": self.opts.data_root})
         self.data = load_node_data(
             ds, self.cfg.node_ids, self.id, self.cfg.seed, cache_dir=self.opts.cache_dir
         )
-        with _MODEL_INIT_LOCK:  # the same initial model on every node of the swarm
-            torch.manual_seed(self.cfg.seed)
-            model = build_model(self.cfg.model, self.data.num_classes, self.data.input_shape)
-            params = cls.Params.model_validate(self.cfg.algorithm.params)
-            self.model = cls.adapt_model(model, params, self.data.num_classes)
-        self.model.to(self.device)
-        ctx = AlgorithmContext(
-            node_id=self.id,
-            model=self.model,
-            num_samples=len(self.data.train_y),
-            num_classes=self.data.num_classes,
-            input_shape=tuple(self.data.input_shape),
-            rng=self.rng,
-            device=self.device,
+        self.algorithm = build_method(
+            self.method, self.cfg, self.id, self.data, self.rng, self.device
         )
-        self.algorithm = cls(self.cfg.algorithm.params, ctx)
-        self.algorithm.local_epochs = self.cfg.training.epochs
-        self.algorithm.total_rounds = self.cfg.rounds  # e.g. DisPFL's annealing horizon
-        self.algorithm.set_labels(self.data.train_y)
+        self.model = self.algorithm.model
 
     def _write_run_files(self) -> None:
         """This node's data facts, and the resolved config if nobody recorded it yet."""

@@ -35,18 +35,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from p2pfl.algorithms import get_algorithm  # noqa: E402
-from p2pfl.algorithms.base import AlgorithmContext  # noqa: E402
 from p2pfl.config import TopologyConfig, load_topology  # noqa: E402
 from p2pfl.data import load_node_data  # noqa: E402
 from p2pfl.metrics import write_json  # noqa: E402
-from p2pfl.models import build_model  # noqa: E402
-from p2pfl.node import node_seed  # noqa: E402
+from p2pfl.node import build_method, node_seed  # noqa: E402
 from p2pfl.topology import neighbours  # noqa: E402
 from p2pfl.train import evaluate, round_lr, train_local  # noqa: E402
 
 
 def _build_nodes(cfg: TopologyConfig) -> dict[str, dict[str, Any]]:
-    """Each node's data, model and method, built as ``Node._load`` builds them."""
+    """Each node's data and method, built as the daemon builds them (``build_method``)."""
     cls = get_algorithm(cfg.algorithm.name)
     if cls.kind != "decentralized" or getattr(cls, "exchange_after_training", False):
         raise SystemExit(
@@ -55,23 +53,8 @@ def _build_nodes(cfg: TopologyConfig) -> dict[str, dict[str, Any]]:
     nodes = {}
     for nid in cfg.node_ids:
         data = load_node_data(cfg.dataset, cfg.node_ids, nid, cfg.seed)
-        torch.manual_seed(cfg.seed)
-        model = build_model(cfg.model, data.num_classes, data.input_shape)
-        params = cls.Params.model_validate(cfg.algorithm.params)
-        model = cls.adapt_model(model, params, data.num_classes)
         rng = np.random.default_rng(node_seed(cfg.seed, nid))
-        ctx = AlgorithmContext(
-            node_id=nid,
-            model=model,
-            num_samples=len(data.train_y),
-            num_classes=data.num_classes,
-            input_shape=tuple(data.input_shape),
-            rng=rng,
-        )
-        alg = cls(cfg.algorithm.params, ctx)
-        alg.local_epochs = cfg.training.epochs
-        alg.total_rounds = cfg.rounds
-        alg.set_labels(data.train_y)
+        alg = build_method(cls, cfg, nid, data, rng, torch.device("cpu"))
         nodes[nid] = {"alg": alg, "data": data, "rng": rng, "neighbours": neighbours(cfg, nid)}
     return nodes
 
