@@ -115,6 +115,11 @@ class ModelConfig(_Strict):
         "features on 32x32 inputs); 'valid' pads none (the personalized-FL literature's CIFAR "
         "CNN, 1,600 features)",
     )
+    head: Literal["fc", "last"] = Field(
+        "fc",
+        description="cnn: the personal part h is both FC layers ('fc', UA-PDFL's split: the "
+        "convolutions are g) or only the last one ('last': g = convolutions + FC 512)",
+    )
 
 
 class TrainingConfig(_Strict):

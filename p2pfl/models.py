@@ -194,7 +194,8 @@ def build_model(cfg: ModelConfig, num_classes: int, input_shape: tuple[int, ...]
 
     * ``cnn``: g = conv5x5(32, pad 2) → ReLU → pool2 → conv5x5(64, pad 2) → ReLU → pool2 →
       flatten; h = Linear(F, 512) → ReLU → Linear(512, classes). ``cfg.padding = "valid"``
-      pads none (F = 1,600 on 32x32 inputs, 1,024 on 28x28).
+      pads none (F = 1,600 on 32x32 inputs, 1,024 on 28x28). ``cfg.head = "last"`` moves
+      Linear(F, 512) → ReLU into g, leaving h = Linear(512, classes) (same initial values).
     * ``lenet``: g = conv5x5(6) → ReLU → pool2 → conv5x5(16) → ReLU → pool2 → flatten;
       h = Linear(F, 120) → ReLU → Linear(120, 84) → ReLU → Linear(84, classes).
     * ``mlp``: g = flatten → Linear(prod(shape), cfg.hidden) → ReLU; h = Linear(hidden, classes).
@@ -220,11 +221,18 @@ def build_model(cfg: ModelConfig, num_classes: int, input_shape: tuple[int, ...]
         c, _, _ = _image_shape(input_shape, name)
         g = _cnn(c, cfg.padding)
         f = _feature_dim(g, input_shape, name)
-        h = nn.Sequential(
-            OrderedDict(
-                fc1=nn.Linear(f, 512), relu=nn.ReLU(inplace=True), fc2=nn.Linear(512, num_classes)
+        if cfg.head == "last":  # same layers, same initial values; fc1 moves into g
+            g.add_module("fc1", nn.Linear(f, 512))
+            g.add_module("relu", nn.ReLU(inplace=True))
+            h = nn.Sequential(OrderedDict(fc2=nn.Linear(512, num_classes)))
+        else:
+            h = nn.Sequential(
+                OrderedDict(
+                    fc1=nn.Linear(f, 512),
+                    relu=nn.ReLU(inplace=True),
+                    fc2=nn.Linear(512, num_classes),
+                )
             )
-        )
     elif name == "lenet":
         c, hh, ww = _image_shape(input_shape, name)
         g = _lenet(c, hh, ww)

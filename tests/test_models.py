@@ -60,6 +60,20 @@ def test_cnn_valid_padding_has_the_literatures_1600_features():
     assert build_model(ModelConfig(name="cnn"), 10, (3, 32, 32)).feature_dim == 4096
 
 
+def test_cnn_last_head_moves_fc1_into_g_with_the_same_function():
+    torch.manual_seed(0)
+    fc = build_model(ModelConfig(name="cnn"), 10, (1, 28, 28))
+    torch.manual_seed(0)
+    last = build_model(ModelConfig(name="cnn", head="last"), 10, (1, 28, 28))
+    assert part_keys(list(last.state_dict()), "h") == ["h.fc2.weight", "h.fc2.bias"]
+    assert torch.equal(last.g.fc1.weight, fc.h.fc1.weight)  # same initial values
+    assert last.feature_dim == 512
+    _check(last, (1, 28, 28), 10)
+    x = torch.randn(3, 1, 28, 28)
+    with torch.no_grad():
+        assert torch.allclose(last(x), fc(x))
+
+
 def test_lenet_has_400_features_on_28_and_32():
     assert build_model(ModelConfig(name="lenet"), 10, (1, 28, 28)).feature_dim == 400
     assert build_model(ModelConfig(name="lenet"), 10, (3, 32, 32)).feature_dim == 400
