@@ -2,8 +2,8 @@
 
 ``async with MosquittoBroker() as broker:`` (or the blocking :meth:`start` / :meth:`stop`)
 starts ``mosquitto -c <generated.conf>`` and waits until the port accepts connections.
-The config follows DESIGN.md: ``persistence false``, ``log_dest stderr``, a raised
-``max_queued_messages`` (the default of 1000 silently drops transfer chunks) and an
+The config follows docs/design.md, "Broker": ``persistence false``, ``log_dest stderr``, a
+raised ``max_queued_messages`` (the default of 1000 silently drops transfer chunks) and an
 explicit ``max_packet_size``. It never touches a system broker service.
 
 With ``tls=BrokerTLS(certs_dir, swarm)`` (a ``p2pfl certs`` directory) the listener speaks

@@ -1,5 +1,5 @@
-"""Round driver for centralized methods on a rotating aggregator peer (DESIGN.md, "Rotating
-aggregator"; issue 3).
+"""Round driver for centralized methods on a rotating aggregator peer (docs/design.md,
+"Rotating aggregator"; the messages: docs/wire.md, "Rotating aggregator").
 
 There is no server. Every node of the topology is a member (edges are not used by these
 methods). Round ``r`` runs on a **plan** every member got from the same message: the

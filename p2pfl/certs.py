@@ -1,4 +1,5 @@
-"""A swarm's certificate authority and per-node identities (``p2pfl certs``; issue 5).
+"""A swarm's certificate authority and per-node identities (``p2pfl certs``; docs/wire.md,
+"Security").
 
 :func:`make_swarm_certs` writes one directory per swarm::
 

@@ -1,4 +1,4 @@
-"""msgpack + tensors, without pickle: peers are untrusted (DESIGN.md, "Wire").
+"""msgpack + tensors, without pickle: peers are untrusted (docs/wire.md, "Codec").
 
 Two ways to move tensors:
 

@@ -39,7 +39,8 @@ PARTITION_RE = re.compile(
 
 
 class BrokerAddress(_Strict):
-    """Where the MQTT broker is: ``host:port``, or ``mdns`` to discover it (issue 5)."""
+    """Where the MQTT broker is: ``host:port``, or ``mdns`` to discover it (docs/wire.md,
+    "Discovery")."""
 
     host: str = "127.0.0.1"
     port: int = Field(1883, ge=1, le=65535)
@@ -173,9 +174,10 @@ class TimingConfig(_Strict):
 
 
 class SecurityConfig(_Strict):
-    """Who may join and what is trusted (issue 5). Both switches need ``certs``: a
-    directory made by ``p2pfl certs`` (per device: ``certs:`` in its ``nodes/`` file or
-    ``--certs``; the local launcher creates one in the run directory when none is given)."""
+    """Who may join and what is trusted (docs/wire.md, "Security"). Both switches need
+    ``certs``: a directory made by ``p2pfl certs`` (per device: ``certs:`` in its ``nodes/``
+    file or ``--certs``; the local launcher creates one in the run directory when none is
+    given)."""
 
     tls: bool = Field(
         False,

@@ -1,4 +1,4 @@
-"""Rotating aggregator election (DESIGN.md, "Rotating aggregator").
+"""Rotating aggregator election (docs/design.md, "Rotating aggregator").
 
 The aggregator of round ``r`` is a pure function of ``r``, the attempt number and the live
 membership (from retained presence), so every peer that sees the same members agrees without

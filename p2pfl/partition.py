@@ -7,7 +7,7 @@ the strings (never Python's ``hash()``), so every node computes the same partiti
 and keeps its own shard (node index = position of its id in the swarm's node list), in every
 process and on every host.
 
-The partitions follow ALGORITHMS.md, "Data partitions used by the papers": ``dirichlet(a)``,
+The partitions follow docs/algorithms.md, "Data partitions": ``dirichlet(a)``,
 ``pathological(k)`` and the practical ``groups(G,D,F)``, plus ``iid``;
 :func:`test_indices_like` draws a node's test split following its own train label distribution.
 """

@@ -1,4 +1,5 @@
-"""Per-message Ed25519 signatures and replay protection for one node (issue 5).
+"""Per-message Ed25519 signatures and replay protection for one node (docs/wire.md,
+"Signatures" and "Replay protection").
 
 With ``security.sign`` every envelope a node publishes is signed with its Ed25519 key (the
 key of its certificate, :mod:`p2pfl.certs`). The signature covers the MQTT topic and the

@@ -1,6 +1,6 @@
 """MQTT transport for one node: presence, gossip, inbox, and chunked weight transfers.
 
-Topics live under ``p2pfl/<swarm>/`` (DESIGN.md, "Wire"):
+Topics live under ``p2pfl/<swarm>/`` (docs/wire.md, "Topics"):
 
 - ``presence/<id>``: retained ``{status, ...}``; the MQTT Last Will sets ``offline``;
 - ``gossip/<id>``: small per-round messages (representations) for the neighbours;

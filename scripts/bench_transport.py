@@ -10,10 +10,10 @@
 Prints a table and writes ``raw_MBps``, ``p2pfl_MBps`` and ``ratio`` (plus details) to
 ``--json``. Target: p2pfl ≥ 50% of raw.
 
-``--security`` measures the cost of issue 5's protections in the same run: a second,
-TLS-only Mosquitto (client certificates, per-node ACL) from a throwaway swarm CA, raw MQTT
-over TLS, and the p2pfl pull with signatures only, TLS only, and both (``security`` in the
-JSON, MB/s and the ratio to the unprotected pull).
+``--security`` measures the cost of the security options (docs/wire.md, "Security") in the
+same run: a second, TLS-only Mosquitto (client certificates, per-node ACL) from a throwaway
+swarm CA, raw MQTT over TLS, and the p2pfl pull with signatures only, TLS only, and both
+(``security`` in the JSON, MB/s and the ratio to the unprotected pull).
 """
 
 from __future__ import annotations

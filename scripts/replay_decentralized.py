@@ -1,13 +1,14 @@
 """Replay a decentralized swarm in one process, round by round, without a broker.
 
-A research tool for a method's decision rules (issue 13 chose UA-PDFL's default with it): the
-same data shards, initial model, peer draws, merges and training as the node daemon, in the
-same order of random draws, so a healthy swarm's accuracies come out to the last digit
-(``quick``'s UA-PDFL with the fixed ``th_I`` 0.1: 87.35 both ways) in a fraction of the time
-(no processes, no broker, no serialisation). Every node hears every drawn peer; nothing
-fails, nothing is late: faults and timing need the real swarm (``p2pfl swarm``). One timing
-effect remains: in the last round the daemon leaves neighbours that already finished
-(presence ``done``) out of its draw, so that round may draw other peers than the replay.
+A research tool for a method's decision rules (UA-PDFL's default divergence rule was chosen
+with it: README.md, "UA-PDFL's divergence rule"): the same data shards, initial model, peer
+draws, merges and training as the node daemon, in the same order of random draws, so a
+healthy swarm's accuracies come out to the last digit (``quick``'s UA-PDFL with the fixed
+``th_I`` 0.1: 87.35 both ways) in a fraction of the time (no processes, no broker, no
+serialisation). Every node hears every drawn peer; nothing fails, nothing is late: faults and
+timing need the real swarm (``p2pfl swarm``). One timing effect remains: in the last round the
+daemon leaves neighbours that already finished (presence ``done``) out of its draw, so that
+round may draw other peers than the replay.
 
     python scripts/replay_decentralized.py topologies/uapdfl-fmnist.yaml \\
         --set "dataset.partition=dirichlet(5)" --set algorithm.params.kappa=1.5

@@ -1,5 +1,5 @@
 """FedAvg, FedPer and CriticalFL server rules against hand-computed values
-(ALGORITHMS.md, "Centralized methods")."""
+(docs/algorithms.md, "Centralized methods")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""DFedAvgM's delta rule against hand-computed values (ALGORITHMS.md, "Decentralized
-baselines", DFedAvgM)."""
+"""DFedAvgM's delta rule against hand-computed values (docs/algorithms.md, "DFedAvgM")."""
 
 from __future__ import annotations
 

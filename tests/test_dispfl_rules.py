@@ -1,5 +1,5 @@
-"""DisPFL's rules against hand-computed values (ALGORITHMS.md, "Decentralized baselines",
-DisPFL): the mask-aware average, ERK densities, prune-and-regrow, the cosine schedule, the
+"""DisPFL's rules against hand-computed values (docs/algorithms.md, "DisPFL"): the mask-aware
+average, ERK densities, prune-and-regrow, the cosine schedule, the
 sparse wire form, and the method's round on a tiny model."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""pFedC's rules against hand-computed values (ALGORITHMS.md, "pFedC")."""
+"""pFedC's rules against hand-computed values (docs/algorithms.md, "pFedC")."""
 
 from __future__ import annotations
 

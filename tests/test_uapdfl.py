@@ -1,4 +1,4 @@
-"""UA-PDFL math against hand-computed values (ALGORITHMS.md, "UA-PDFL")."""
+"""UA-PDFL math against hand-computed values (docs/algorithms.md, "UA-PDFL")."""
 
 from __future__ import annotations
 

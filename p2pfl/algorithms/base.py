@@ -1,6 +1,6 @@
 """The contracts between a method and the node daemon that runs it.
 
-A method is data-in, data-out (DESIGN.md, "Principles"): it never touches the network.
+A method is data-in, data-out (docs/design.md, "Principles"): it never touches the network.
 There are two kinds, both registered with :func:`register` in one module per method.
 
 **Decentralized** (:class:`Algorithm`). Each round the node

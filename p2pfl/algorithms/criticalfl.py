@@ -1,6 +1,6 @@
 """CriticalFL: FedAvg whose participant count follows the critical learning periods.
 
-Implements ALGORITHMS.md, "Centralized methods" → "CriticalFL" (UA-PDFL's
+Implements docs/algorithms.md, "CriticalFL" (UA-PDFL's
 communication-efficiency baseline; KDD 2023):
 
 - each participant reports ``gradnorm = lr · (Σ over all local steps of ‖grad‖²) / epochs``,

@@ -1,6 +1,6 @@
 """DFedAvgM: decentralized federated averaging with momentum (Sun et al., 2021).
 
-Implements ALGORITHMS.md, "Decentralized baselines", DFedAvgM: each node runs local SGD with
+Implements docs/algorithms.md, "DFedAvgM": each node runs local SGD with
 heavy-ball momentum, then mixes with its neighbours (fp16 transfers are an option). The
 round order is train-then-exchange (``exchange_after_training = True``): peers pull what this
 node has just trained.
@@ -25,7 +25,8 @@ the nodes towards consensus: delta mixing keeps each node's own ``x_i`` and adds
 were computed at the neighbours' points. Measured on the ``quick`` suite (Fashion-MNIST,
 Dirichlet(0.1), 20 nodes, Adam): delta mixing fell from 50% to 29% mean accuracy over 10
 rounds while the nodes' training loss stayed low, so the paper's model mixing is the
-default; ``deltas`` stays for comparison (and for ALGORITHMS.md's literal wording).
+default; ``deltas`` stays for comparison (and for the literal wording of docs/algorithms.md,
+"DFedAvgM").
 
 **Reading** (neighbours). The paper mixes over a fixed graph; ``peers`` (default None: every
 live neighbour) draws that many neighbours per round instead, for comparisons where every

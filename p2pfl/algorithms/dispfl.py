@@ -1,6 +1,6 @@
 """DisPFL: decentralized sparse personalized FL (Dai et al., ICML 2022).
 
-Implements ALGORITHMS.md, "Decentralized baselines", DisPFL: each node keeps a personalized
+Implements docs/algorithms.md, "DisPFL": each node keeps a personalized
 sparse mask (ERK initialisation, density 0.5), trains the masked model, aggregates
 element-wise over the neighbours whose mask covers the element and re-applies its own mask;
 each round it prunes ``anneal/2·(1+cos(πr/R))`` of its smallest active weights and regrows as

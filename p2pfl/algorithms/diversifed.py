@@ -1,7 +1,8 @@
 """DiversiFed: learning from similar and dissimilar clients via a model-distance loss.
 
-Implements ALGORITHMS.md, "DiversiFed" (seeds ``000_ad3552b90364dee8.txt``,
-``001_15f023bba067d13d.txt``), run by the rotating aggregator peer:
+Implements docs/algorithms.md, "DiversiFed" (Wu et al.: "The Diversity Bonus: Learning from
+Dissimilar Distributed Clients in Personalized Federated Learning", 2024), run by the rotating
+aggregator peer:
 
 - every participant uploads its whole trained model ``w_i`` (``upload_part = "all"``);
 - the aggregator flattens the uploads and, for each ``i``, over ``j ∈ a(i)`` (all other

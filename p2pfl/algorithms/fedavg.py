@@ -1,6 +1,6 @@
 """FedAvg: the sample-weighted mean of the participants' whole models.
 
-Implements ALGORITHMS.md, "Centralized methods" → "FedAvg": the round's aggregator computes
+Implements docs/algorithms.md, "FedAvg": the round's aggregator computes
 ``w ← Σ n_i w_i / Σ n_i`` over the uploads that arrived and sends it to all.
 
 - Floating tensors are averaged in float64 and cast back to their own dtype.

@@ -1,7 +1,7 @@
 """FedPer: federated averaging of the feature extractor ``g`` only.
 
-Implements ALGORITHMS.md, "Centralized methods" → "FedPer": every participant uploads only
-``g`` (the convolutional / feature layers, see "Split of every model into g and h"); the
+Implements docs/algorithms.md, "FedPer": every participant uploads only ``g`` (the
+convolutional / feature layers; docs/algorithms.md, "Split of every model into g and h"); the
 aggregator averages it as FedAvg does (``g ← Σ n_i g_i / Σ n_i``, non-floating buffers from
 the heaviest upload) and sends it to all. Each node keeps its own classifier ``h``.
 

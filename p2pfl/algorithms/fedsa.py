@@ -1,8 +1,8 @@
 """FedSA: parameter-skew-aware aggregation (one global model).
 
-Implements ALGORITHMS.md, "FedSA" (seed ``004_b01107c1a7497afb.txt``), a server rule replacing
-FedAvg's mean. For each floating parameter tensor, stacked as ``w ∈ R^{K×M}`` (K clients, M
-elements):
+Implements docs/algorithms.md, "FedSA" (Wang, Liao, Yuan, Zhang: "The Key of Parameter Skew in
+Federated Learning", 2024), a server rule replacing FedAvg's mean. For each floating parameter
+tensor, stacked as ``w ∈ R^{K×M}`` (K clients, M elements):
 
 1. ``μ = mean_k w``, ``s = (w − μ)²``, ``cv = sqrt(mean_k s) / |μ|`` (paper eq. 2–4);
 2. ``cv`` min–max normalised over the tensor; ``r_h = cv_norm > cv_t``, ``r_l`` the rest,
@@ -13,13 +13,13 @@ elements):
 5. MAC: greedy agglomerative clustering into at most ``S`` clusters (paper §"Macro-Classes");
 6. per cluster: ``MAC^s`` = most frequent category per position, ``w̄^s`` = its clients' mean
    (eq. 11–12);
-7. ``ŵ_h = r_h ⊙ Σ_s α_s ⊙ w̄^s`` (eq. 15) with the ALGORITHMS.md reading of ``α_s``;
+7. ``ŵ_h = r_h ⊙ Σ_s α_s ⊙ w̄^s`` (eq. 15) with the reading of ``α_s`` below;
 8. ``ŵ = ŵ_l + ŵ_h`` (eq. 13).
 
-**Reading** (ALGORITHMS.md, ``α_s``, eq. 14 is garbled): at each high position ``α_s`` is
-proportional to the number of clusters (``s`` included) whose MAC category equals cluster
-``s``'s there, normalised to sum to 1 over the clusters. ŵ is therefore a convex combination of
-the clients' values at every position.
+**Reading** (``α_s``, eq. 14 is garbled; docs/algorithms.md, "FedSA"): at each high position
+``α_s`` is proportional to the number of clusters (``s`` included) whose MAC category equals
+cluster ``s``'s there, normalised to sum to 1 over the clusters. ŵ is therefore a convex
+combination of the clients' values at every position.
 
 **Reading** (MIC binning, eq. 8): ``I_c = 𝕀(c/N ≥ s > (c−1)/N)`` needs ``s`` in [0, 1] and
 does not define ``N``. Here ``N = C_mic`` and ``s`` is min–max normalised *per position over
@@ -33,13 +33,13 @@ category 1. Off the high positions the id is 0 (the ``r_h ⊙`` of eq. 9).
 **Reading** (MAC clustering): the greedy loop repeatedly takes the single most similar option
 among "free client joins a cluster" (cluster similarity = mean similarity to its members) and,
 while fewer than ``S`` clusters exist, "two free clients form a new cluster"; ties go to the
-join, then to the lower index. ``sim_t`` applies to every merge (ALGORITHMS.md: "a client whose
-best similarity is below ``sim_t`` stays unclustered"; the paper states it only once ``S``
-clusters exist): the loop stops when the best option is ``< sim_t``. Unclustered clients are
-**excluded** from ``ŵ_h`` (the paper's sensitivity study: a high ``sim_t`` "reduces the number
-of training clients"); they still count in ``μ``, in ``cv`` and in ``ŵ_l``. When no cluster forms
-at all, the high positions fall back to the low-region mean. Clustering is per tensor (the paper
-works on "the j-th layer").
+join, then to the lower index. ``sim_t`` applies to every merge (docs/algorithms.md, "FedSA":
+"a client whose best similarity is below ``sim_t`` stays unclustered"; the paper states it only
+once ``S`` clusters exist): the loop stops when the best option is ``< sim_t``. Unclustered
+clients are **excluded** from ``ŵ_h`` (the paper's sensitivity study: a high ``sim_t`` "reduces
+the number of training clients"); they still count in ``μ``, in ``cv`` and in ``ŵ_l``. When no
+cluster forms at all, the high positions fall back to the low-region mean. Clustering is per
+tensor (the paper works on "the j-th layer").
 
 **Reading** (guards): ``cv = sqrt(mean_k s) / max(|μ|, eps)``, so a position where every
 client holds 0 has ``cv = 0``; a position with ``μ ≈ 0`` but spread gets a huge (finite) ``cv``
@@ -184,7 +184,7 @@ def mac_clusters(sim: torch.Tensor, s_mac: int, sim_t: float) -> list[list[int]]
 def mac_alpha(mic: torch.Tensor, clusters: list[list[int]], c_mic: int) -> torch.Tensor:
     """Steps 6–7: ``α`` (float64, S×M). ``MAC^s`` = most frequent MIC category of cluster s per
     position (ties: the lower id); ``α_s`` ∝ the number of clusters sharing ``MAC^s`` there,
-    normalised to sum to 1 over the clusters (the ALGORITHMS.md reading)."""
+    normalised to sum to 1 over the clusters (the reading of docs/algorithms.md, "FedSA")."""
     m = mic.shape[1]
     macs = []
     for members in clusters:

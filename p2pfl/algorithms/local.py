@@ -1,5 +1,5 @@
-"""Local: every node trains on its own data and never communicates (ALGORITHMS.md,
-"Decentralized baselines"; DiversiFed's "Separate").
+"""Local: every node trains on its own data and never communicates (docs/algorithms.md,
+"Local"; DiversiFed's "Separate").
 
 Nothing is gossiped or pulled: the only traffic of a Local swarm is each node's presence.
 """

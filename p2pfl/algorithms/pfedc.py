@@ -1,7 +1,8 @@
 """pFedC: conflict-aware personalized FL with task-wise disentangled classifier heads.
 
-Implements ALGORITHMS.md, "pFedC" (seed ``003_b6358a452c37550e.txt``), a centralized method
-run by the rotating aggregator (:mod:`p2pfl.central`):
+Implements docs/algorithms.md, "pFedC" ("Disentangled Knowledge Transfer: A New Perspective for
+Personalized Federated Learning"), a centralized method run by the rotating aggregator
+(:mod:`p2pfl.central`):
 
 - model: the shared representation ``φ`` (every layer but the last) and ``T`` heads
   ``ω^1..ω^T`` replacing the last fully connected layer (:class:`MultiHead`, installed by
@@ -43,7 +44,7 @@ is the prediction and evaluation's cross-entropy is a softmax over those logits.
 score :data:`ABSENT_SCORE`. Its test split follows its own label distribution, the paper
 scores each task separately, and a lacked head is never trained here nor shared with the node:
 its untrained logit competing in the argmax only adds errors (measured on the 8-node
-Fashion-MNIST demo: 0.72 mean accuracy with it, see the closing note of issue 3).
+Fashion-MNIST demo: 0.72 mean accuracy with it; README.md, "Results", has the run without it).
 
 **Reading** (presence): task ``t`` is held when the node has at least ``presence_min`` training
 samples of its class(es) (default 1, the paper's "label c exists").
@@ -595,9 +596,10 @@ class PFedC(CentralizedAlgorithm):
         """``π`` from the node's training labels (called once, before round 1)."""
         self.pi = task_presence(labels, self.groups, self.ctx.num_classes, self.params.presence_min)
         # **Reading**: a node predicts among the tasks it holds. Its test split follows its
-        # own label distribution (ALGORITHMS.md), the paper scores each task separately, and
-        # the heads of absent tasks are never trained here (nor shared with this node), so
-        # letting their untrained scores compete in the argmax only adds errors
+        # own label distribution (docs/algorithms.md, "Data partitions"), the paper scores
+        # each task separately, and the heads of absent tasks are never trained here (nor
+        # shared with this node), so letting their untrained scores compete in the argmax
+        # only adds errors
         _, heads = find_heads(self.model)
         heads.predict_only([t for t, held in enumerate(self.pi) if held])
 

@@ -1,6 +1,7 @@
 """UA-PDFL: unit-representation-aided personalized decentralized FL.
 
-Implements ALGORITHMS.md, "UA-PDFL" (seed ``002_cc91c9f51018c876.txt``):
+Implements docs/algorithms.md, "UA-PDFL" (Zhu, Fan, Xie: "UA-PDFL: A Personalized Approach for
+Decentralized Federated Learning", 2024):
 
 - unit tensor ``X_unit``: one input-shaped tensor, every element ``unit_value`` (swarm config);
 - unit representation ``I_i = softmax(f(w_i; X_unit))`` and auxiliary representation
@@ -13,10 +14,10 @@ Implements ALGORITHMS.md, "UA-PDFL" (seed ``002_cc91c9f51018c876.txt``):
 - local loss ``CE + μ ‖g_i(X_unit) − A_avg‖²`` with
   ``A_avg = (A_i + Σ_j A_j) / (|Q_i| + 1)`` over the peers that answered.
 
-**Reading** (ALGORITHMS.md): ``μ`` and one local epoch are defaults, not the paper's; both are
-knobs. ``com`` peers are drawn among the node's live topology neighbours.
+**Reading** (docs/algorithms.md, "UA-PDFL"): ``μ`` and one local epoch are defaults, not the
+paper's; both are knobs. ``com`` peers are drawn among the node's live topology neighbours.
 
-**Reading** (the divergence rule; README "UA-PDFL's divergence rule"). The paper compares
+**Reading** (the divergence rule; README.md, "UA-PDFL's divergence rule"). The paper compares
 ``Div`` with a fixed ``th_I`` it never gives, and the scale of ``Div`` depends on the data, the
 model, ``X_unit`` and the round: median gossiped ``Div`` 0.47–1.5 on CIFAR-10 Dir(0.5) and
 0.06–0.009 at Dir(5) (CNN); 0.025 and 0.002 on Fashion-MNIST Dir(0.5) / Dir(5) (CNN); 0.006–0.03
