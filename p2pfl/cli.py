@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from p2pfl.config import (
+from p2pfl.config.schema import (
     BrokerAddress,
     ConfigError,
     TopologyConfig,
@@ -64,7 +64,7 @@ def _run_async(coro) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from p2pfl.topology import build_graph, graph_warnings
+    from p2pfl.config.topology import build_graph, graph_warnings
 
     cfg = _load(args)
     graph = build_graph(cfg)
@@ -93,7 +93,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_swarm(args: argparse.Namespace) -> int:
-    from p2pfl.swarm import run_swarm
+    from p2pfl.launch.swarm import run_swarm
 
     extra = []
     if args.data_root:
@@ -124,7 +124,7 @@ def cmd_swarm(args: argparse.Namespace) -> int:
 
 
 def cmd_node(args: argparse.Namespace) -> int:
-    from p2pfl.node import Node, NodeOptions, run_all
+    from p2pfl.node.daemon import Node, NodeOptions, run_all
 
     extra = []
     ids = list(args.id or [])
@@ -190,8 +190,8 @@ def cmd_node(args: argparse.Namespace) -> int:
 
 
 def cmd_summarize(args: argparse.Namespace) -> int:
-    from p2pfl.config import load_topology
-    from p2pfl.swarm import finish_run, summary_table
+    from p2pfl.config.schema import load_topology
+    from p2pfl.launch.swarm import finish_run, summary_table
 
     run = Path(args.run_dir)
     cfg = load_topology(run / "config.yaml")
@@ -205,8 +205,8 @@ def cmd_summarize(args: argparse.Namespace) -> int:
 
 def cmd_broker(args: argparse.Namespace) -> int:
     """Run a Mosquitto for a swarm on this host and announce it by mDNS until stopped."""
-    from p2pfl.broker import BrokerTLS, MosquittoBroker
-    from p2pfl.discovery import Announcer
+    from p2pfl.launch.broker import BrokerTLS, MosquittoBroker
+    from p2pfl.wire.discovery import Announcer
 
     async def main() -> int:
         loop = asyncio.get_running_loop()
@@ -232,7 +232,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 def cmd_certs(args: argparse.Namespace) -> int:
     """Create (or extend) a swarm's CA, broker certificate and per-node identities."""
-    from p2pfl.certs import make_swarm_certs, revoke
+    from p2pfl.security.certs import make_swarm_certs, revoke
 
     cfg = _load(args)
     out = Path(args.out or cfg.security.certs or f"certs/{cfg.name}")
@@ -277,7 +277,7 @@ def cmd_discover(args: argparse.Namespace) -> int:
     """List the brokers and nodes announced over mDNS, then exit."""
     from rich.table import Table
 
-    from p2pfl.discovery import discover
+    from p2pfl.wire.discovery import discover
 
     found = asyncio.run(discover(args.seconds, args.interface or None))
     table = Table(title=f"p2pfl services seen by mDNS in {args.seconds:g} s")
@@ -410,10 +410,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from p2pfl.sysopt import tune_malloc
+    from p2pfl.wire.sysopt import tune_malloc
 
-    tune_malloc()  # before the first large allocation (see p2pfl.sysopt)
-    from p2pfl.certs import CertError
+    tune_malloc()  # before the first large allocation (see p2pfl.wire.sysopt)
+    from p2pfl.security.certs import CertError
 
     args = build_parser().parse_args(argv)
     _setup_logging(args.verbose, rich=not getattr(args, "no_rich", False))

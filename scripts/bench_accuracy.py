@@ -35,7 +35,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from p2pfl.config import load_topology  # noqa: E402
+from p2pfl.config.schema import load_topology  # noqa: E402
 from p2pfl.metrics import write_json  # noqa: E402
 
 SUITES = ROOT / "topologies" / "suites.yaml"
@@ -100,7 +100,7 @@ def run_one(
     console: Console,
 ) -> dict[str, Any]:
     """One swarm run; returns its summary (with the run directory)."""
-    from p2pfl.swarm import run_swarm
+    from p2pfl.launch.swarm import run_swarm
 
     base = load_topology(ROOT / suite.topology, suite.set)
     extra = method_overrides(suite, method, spec, base.algorithm.name)

@@ -22,9 +22,9 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from p2pfl.config import load_topology  # noqa: E402
+from p2pfl.config.schema import load_topology  # noqa: E402
+from p2pfl.launch.swarm import run_swarm  # noqa: E402
 from p2pfl.metrics import write_json  # noqa: E402
-from p2pfl.swarm import run_swarm  # noqa: E402
 
 DEFAULT_METHODS = ["fedavg", "fedper", "criticalfl", "diversifed", "pfedc", "fedsa", "uapdfl"]
 

@@ -4,7 +4,7 @@
 1. raw: a publisher process sends ``--raw-mb`` MiB as 1 MiB QoS-1 publishes (a window of
    them in flight), a subscriber in this process times first byte to last byte;
 2. p2pfl: a serving node process holds a ResNet18-sized state (~45 MB); this process pulls
-   it with :meth:`p2pfl.transport.Transport.pull` (request, metadata, 1 MiB chunks,
+   it with :meth:`p2pfl.wire.transport.Transport.pull` (request, metadata, 1 MiB chunks,
    reassembly, digest check, tensors) and times it end to end.
 
 Prints a table and writes ``raw_MBps``, ``p2pfl_MBps`` and ``ratio`` (plus details) to
@@ -34,18 +34,18 @@ import aiomqtt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from p2pfl.broker import MosquittoBroker  # noqa: E402
+from p2pfl.launch.broker import MosquittoBroker  # noqa: E402
 
 MiB = 1 << 20
 WINDOW = 16
 SWARM = "bench"
 # the raw publisher writes into the subscriber's inbox: a topic the TLS broker's ACL allows
 RAW_TOPIC = f"p2pfl/{SWARM}/inbox/raw-sub"
-NODELAY = (socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as p2pfl.transport sets it
+NODELAY = (socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as p2pfl.wire.transport sets it
 
 
 def _run(coro):
-    from p2pfl.sysopt import tune_malloc
+    from p2pfl.wire.sysopt import tune_malloc
 
     tune_malloc()  # the daemon's own setting, for raw and p2pfl processes alike
     try:
@@ -62,7 +62,7 @@ def _run(coro):
 def _tls(certs: str | None, identity: str):
     if certs is None:
         return None
-    from p2pfl.signing import tls_context
+    from p2pfl.security.signing import tls_context
 
     return tls_context(certs, identity)
 
@@ -123,8 +123,8 @@ async def raw_once(host: str, port: int, total_mb: int, certs: str | None = None
 def resnet18_state():
     import torch
 
-    from p2pfl.config import ModelConfig
-    from p2pfl.models import build_model
+    from p2pfl.config.schema import ModelConfig
+    from p2pfl.learning.models import build_model
 
     torch.manual_seed(0)
     return build_model(ModelConfig(name="resnet18"), 10, (3, 32, 32)).state_dict()
@@ -144,8 +144,8 @@ IDS = ["server", "client", "raw-pub", "raw-sub"]
 
 
 def _transport(node_id: str, host: str, port: int, mode: Mode, certs: str | None):
-    from p2pfl.signing import MessageSecurity
-    from p2pfl.transport import Transport
+    from p2pfl.security.signing import MessageSecurity
+    from p2pfl.wire.transport import Transport
 
     security = MessageSecurity.from_certs(certs, node_id, IDS) if mode.sign else None
     tls = _tls(certs, node_id) if mode.tls else None
@@ -155,7 +155,7 @@ def _transport(node_id: str, host: str, port: int, mode: Mode, certs: str | None
 async def _server(
     host: str, port: int, ready: mp.Event, stop: mp.Event, mode: Mode, certs: str | None
 ) -> None:
-    from p2pfl.transport import PreparedState
+    from p2pfl.wire.transport import PreparedState
 
     state = resnet18_state()
     prepared = PreparedState.from_state(state)
@@ -177,7 +177,7 @@ def server_main(host, port, ready, stop, mode=MODES[0], certs=None):
 async def p2pfl_pulls(
     host: str, port: int, repeats: int, mode: Mode = MODES[0], certs: str | None = None
 ) -> tuple[list[float], int]:
-    from p2pfl.codec import state_nbytes
+    from p2pfl.wire.codec import state_nbytes
 
     ctx = mp.get_context("spawn")
     ready, stop = ctx.Event(), ctx.Event()
@@ -204,8 +204,8 @@ async def p2pfl_pulls(
 async def bench_security(repeats: int, raw_mb: int) -> dict:
     """Raw MQTT over TLS and the pull in every protected :data:`MODES` setting; TLS modes
     on a TLS broker, signatures alone on a plain one."""
-    from p2pfl.broker import BrokerTLS
-    from p2pfl.certs import make_swarm_certs
+    from p2pfl.launch.broker import BrokerTLS
+    from p2pfl.security.certs import make_swarm_certs
 
     out: dict = {}
     with tempfile.TemporaryDirectory(prefix="p2pfl-bench-certs-") as tmp:
@@ -253,7 +253,7 @@ async def bench(repeats: int, raw_mb: int, security: bool = False) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from p2pfl.sysopt import tune_malloc
+    from p2pfl.wire.sysopt import tune_malloc
 
     tune_malloc()
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -36,12 +36,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from p2pfl.algorithms import get_algorithm  # noqa: E402
-from p2pfl.config import TopologyConfig, load_topology  # noqa: E402
-from p2pfl.data import load_node_data  # noqa: E402
+from p2pfl.config.schema import TopologyConfig, load_topology  # noqa: E402
+from p2pfl.config.topology import neighbours  # noqa: E402
+from p2pfl.learning.data import load_node_data  # noqa: E402
+from p2pfl.learning.train import evaluate, round_lr, train_local  # noqa: E402
 from p2pfl.metrics import write_json  # noqa: E402
-from p2pfl.node import build_method, node_seed  # noqa: E402
-from p2pfl.topology import neighbours  # noqa: E402
-from p2pfl.train import evaluate, round_lr, train_local  # noqa: E402
+from p2pfl.node.daemon import build_method, node_seed  # noqa: E402
 
 
 def _build_nodes(cfg: TopologyConfig) -> dict[str, dict[str, Any]]:

@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-from p2pfl.broker import MosquittoBroker
+from p2pfl.launch.broker import MosquittoBroker
 
 
 def _have_mosquitto() -> bool:

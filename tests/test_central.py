@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from p2pfl.central import check_announcement, states_match
-from p2pfl.config import load_topology
-from p2pfl.node import Node, NodeOptions
+from p2pfl.config.schema import load_topology
+from p2pfl.node.centralized import check_announcement, states_match
+from p2pfl.node.daemon import Node, NodeOptions
 
 pytestmark = pytest.mark.integration
 
@@ -165,10 +165,10 @@ def _driver(node_id="b", ids=("a", "b", "c")):
     import numpy as np
 
     from p2pfl.algorithms import AlgorithmContext, get_algorithm
-    from p2pfl.central import CentralizedRounds
-    from p2pfl.config import ModelConfig
-    from p2pfl.models import build_model
-    from p2pfl.transport import Transport
+    from p2pfl.config.schema import ModelConfig
+    from p2pfl.learning.models import build_model
+    from p2pfl.node.centralized import CentralizedRounds
+    from p2pfl.wire.transport import Transport
 
     model = build_model(ModelConfig(name="mlp", hidden=4), 3, (1, 4, 4))
     ctx = AlgorithmContext(node_id, model, 10, 3, (1, 4, 4), np.random.default_rng(0))
@@ -184,7 +184,7 @@ def _driver(node_id="b", ids=("a", "b", "c")):
 
 
 def _env(sender, kind, rnd, attempt, body):
-    from p2pfl.transport import Envelope
+    from p2pfl.wire.transport import Envelope
 
     return Envelope("s", sender, rnd, kind, f"{sender}{kind}{rnd}{attempt}", body, attempt=attempt)
 
@@ -218,8 +218,8 @@ async def test_handlers_drop_stale_misdirected_and_forged_messages():
 
 
 def test_envelope_carries_the_attempt():
-    from p2pfl.codec import CodecError, encode
-    from p2pfl.transport import Envelope
+    from p2pfl.wire.codec import CodecError, encode
+    from p2pfl.wire.transport import Envelope
 
     env = _env("a", "report", 3, 2, {"n": 1})
     back = Envelope.unpack(env.pack(), 1 << 20)

@@ -18,9 +18,9 @@ from p2pfl.algorithms.criticalfl import (
     next_count,
 )
 from p2pfl.algorithms.fedavg import weighted_mean_states
-from p2pfl.config import ModelConfig
-from p2pfl.models import build_model
-from p2pfl.train import TrainResult
+from p2pfl.config.schema import ModelConfig
+from p2pfl.learning.models import build_model
+from p2pfl.learning.train import TrainResult
 
 # ----------------------------------------------------------------------------- helpers
 

@@ -1,4 +1,4 @@
-"""p2pfl.codec: exact round trips, and every kind of bad input is a CodecError."""
+"""p2pfl.wire.codec: exact round trips, and every kind of bad input is a CodecError."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from p2pfl.codec import (
+from p2pfl.wire.codec import (
     ALLOWED_DTYPES,
     MAX_DEPTH,
     CodecError,

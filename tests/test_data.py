@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from p2pfl import data as D
-from p2pfl.config import DatasetConfig
+from p2pfl.config.schema import DatasetConfig
+from p2pfl.learning import data as D
 
 # ----------------------------------------------------------------------------- node data
 

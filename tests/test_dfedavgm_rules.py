@@ -15,8 +15,8 @@ from p2pfl.algorithms.dfedavgm import (
     check_peer_delta,
     model_delta,
 )
-from p2pfl.config import ModelConfig
-from p2pfl.models import build_model
+from p2pfl.config.schema import ModelConfig
+from p2pfl.learning.models import build_model
 
 # ----------------------------------------------------------------------------- pure math
 

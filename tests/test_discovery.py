@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from p2pfl import PROTOCOL_VERSION
-from p2pfl.discovery import Announcer, Browser, discover, parse_service
+from p2pfl.wire.discovery import Announcer, Browser, discover, parse_service
 
 LO = ["127.0.0.1"]
 
@@ -92,7 +92,7 @@ async def test_broker_and_nodes_are_found_and_departures_seen():
 async def test_a_broker_that_died_without_goodbye_is_passed_over(broker):
     """Two brokers announced for the swarm, the newer one dead (nothing listens on its
     port): the node gets the live one; with only the dead one it times out saying so."""
-    from p2pfl.broker import free_port
+    from p2pfl.launch.broker import free_port
 
     swarm = f"t{uuid.uuid4().hex[:8]}"
     async with Browser(interfaces=LO) as br:
@@ -149,8 +149,8 @@ def test_cli_discover_prints_the_swarm(capsys, monkeypatch):
 
 @pytest.mark.integration
 async def test_nodes_with_broker_mdns_find_the_announced_broker(broker, tmp_path, monkeypatch):
-    from p2pfl.config import load_topology
-    from p2pfl.node import NodeOptions, run_nodes
+    from p2pfl.config.schema import load_topology
+    from p2pfl.node.daemon import NodeOptions, run_nodes
 
     monkeypatch.setenv("P2PFL_MDNS_INTERFACES", "127.0.0.1")
     swarm = f"t{uuid.uuid4().hex[:8]}"
@@ -175,7 +175,7 @@ async def test_cli_broker_runs_mosquitto_and_announces_it(tmp_path, monkeypatch)
     import subprocess
     import sys
 
-    from p2pfl.discovery import find_broker
+    from p2pfl.wire.discovery import find_broker
 
     monkeypatch.setenv("P2PFL_MDNS_INTERFACES", "127.0.0.1")
     swarm = f"t{uuid.uuid4().hex[:8]}"

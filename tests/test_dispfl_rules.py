@@ -24,10 +24,10 @@ from p2pfl.algorithms.dispfl import (
     prune_fraction,
     random_masks,
 )
-from p2pfl.codec import buffer_to_state, state_to_buffer
-from p2pfl.config import ModelConfig, TrainingConfig
-from p2pfl.models import build_model
-from p2pfl.train import train_local
+from p2pfl.config.schema import ModelConfig, TrainingConfig
+from p2pfl.learning.models import build_model
+from p2pfl.learning.train import train_local
+from p2pfl.wire.codec import buffer_to_state, state_to_buffer
 
 T = torch.tensor
 B = lambda *v: torch.tensor(v, dtype=torch.bool)  # noqa: E731

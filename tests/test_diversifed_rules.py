@@ -18,8 +18,8 @@ from p2pfl.algorithms.diversifed import (
     float_keys,
     unflatten,
 )
-from p2pfl.config import ModelConfig
-from p2pfl.models import build_model
+from p2pfl.config.schema import ModelConfig
+from p2pfl.learning.models import build_model
 
 D = torch.float64
 

@@ -21,8 +21,8 @@ from p2pfl.algorithms.fedsa import (
     mac_clusters,
     mic_categories,
 )
-from p2pfl.config import ModelConfig
-from p2pfl.models import build_model
+from p2pfl.config.schema import ModelConfig
+from p2pfl.learning.models import build_model
 
 D = torch.float64
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from test_integration import check_run_dir
 
-from p2pfl.config import load_topology
-from p2pfl.models import build_model
-from p2pfl.swarm import run_swarm
+from p2pfl.config.schema import load_topology
+from p2pfl.launch.swarm import run_swarm
+from p2pfl.learning.models import build_model
 
 pytestmark = pytest.mark.integration
 

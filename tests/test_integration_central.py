@@ -12,12 +12,12 @@ import pytest
 import torch
 from test_integration import _start_nodes, check_run_dir
 
-from p2pfl.codec import state_nbytes
-from p2pfl.config import load_topology
-from p2pfl.election import aggregator_for
+from p2pfl.config.schema import load_topology
+from p2pfl.launch.swarm import run_swarm, stop_workers
+from p2pfl.learning.models import build_model, part_keys
 from p2pfl.metrics import read_records
-from p2pfl.models import build_model, part_keys
-from p2pfl.swarm import run_swarm, stop_workers
+from p2pfl.node.election import aggregator_for
+from p2pfl.wire.codec import state_nbytes
 
 pytestmark = pytest.mark.integration
 

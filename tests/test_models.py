@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from p2pfl.config import ModelConfig
-from p2pfl.models import SplitModel, build_model, part_keys
+from p2pfl.config.schema import ModelConfig
+from p2pfl.learning.models import SplitModel, build_model, part_keys
 
 SHAPES = [(1, 28, 28), (3, 32, 32)]
 SMALL = [(1, 8, 8)]

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from p2pfl.broker import find_mosquitto
+from p2pfl.launch.broker import find_mosquitto
 from p2pfl.metrics import read_records
 
 pytestmark = pytest.mark.integration

@@ -1,11 +1,12 @@
-"""Partitions and per-node test splits (p2pfl.partition; pure index maths on label arrays)."""
+"""Partitions and per-node test splits (p2pfl.learning.partition; pure index maths on label
+arrays)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from p2pfl import partition as P
+from p2pfl.learning import partition as P
 
 C = 10
 

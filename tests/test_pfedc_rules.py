@@ -22,8 +22,8 @@ from p2pfl.algorithms.pfedc import (
     task_presence,
     validate_groups,
 )
-from p2pfl.config import ModelConfig
-from p2pfl.models import SplitModel, build_model
+from p2pfl.config.schema import ModelConfig
+from p2pfl.learning.models import SplitModel, build_model
 
 # ----------------------------------------------------------------------------- min-norm
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from p2pfl.config import load_topology
+from p2pfl.config.schema import load_topology
+from p2pfl.launch.swarm import run_swarm
 from p2pfl.metrics import read_run
-from p2pfl.swarm import run_swarm
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,16 +13,16 @@ import aiomqtt
 import pytest
 import torch
 
-from p2pfl.broker import BrokerTLS, MosquittoBroker
-from p2pfl.certs import (
+from p2pfl.launch.broker import BrokerTLS, MosquittoBroker
+from p2pfl.security.certs import (
     CertError,
     SwarmCerts,
     load_certificate,
     make_swarm_certs,
     verify_member_certificate,
 )
-from p2pfl.signing import MessageSecurity, ReplayGuard, tls_context
-from p2pfl.transport import Envelope, PreparedState, Transport, TransportError
+from p2pfl.security.signing import MessageSecurity, ReplayGuard, tls_context
+from p2pfl.wire.transport import Envelope, PreparedState, Transport, TransportError
 
 SWARM = "sec"
 MEMBERS = ["n0", "n1"]
@@ -369,7 +369,7 @@ async def test_a_revoked_node_is_refused_by_the_broker_and_by_its_peers(tmp_path
     n1_pem = paths.node_cert("n1").read_bytes()
     assert cli_main(["certs", str(topo), "--out", str(root), "--revoke", "n1"]) == 0
     assert cli_main(["certs", str(topo), "--out", str(root), "--revoke", "n2"]) == 0
-    from p2pfl.certs import load_crl
+    from p2pfl.security.certs import load_crl
 
     crl = load_crl(paths, load_certificate(paths.ca_cert))
     assert len(list(crl)) == 2  # earlier revocations are kept

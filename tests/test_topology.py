@@ -1,11 +1,11 @@
-"""p2pfl.topology: generators, determinism, explicit edges, warnings."""
+"""p2pfl.config.topology: generators, determinism, explicit edges, warnings."""
 
 from __future__ import annotations
 
 import pytest
 
-from p2pfl.config import ConfigError, topology_from_dict
-from p2pfl.topology import build_graph, graph_warnings, neighbours
+from p2pfl.config.schema import ConfigError, topology_from_dict
+from p2pfl.config.topology import build_graph, graph_warnings, neighbours
 
 
 def cfg(nodes=6, edges="ring", seed=0, **extra):

@@ -9,7 +9,7 @@ import msgpack
 import pytest
 import torch
 
-from p2pfl.transport import Envelope, PreparedState, Transport, TransportError
+from p2pfl.wire.transport import Envelope, PreparedState, Transport, TransportError
 
 pytestmark = pytest.mark.integration
 
@@ -216,7 +216,7 @@ async def test_corrupt_transfer_is_rejected(broker, digest, match):
 async def test_reconnects_and_resubscribes_after_broker_restart(tmp_path):
     """The broker goes away and comes back on the same port: both nodes reconnect,
     re-announce presence, resubscribe, and a pull works again."""
-    from p2pfl.broker import MosquittoBroker
+    from p2pfl.launch.broker import MosquittoBroker
 
     broker = MosquittoBroker(workdir=tmp_path / "b1").start()
     port = broker.port

@@ -18,8 +18,8 @@ from p2pfl.algorithms.uapdfl import (
     unit_tensor,
     weighted_average,
 )
-from p2pfl.config import ModelConfig
-from p2pfl.models import build_model
+from p2pfl.config.schema import ModelConfig
+from p2pfl.learning.models import build_model
 
 
 def test_kl_and_symmetric_kl_hand_values():

@@ -14,7 +14,7 @@ There are two kinds, both registered with :func:`register` in one module per met
    :meth:`Algorithm.extra_loss` added to the cross-entropy, then :meth:`Algorithm.after_train`.
 
 **Centralized** (:class:`CentralizedAlgorithm`), run by a rotating aggregator peer
-(:mod:`p2pfl.central`). Each round every participant
+(:mod:`p2pfl.node.centralized`). Each round every participant
 
 1. trains locally (``loss_fn`` or cross-entropy + ``extra_loss``) and keeps
    :meth:`CentralizedAlgorithm.upload` (the part the aggregator may pull) with a small
@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from p2pfl.models import SplitModel, part_keys
+from p2pfl.learning.models import SplitModel, part_keys
 
 State = dict[str, torch.Tensor]
 PullPlan = dict[str, str]  # peer id -> part ("g", "h" or "all")
@@ -239,7 +239,7 @@ class Aggregate:
 
 
 class CentralizedAlgorithm(Method):
-    """One server-based method run by a rotating aggregator peer (:mod:`p2pfl.central`).
+    """One server-based method run by a rotating aggregator peer (:mod:`p2pfl.node.centralized`).
 
     Subclasses set ``name``, ``Params``, ``upload_part`` and implement :meth:`aggregate` (the
     pure server rule: no I/O, no use of ``self.model``) and :meth:`apply`."""

@@ -13,8 +13,8 @@ communication-efficiency baseline; KDD 2023):
   halve, never below the starting count ``k0 = max(1, round(initial_fraction · K))``;
 - the model update itself is FedAvg over the uploads.
 
-**Reading** (epochs): :class:`~p2pfl.train.TrainResult` carries ``Σ_steps ‖g‖²`` over all
-epochs but not the epoch count, so the driver sets :attr:`CriticalFL.local_epochs` to the
+**Reading** (epochs): :class:`~p2pfl.learning.train.TrainResult` carries ``Σ_steps ‖g‖²``
+over all epochs but not the epoch count, so the driver sets :attr:`CriticalFL.local_epochs` to the
 swarm's ``training.epochs`` after constructing the method (default 1).
 
 **Reading** (halving): the halved count is ``max(⌈k/2⌉, k0)`` (rounded up, so 3 → 2, not 1).

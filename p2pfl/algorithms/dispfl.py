@@ -66,7 +66,7 @@ from p2pfl.algorithms.base import (
     WholeModelExchange,
     register,
 )
-from p2pfl.models import SplitModel
+from p2pfl.learning.models import SplitModel
 
 Masks = dict[str, torch.Tensor]  # tensor name -> bool mask of the tensor's shape
 MASK_SUFFIX = ":mask"

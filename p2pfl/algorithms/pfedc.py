@@ -2,7 +2,7 @@
 
 Implements docs/algorithms.md, "pFedC" ("Disentangled Knowledge Transfer: A New Perspective for
 Personalized Federated Learning"), a centralized method run by the rotating aggregator
-(:mod:`p2pfl.central`):
+(:mod:`p2pfl.node.centralized`):
 
 - model: the shared representation ``φ`` (every layer but the last) and ``T`` heads
   ``ω^1..ω^T`` replacing the last fully connected layer (:class:`MultiHead`, installed by
@@ -96,7 +96,7 @@ from p2pfl.algorithms.base import (
     Upload,
     register,
 )
-from p2pfl.models import SplitModel
+from p2pfl.learning.models import SplitModel
 
 # CIFAR-100's coarse label (one of its 20 superclasses) of each fine class 0..99, from the
 # dataset's own metadata

@@ -3,7 +3,7 @@
 Lifecycle of :meth:`Node.run` (one asyncio task per node; several may share a process):
 
 1. load the node's data shard and build its model (in a worker thread);
-2. connect to the broker (:class:`~p2pfl.transport.Transport`, retained presence + Last Will);
+2. connect to the broker (:class:`~p2pfl.wire.transport.Transport`, retained presence + Last Will);
 3. wait until its topology neighbours are present (``timing.startup_timeout_s`` at most);
 4. run ``rounds`` rounds of the decentralized protocol described in
    :mod:`p2pfl.algorithms.base`; every wait is bounded by ``timing.round_timeout_s``, so a
@@ -17,9 +17,9 @@ MQTT presence, ``online``). A neighbour that starts late is picked up in the nex
 (its neighbours send their round's gossip again when it comes online); a node that itself
 starts when its neighbours are already under way joins at the round after the latest one
 they report (their presence carries it). A node whose broker is on the LAN (found with
-``broker: mdns`` or given) announces itself by mDNS (:mod:`p2pfl.discovery`) for as long as
+``broker: mdns`` or given) announces itself by mDNS (:mod:`p2pfl.wire.discovery`) for as long as
 it runs. With ``security.sign`` / ``security.tls`` it signs every message and connects with
-its certificate (:mod:`p2pfl.signing`).
+its certificate (:mod:`p2pfl.security.signing`).
 
 Training and evaluation run in worker threads: the event loop keeps answering peers.
 """
@@ -45,9 +45,11 @@ import torch
 from p2pfl import PROTOCOL_VERSION
 from p2pfl.algorithms import AlgorithmContext, get_algorithm
 from p2pfl.algorithms.base import Algorithm, CentralizedAlgorithm, Method, State
-from p2pfl.central import CentralizedRounds
-from p2pfl.config import BrokerAddress, ConfigError, TopologyConfig, dump_topology
-from p2pfl.data import NodeData, load_node_data
+from p2pfl.config.schema import BrokerAddress, ConfigError, TopologyConfig, dump_topology
+from p2pfl.config.topology import neighbours
+from p2pfl.learning.data import NodeData, load_node_data
+from p2pfl.learning.models import SplitModel, build_model
+from p2pfl.learning.train import evaluate, round_lr, train_local
 from p2pfl.metrics import (
     append_record,
     node_log_path,
@@ -55,10 +57,8 @@ from p2pfl.metrics import (
     write_json,
     write_text_atomic,
 )
-from p2pfl.models import SplitModel, build_model
-from p2pfl.topology import neighbours
-from p2pfl.train import evaluate, round_lr, train_local
-from p2pfl.transport import Envelope, PreparedState, Transport, TransportError
+from p2pfl.node.centralized import CentralizedRounds
+from p2pfl.wire.transport import Envelope, PreparedState, Transport, TransportError
 
 log = logging.getLogger(__name__)
 
@@ -247,7 +247,7 @@ class Node:
                     )
                 ],
             )
-        from p2pfl.signing import MessageSecurity, tls_context
+        from p2pfl.security.signing import MessageSecurity, tls_context
 
         signing = (
             MessageSecurity.from_certs(certs, self.id, self.cfg.node_ids, sec.max_age_s)
@@ -259,7 +259,7 @@ class Node:
     async def _announce(self, stack: contextlib.AsyncExitStack) -> None:
         """Announce this node by mDNS (``p2pfl discover``) for as long as it runs, when it
         talks to a broker on the LAN; nodes of a local swarm (loopback broker) do not."""
-        from p2pfl.discovery import Announcer, local_address
+        from p2pfl.wire.discovery import Announcer, local_address
 
         address = local_address(self.broker.host, self.broker.port)
         if address.startswith("127."):
@@ -472,7 +472,7 @@ class Node:
         await asyncio.to_thread(self._load)
         cfg = self.cfg
         if self.broker.mdns:  # browse for a broker announced for this swarm
-            from p2pfl.discovery import find_broker  # zeroconf only for nodes that use it
+            from p2pfl.wire.discovery import find_broker  # zeroconf only for nodes that use it
 
             self.broker = await find_broker(cfg.name, cfg.timing.startup_timeout_s)
             log.info("%s: broker %s found by mDNS", self.id, self.broker)

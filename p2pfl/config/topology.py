@@ -22,10 +22,12 @@ from itertools import combinations
 import networkx as nx
 import numpy as np
 
-from p2pfl.config import GeneratedEdges, TopologyConfig
+from p2pfl.config.schema import GeneratedEdges, TopologyConfig
 
 __all__ = ["build_graph", "graph_warnings", "neighbours", "topology_rng"]
 
+# a seed tag, not an import: the module's name before it moved into config/, kept as it was
+# so that every generated graph stays the same for a seed
 _RNG_TAG = zlib.crc32(b"p2pfl.topology")
 
 

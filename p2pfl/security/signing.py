@@ -2,14 +2,14 @@
 "Signatures" and "Replay protection").
 
 With ``security.sign`` every envelope a node publishes is signed with its Ed25519 key (the
-key of its certificate, :mod:`p2pfl.certs`). The signature covers the MQTT topic and the
+key of its certificate, :mod:`p2pfl.security.certs`). The signature covers the MQTT topic and the
 envelope header — swarm, sender, round, attempt, kind, message id, timestamp and body — so
 a message cannot be altered, re-addressed to another inbox, or claimed by another sender.
 A transfer chunk's raw bytes are not signed one by one: they are covered by the digest in
 the transfer's signed metadata, which the receiver checks before using any tensor.
 
 Peers' public keys come from their certificates, verified against the swarm CA
-(:func:`p2pfl.certs.verify_member_certificate`): those found in the certificate directory
+(:func:`p2pfl.security.certs.verify_member_certificate`): those found in the certificate directory
 at start, and those carried in peers' signed presence messages. Only topology members are
 accepted.
 
@@ -36,7 +36,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from p2pfl.certs import (
+from p2pfl.security.certs import (
     CertError,
     SwarmCerts,
     common_name,

@@ -13,7 +13,7 @@ One round, seen from member ``i``:
 1. a participant trains locally, keeps its upload (the method's ``upload_part``) for pulls
    and notes a small report;
 2. attempt ``a = 0, 1, …``: the aggregator is ``succession(r, roster)[a]``
-   (:mod:`p2pfl.election`) — the same for every member, without a vote;
+   (:mod:`p2pfl.node.election`) — the same for every member, without a vote;
 3. a client sends its ``report`` tagged ``(r, a)`` to that aggregator and waits for its
    ``announce``; the aggregator waits (``round_timeout_s`` at most) for the participants'
    reports, pulls their uploads, runs the pure server rule
@@ -53,13 +53,13 @@ import numpy as np
 import torch
 
 from p2pfl.algorithms.base import Aggregate, CentralizedAlgorithm, State, Upload
-from p2pfl.election import succession
+from p2pfl.learning.train import evaluate, round_lr, train_local
 from p2pfl.metrics import append_record, node_log_path
-from p2pfl.train import evaluate, round_lr, train_local
-from p2pfl.transport import Envelope, PreparedState, TransportError
+from p2pfl.node.election import succession
+from p2pfl.wire.transport import Envelope, PreparedState, TransportError
 
 if TYPE_CHECKING:
-    from p2pfl.node import Node
+    from p2pfl.node.daemon import Node
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def states_match(state: State, template: State) -> str | None:
 
 
 class CentralizedRounds:
-    """Runs a :class:`CentralizedAlgorithm` for one :class:`~p2pfl.node.Node`: the client
+    """Runs a :class:`CentralizedAlgorithm` for one :class:`~p2pfl.node.daemon.Node`: the client
     side every round and the aggregator side in the rounds (and attempts) it is elected."""
 
     def __init__(self, node: Node):
@@ -232,7 +232,7 @@ class CentralizedRounds:
         async with self._prepare_lock:
             if full not in self._prepared:
                 loop = asyncio.get_running_loop()
-                from p2pfl.node import _PACK_POOL
+                from p2pfl.node.daemon import _PACK_POOL
 
                 self._prepared[full] = await loop.run_in_executor(
                     _PACK_POOL, PreparedState.from_state, state

@@ -9,7 +9,8 @@ explicit ``max_packet_size``. It never touches a system broker service.
 With ``tls=BrokerTLS(certs_dir, swarm)`` (a ``p2pfl certs`` directory) the listener speaks
 TLS only, requires a client certificate issued by the swarm CA, takes the certificate's CN
 (the node id) as the MQTT username, and applies the swarm's ACL: each node publishes only
-its own presence and gossip topics and reads only its own inbox (:func:`p2pfl.certs.mosquitto_acl`).
+its own presence and gossip topics and reads only its own inbox
+(:func:`p2pfl.security.certs.mosquitto_acl`).
 Certificates in the directory's ``crl.pem`` are refused at the handshake (read at start).
 """
 
@@ -26,7 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from p2pfl.certs import SwarmCerts, mosquitto_acl
+from p2pfl.security.certs import SwarmCerts, mosquitto_acl
 
 
 class BrokerError(RuntimeError):

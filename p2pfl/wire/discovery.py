@@ -321,9 +321,9 @@ async def discover(seconds: float = 3.0, interfaces: list[str] | None = None) ->
 
 
 async def find_broker(swarm: str, timeout: float, interfaces: list[str] | None = None):
-    """The ``host:port`` (a :class:`~p2pfl.config.BrokerAddress`) of a broker announced for
+    """The ``host:port`` (a :class:`~p2pfl.config.schema.BrokerAddress`) of a broker announced for
     ``swarm`` or for any swarm; ``TimeoutError`` naming the swarm after ``timeout`` s."""
-    from p2pfl.config import BrokerAddress
+    from p2pfl.config.schema import BrokerAddress
 
     async with Browser(interfaces=interfaces) as browser:
         found = await browser.wait_for_broker(swarm, timeout)

@@ -25,9 +25,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from p2pfl.broker import BrokerTLS, MosquittoBroker
-from p2pfl.certs import SwarmCerts, make_swarm_certs
-from p2pfl.config import BrokerAddress, TopologyConfig, dump_topology
+from p2pfl.config.schema import BrokerAddress, TopologyConfig, dump_topology
+from p2pfl.launch.broker import BrokerTLS, MosquittoBroker
 from p2pfl.metrics import (
     node_log_path,
     node_meta_path,
@@ -37,6 +36,7 @@ from p2pfl.metrics import (
     write_json,
     write_text_atomic,
 )
+from p2pfl.security.certs import SwarmCerts, make_swarm_certs
 
 
 @dataclass

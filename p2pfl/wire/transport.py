@@ -8,7 +8,7 @@ Topics live under ``p2pfl/<swarm>/`` (docs/wire.md, "Topics"):
   ``pull_error``) addressed to one node.
 
 Every message is an :class:`Envelope` — swarm, sender, round, kind, id, body — packed with
-:mod:`p2pfl.codec`. Anything oversized, undecodable, from another swarm, of an unknown kind,
+:mod:`p2pfl.wire.codec`. Anything oversized, undecodable, from another swarm, of an unknown kind,
 duplicated, or otherwise malformed is dropped with a log line and counted in
 :attr:`Transport.dropped`; it never raises into the node.
 
@@ -42,11 +42,11 @@ import aiomqtt
 import numpy as np
 
 from p2pfl import PROTOCOL_VERSION
-from p2pfl.codec import CodecError, buffer_to_state, decode, encode, state_to_buffer
-from p2pfl.digest import DEFAULT_DIGEST, hexdigest, new_hasher
+from p2pfl.wire.codec import CodecError, buffer_to_state, decode, encode, state_to_buffer
+from p2pfl.wire.digest import DEFAULT_DIGEST, hexdigest, new_hasher
 
 if TYPE_CHECKING:
-    from p2pfl.signing import MessageSecurity
+    from p2pfl.security.signing import MessageSecurity
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class Envelope:
 
     Frames: a plain message is the msgpack header alone; a message with a data tail is
     ``FRAME_MAGIC | u32 header length | header | data`` so a 1 MiB chunk is neither
-    msgpack-encoded nor copied on decode; a signed message (:mod:`p2pfl.signing`) is
+    msgpack-encoded nor copied on decode; a signed message (:mod:`p2pfl.security.signing`) is
     ``SIGNED_MAGIC | u32 header length | header | 64-byte signature | data``. ``header``
     keeps the exact signed bytes of a received message."""
 
@@ -703,7 +703,7 @@ class Transport:
             self._drop("unexpected_kind", f"{topic}: {env.kind}")
 
     def _authenticate(self, topic: str, env: Envelope) -> str | None:
-        """Signature, then freshness, of a message in a signed swarm (p2pfl.signing).
+        """Signature, then freshness, of a message in a signed swarm (p2pfl.security.signing).
         ``None``: accept; ``same``: a presence already held; otherwise the drop reason."""
         sec = self.security
         assert sec is not None

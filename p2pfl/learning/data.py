@@ -5,10 +5,10 @@ Contract:
 * :func:`load_arrays` returns a whole dataset as numpy arrays (:class:`DatasetArrays`):
   images stay ``uint8`` in ``N x C x H x W`` layout (possibly a read-only memory map or view),
   synthetic data is ``float32``. Labels are ``int64``.
-* Partitioning (:func:`p2pfl.partition.partition_indices`) lives in :mod:`p2pfl.partition`:
-  a deterministic function of the seed, dataset, spec and node count, so every node computes
-  the same partition on its own and keeps its own shard: node index = position of its id in
-  the swarm's node list.
+* Partitioning (:func:`p2pfl.learning.partition.partition_indices`) lives in
+  :mod:`p2pfl.learning.partition`: a deterministic function of the seed, dataset, spec and
+  node count, so every node computes the same partition on its own and keeps its own shard:
+  node index = position of its id in the swarm's node list.
 * :func:`load_node_data` returns one node's shard (:class:`NodeData`) as float32 tensors,
   normalized per dataset; only that shard is converted to float. Its test split is drawn from
   the global test set following the node's own train label distribution.
@@ -40,8 +40,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from p2pfl.config import DatasetConfig
-from p2pfl.partition import partition_indices, stable_rng, subsample_like, test_indices_like
+from p2pfl.config.schema import DatasetConfig
+from p2pfl.learning.partition import (
+    partition_indices,
+    stable_rng,
+    subsample_like,
+    test_indices_like,
+)
 
 try:  # POSIX only; elsewhere concurrent cache writers simply race (still atomic renames)
     import fcntl

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from p2pfl.config import PARTITION_RE
+from p2pfl.config.schema import PARTITION_RE
 
 MAX_DIRICHLET_TRIES = 1000
 

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from p2pfl.algorithms.base import ExtraLoss, LossFn, StepHook
-from p2pfl.config import TrainingConfig
-from p2pfl.models import SplitModel
+from p2pfl.config.schema import TrainingConfig
+from p2pfl.learning.models import SplitModel
 
 
 @dataclass

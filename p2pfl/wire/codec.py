@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 if sys.byteorder != "little":  # pragma: no cover - every supported torch platform is LE
-    raise ImportError("p2pfl.codec assumes a little-endian host")
+    raise ImportError("p2pfl.wire.codec assumes a little-endian host")
 
 
 class CodecError(ValueError):

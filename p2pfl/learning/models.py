@@ -22,7 +22,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from p2pfl.config import ModelConfig
+from p2pfl.config.schema import ModelConfig
 
 PARTS = ("g", "h", "all")
 
