@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from p2pfl.config.schema import load_topology
-from p2pfl.node.centralized import check_announcement, states_match
+from p2pfl.learning.state import layout_mismatch
+from p2pfl.node.centralized import check_announcement
 from p2pfl.node.daemon import Node, NodeOptions
 
 pytestmark = pytest.mark.integration
@@ -150,14 +151,16 @@ def test_announcement_validation_rejects_bad_bodies():
             check_announcement(bad, members)
 
 
-def test_states_match_checks_keys_shapes_and_dtypes():
+def test_layout_mismatch_checks_keys_shapes_and_dtypes():
     import torch
 
     t = {"w": torch.zeros(2, 3), "n": torch.zeros((), dtype=torch.long)}
-    assert states_match({"w": torch.ones(2, 3), "n": torch.ones((), dtype=torch.long)}, t) is None
-    assert states_match({"w": torch.ones(2, 3)}, t) is not None
-    assert states_match({"w": torch.ones(3, 2), "n": t["n"]}, t) is not None
-    assert states_match({"w": torch.ones(2, 3, dtype=torch.float64), "n": t["n"]}, t) is not None
+    assert (
+        layout_mismatch({"w": torch.ones(2, 3), "n": torch.ones((), dtype=torch.long)}, t) is None
+    )
+    assert layout_mismatch({"w": torch.ones(2, 3)}, t) is not None
+    assert layout_mismatch({"w": torch.ones(3, 2), "n": t["n"]}, t) is not None
+    assert layout_mismatch({"w": torch.ones(2, 3, dtype=torch.float64), "n": t["n"]}, t) is not None
 
 
 def _driver(node_id="b", ids=("a", "b", "c")):

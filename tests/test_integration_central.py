@@ -14,7 +14,8 @@ from test_integration import _start_nodes, check_run_dir
 
 from p2pfl.config.schema import load_topology
 from p2pfl.launch.swarm import run_swarm, stop_workers
-from p2pfl.learning.models import build_model, part_keys
+from p2pfl.learning.models import build_model
+from p2pfl.learning.state import part_keys
 from p2pfl.metrics import read_records
 from p2pfl.node.election import aggregator_for
 from p2pfl.wire.codec import state_nbytes

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from p2pfl.config.schema import ModelConfig
-from p2pfl.learning.models import SplitModel, build_model, part_keys
+from p2pfl.learning.models import SplitModel, build_model
+from p2pfl.learning.state import part_keys
 
 SHAPES = [(1, 28, 28), (3, 32, 32)]
 SMALL = [(1, 8, 8)]

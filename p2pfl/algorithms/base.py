@@ -36,9 +36,9 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from p2pfl.learning.models import SplitModel, part_keys
+from p2pfl.learning.models import SplitModel
+from p2pfl.learning.state import State, select_part
 
-State = dict[str, torch.Tensor]
 PullPlan = dict[str, str]  # peer id -> part ("g", "h" or "all")
 ExtraLoss = Callable[[SplitModel, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 # replaces cross-entropy: (model, xb, yb) -> (total loss to minimise, task loss to log)
@@ -104,7 +104,7 @@ class Method(ABC):
     @staticmethod
     def select(state: State, part: str) -> State:
         """The named part (``g``, ``h``, ``all``) of a state, by parameter names."""
-        return {k: state[k] for k in part_keys(list(state), part)}
+        return select_part(state, part)
 
     def extra_loss(self) -> ExtraLoss | None:
         """A term added to the cross-entropy during local training, or None."""

@@ -26,7 +26,7 @@ from p2pfl.algorithms.base import (
     Upload,
     register,
 )
-from p2pfl.learning.models import part_keys
+from p2pfl.learning.state import part_keys
 
 # ----------------------------------------------------------------------------- pure math
 

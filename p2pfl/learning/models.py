@@ -5,7 +5,7 @@ Contract (relied on by every algorithm):
 * ``SplitModel.forward(x) == h(g(x))``; ``g`` maps an input batch ``(B, *input_shape)`` to
   flattened features ``(B, F)`` and ``h`` maps ``(B, F)`` to logits ``(B, num_classes)``.
 * Every ``state_dict`` key starts with ``g.`` or ``h.``, so a part of a model (``g``, ``h``
-  or ``all``) is selected by key prefix alone (:func:`part_keys`).
+  or ``all``) is selected by key prefix alone (:func:`p2pfl.learning.state.part_keys`).
 * :func:`build_model` draws its initial weights from torch's global RNG only (so seeding
   ``torch.manual_seed`` first gives the same model on every node) and never downloads
   weights.
@@ -17,14 +17,11 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Iterable
 
 import torch
 from torch import nn
 
 from p2pfl.config.schema import ModelConfig
-
-PARTS = ("g", "h", "all")
 
 
 class SplitModel(nn.Module):
@@ -57,18 +54,6 @@ class SplitModel(nn.Module):
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}, input_shape={self.input_shape}, classes={self.num_classes}"
-
-
-def part_keys(keys: Iterable[str], part: str) -> list[str]:
-    """The keys of ``keys`` (state_dict names, order kept) that belong to ``part``:
-    ``"g"`` → those starting with ``g.``, ``"h"`` → ``h.``, ``"all"`` → every key.
-    Raises ``ValueError`` for any other part."""
-    if part == "all":
-        return list(keys)
-    if part in ("g", "h"):
-        prefix = part + "."
-        return [k for k in keys if k.startswith(prefix)]
-    raise ValueError(f"unknown model part {part!r}; expected one of {', '.join(PARTS)}")
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -50,9 +50,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from p2pfl.algorithms.base import Aggregate, CentralizedAlgorithm, State, Upload
+from p2pfl.algorithms.base import Aggregate, CentralizedAlgorithm, Upload
+from p2pfl.learning.state import State, layout_mismatch
 from p2pfl.learning.train import evaluate, round_lr, train_local
 from p2pfl.metrics import append_record, node_log_path
 from p2pfl.node.election import succession
@@ -109,18 +109,6 @@ def check_announcement(body: Any, members: set[str]) -> dict[str, Any]:
         "common": common,
         "aggregated": aggregated,
     }
-
-
-def states_match(state: State, template: State) -> str | None:
-    """None if ``state`` has exactly ``template``'s keys, shapes and dtypes, else why not."""
-    if set(state) != set(template):
-        missing, extra = set(template) - set(state), set(state) - set(template)
-        return f"keys differ (missing {sorted(missing)[:3]}, extra {sorted(extra)[:3]})"
-    for k, t in template.items():
-        v = state[k]
-        if not isinstance(v, torch.Tensor) or v.shape != t.shape or v.dtype != t.dtype:
-            return f"tensor {k!r} does not match the model"
-    return None
 
 
 class CentralizedRounds:
@@ -339,7 +327,7 @@ class CentralizedRounds:
             if isinstance(res, BaseException):
                 failed[peer] = str(res)
                 continue
-            why = states_match(res, template)
+            why = layout_mismatch(res, template)
             if why is not None:
                 self.tr._drop("bad_upload", f"{peer}: {why}")
                 failed[peer] = why

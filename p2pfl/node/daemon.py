@@ -44,11 +44,12 @@ import torch
 
 from p2pfl import PROTOCOL_VERSION
 from p2pfl.algorithms import AlgorithmContext, get_algorithm
-from p2pfl.algorithms.base import Algorithm, CentralizedAlgorithm, Method, State
+from p2pfl.algorithms.base import Algorithm, CentralizedAlgorithm, Method
 from p2pfl.config.schema import BrokerAddress, ConfigError, TopologyConfig, dump_topology
 from p2pfl.config.topology import neighbours
 from p2pfl.learning.data import NodeData, load_node_data
 from p2pfl.learning.models import SplitModel, build_model
+from p2pfl.learning.state import PARTS, State
 from p2pfl.learning.train import evaluate, round_lr, train_local
 from p2pfl.metrics import (
     append_record,
@@ -65,7 +66,6 @@ log = logging.getLogger(__name__)
 _MODEL_INIT_LOCK = threading.Lock()  # torch's global RNG is shared by co-hosted nodes
 # packing a state for peers must not queue behind co-hosted nodes' training jobs
 _PACK_POOL = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="p2pfl-pack")
-PARTS = ("g", "h", "all")
 SNAPSHOTS_KEPT = 3
 GOSSIP_AHEAD = 5  # rounds ahead of ours whose gossip we keep
 
