@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from p2pfl.algorithms.fedavg import FedAvg
 from p2pfl.config.schema import load_topology
 from p2pfl.learning.state import layout_mismatch
 from p2pfl.node.centralized import check_announcement
@@ -64,7 +65,7 @@ async def test_slow_aggregator_is_taken_over_and_its_late_reply_ignored(broker, 
         def aggregate(*args, **kwargs):
             if not stale_sent:  # runs in a worker thread, like every server rule
                 deadline = time.monotonic() + 30
-                while 1 not in slow.central._announced.get(1, {}):  # c's attempt 1
+                while 1 not in slow.driver._announced.get(1, {}):  # c's attempt 1
                     assert time.monotonic() < deadline, "nobody took round 1 over"
                     time.sleep(0.05)
                 stale_sent.append(slow.transport.stats.messages_sent)
@@ -76,9 +77,9 @@ async def test_slow_aggregator_is_taken_over_and_its_late_reply_ignored(broker, 
         return aggregate
 
     async def patcher():
-        while slow.algorithm is None:
+        while slow.method is None:
             await asyncio.sleep(0.01)
-        slow.algorithm.aggregate = stall_once(slow.algorithm.aggregate)
+        slow.method.aggregate = stall_once(slow.method.aggregate)
 
     results = await asyncio.wait_for(
         asyncio.gather(patcher(), *(n.run() for n in nodes.values())), 120
@@ -164,26 +165,32 @@ def test_layout_mismatch_checks_keys_shapes_and_dtypes():
 
 
 def _driver(node_id="b", ids=("a", "b", "c")):
-    """A driver over a real (unconnected) transport and a real FedAvg, for its handlers."""
+    """A driver over real node services: a real (unconnected) transport and a real FedAvg,
+    for its handlers."""
     import numpy as np
+    import torch
 
-    from p2pfl.algorithms import AlgorithmContext, get_algorithm
-    from p2pfl.config.schema import ModelConfig
-    from p2pfl.learning.models import build_model
+    from p2pfl.learning.data import load_node_data
     from p2pfl.node.centralized import CentralizedRounds
+    from p2pfl.node.daemon import build_method
+    from p2pfl.node.services import NodeServices
     from p2pfl.wire.transport import Transport
 
-    model = build_model(ModelConfig(name="mlp", hidden=4), 3, (1, 4, 4))
-    ctx = AlgorithmContext(node_id, model, 10, 3, (1, 4, 4), np.random.default_rng(0))
-    node = SimpleNamespace(
-        id=node_id,
-        algorithm=get_algorithm("fedavg")({}, ctx),
-        cfg=SimpleNamespace(node_ids=list(ids), seed=0),
+    cfg = _cfg(SimpleNamespace(host="127.0.0.1", port=1), list(ids))
+    data = load_node_data(cfg.dataset, cfg.node_ids, node_id, cfg.seed)
+    rng = np.random.default_rng(0)
+    method = build_method(FedAvg, cfg, node_id, data, rng, torch.device("cpu"))
+    services = NodeServices(
+        cfg=cfg,
+        node_id=node_id,
+        neighbours=[n for n in ids if n != node_id],
+        method=method,
+        data=data,
         transport=Transport("s", node_id, "127.0.0.1", 1),
-        _status=lambda peer: "online",
-        _changed=asyncio.Event(),
+        rng=rng,
+        device=torch.device("cpu"),
     )
-    return CentralizedRounds(node)
+    return CentralizedRounds(services)
 
 
 def _env(sender, kind, rnd, attempt, body):
@@ -197,7 +204,7 @@ ANN = {"roster": ["a", "b", "c"], "participants": ["a", "b", "c"], "server": {}}
 
 async def test_handlers_drop_stale_misdirected_and_forged_messages():
     d = _driver("b")
-    dropped = d.node.transport.dropped
+    dropped = d.services.transport.dropped
     d.rosters[3] = ["a", "b", "c"]  # round 3: attempt 0 → sorted[3 % 3] = a, attempt 1 → b
     d.current, d.applied = (3, 0), 2
     d.on_gossip(_env("c", "announce", 3, 0, ANN))  # c is not attempt 0's aggregator

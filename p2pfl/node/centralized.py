@@ -43,23 +43,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from p2pfl.algorithms.base import Aggregate, CentralizedAlgorithm, Upload
 from p2pfl.learning.state import State, layout_mismatch
-from p2pfl.learning.train import evaluate, round_lr, train_local
-from p2pfl.metrics import append_record, node_log_path
+from p2pfl.learning.train import round_lr
 from p2pfl.node.election import succession
+from p2pfl.node.services import NodeServices
 from p2pfl.wire.transport import Envelope, PreparedState, TransportError
-
-if TYPE_CHECKING:
-    from p2pfl.node.daemon import Node
 
 log = logging.getLogger(__name__)
 
@@ -112,15 +108,16 @@ def check_announcement(body: Any, members: set[str]) -> dict[str, Any]:
 
 
 class CentralizedRounds:
-    """Runs a :class:`CentralizedAlgorithm` for one :class:`~p2pfl.node.daemon.Node`: the client
-    side every round and the aggregator side in the rounds (and attempts) it is elected."""
+    """Runs a :class:`CentralizedAlgorithm` for one node: the client side every round and the
+    aggregator side in the rounds (and attempts) it is elected."""
 
-    def __init__(self, node: Node):
-        assert isinstance(node.algorithm, CentralizedAlgorithm)
-        self.node = node
-        self.alg: CentralizedAlgorithm = node.algorithm
-        self.id = node.id
-        self.members = set(node.cfg.node_ids)
+    def __init__(self, services: NodeServices):
+        assert isinstance(services.method, CentralizedAlgorithm)
+        self.services = services
+        self.alg: CentralizedAlgorithm = services.method
+        self.id = services.id
+        self.cfg = services.cfg
+        self.members = set(services.cfg.node_ids)
         self.rosters: dict[int, list[str]] = {}
         self.current = (0, 0)  # (round, attempt) this member is at
         self.applied = 0  # last round whose result this member applied (or gave up on)
@@ -136,17 +133,16 @@ class CentralizedRounds:
     # ------------------------------------------------------------------ small helpers
     @property
     def tr(self):
-        assert self.node.transport is not None
-        return self.node.transport
+        return self.services.transport
 
     def _online(self, peer: str) -> bool:
-        return peer == self.id or self.node._status(peer) == "online"
+        return self.services.is_online(peer)
 
     def _live_members(self) -> list[str]:
         return sorted(p for p in self.members if self._online(p))
 
     def _rng(self, round_no: int) -> np.random.Generator:
-        return np.random.default_rng([self.node.cfg.seed, round_no, 0x5E1EC7])
+        return np.random.default_rng([self.cfg.seed, round_no, 0x5E1EC7])
 
     def _aggregator(self, round_no: int, attempt: int) -> str | None:
         roster = self.rosters.get(round_no)
@@ -158,17 +154,19 @@ class CentralizedRounds:
         """Drop (and count) a message of a round already applied or a dead attempt."""
         rnd, att = self.current
         if env.round <= self.applied:
-            self.tr._drop("stale_round", f"{what} {env.round}/{env.attempt} from {env.sender}")
+            self.services.drop("stale_round", f"{what} {env.round}/{env.attempt} from {env.sender}")
             return True
         if env.round == rnd and env.attempt < att:
-            self.tr._drop("stale_attempt", f"{what} {env.round}/{env.attempt} from {env.sender}")
+            self.services.drop(
+                "stale_attempt", f"{what} {env.round}/{env.attempt} from {env.sender}"
+            )
             return True
         return False
 
     # ------------------------------------------------------------------ incoming
     def _too_far(self, env: Envelope, what: str) -> bool:
         if env.round > max(self.applied, self.current[0]) + ROUNDS_KEPT and self.applied:
-            self.tr._drop("future_round", f"{what} {env.round} from {env.sender}")
+            self.services.drop("future_round", f"{what} {env.round} from {env.sender}")
             return True
         return False
 
@@ -179,15 +177,17 @@ class CentralizedRounds:
             return
         expected = self._aggregator(env.round, env.attempt)
         if expected is not None and expected != env.sender:
-            self.tr._drop("not_aggregator", f"announce {env.round}/{env.attempt} from {env.sender}")
+            self.services.drop(
+                "not_aggregator", f"announce {env.round}/{env.attempt} from {env.sender}"
+            )
             return
         try:
             body = check_announcement(env.body, self.members)
         except ValueError as exc:
-            self.tr._drop("malformed", f"announce from {env.sender}: {exc}")
+            self.services.drop("malformed", f"announce from {env.sender}: {exc}")
             return
         self._announced.setdefault(env.round, {})[env.attempt] = (env.sender, body)
-        self.node._changed.set()
+        self.services.notify()
 
     def on_inbox(self, env: Envelope) -> None:
         if env.kind != "report" or env.sender not in self.members:
@@ -196,35 +196,30 @@ class CentralizedRounds:
             return
         # a fast peer may report a round this node has not started yet (roster unknown)
         if self._aggregator(env.round, env.attempt) not in (None, self.id):
-            self.tr._drop("misdirected_report", f"{env.round}/{env.attempt} from {env.sender}")
+            self.services.drop("misdirected_report", f"{env.round}/{env.attempt} from {env.sender}")
             return
         body = env.body
         n = body.get("n") if isinstance(body, dict) else None
         if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
-            self.tr._drop("malformed", f"report from {env.sender}: bad sample count")
+            self.services.drop("malformed", f"report from {env.sender}: bad sample count")
             return
         try:
             report = self.alg.check_report(body.get("report", {}))
         except ValueError as exc:
-            self.tr._drop("malformed", f"report from {env.sender}: {exc}")
+            self.services.drop("malformed", f"report from {env.sender}: {exc}")
             return
         self._reports.setdefault((env.round, env.attempt), {})[env.sender] = {
             "n": n,
             "report": report,
         }
         self._wanted[env.round] = max(self._wanted.get(env.round, 0), env.attempt)
-        self.node._changed.set()
+        self.services.notify()
 
     async def _prepared_for(self, key: tuple[int, int, str], state: State) -> PreparedState:
         full = (*key, id(state))
         async with self._prepare_lock:
             if full not in self._prepared:
-                loop = asyncio.get_running_loop()
-                from p2pfl.node.daemon import _PACK_POOL
-
-                self._prepared[full] = await loop.run_in_executor(
-                    _PACK_POOL, PreparedState.from_state, state
-                )
+                self._prepared[full] = await self.services.prepare(state)
         return self._prepared[full]
 
     async def serve_pull(self, env: Envelope) -> None:
@@ -251,21 +246,14 @@ class CentralizedRounds:
                     reason = "nothing for this node"
         else:
             reason = f"unknown part {part!r}"
-        if reason is not None:
-            self.tr.dropped["refused_pull"] += 1
-            await self.tr.send(
-                env.sender,
-                "pull_error",
-                env.round,
-                {"xfer": env.id, "reason": reason},
-                attempt=env.attempt,
-            )
+        if reason is not None or state is None:
+            await self.services.refuse_pull(env, reason or "nothing for this node")
             return
         prepared = await self._prepared_for((env.round, env.attempt, str(part)), state)
         await self.tr.send_state(env.sender, env.id, env.round, prepared)
         if part == "result":
             self._served.setdefault((env.round, env.attempt), set()).add(env.sender)
-            self.node._changed.set()
+            self.services.notify()
 
     def _forget_old(self, round_no: int) -> None:
         floor = round_no - ROUNDS_KEPT
@@ -294,7 +282,7 @@ class CentralizedRounds:
         """Run attempt ``attempt`` of round ``plan.round`` as its aggregator; return
         (announcement, what this node receives, facts) or None if a later attempt of the
         round was announced meanwhile (this one is dead: its result is never announced)."""
-        node, cfg, r = self.node, self.node.cfg, plan.round
+        svc, cfg, r = self.services, self.cfg, plan.round
         t0 = time.monotonic()
         expected = [p for p in plan.participants if p != self.id]
         log.info("%s: aggregating round %d attempt %d", self.id, r, attempt)
@@ -305,7 +293,7 @@ class CentralizedRounds:
                 p in got or not self._online(p) for p in expected
             )
 
-        await node._wait_for(ready, t0 + cfg.timing.round_timeout_s)
+        await svc.wait_for(ready, t0 + cfg.timing.round_timeout_s)
         if self._superseding(r, attempt) is not None:
             return None
         reports = {
@@ -315,21 +303,14 @@ class CentralizedRounds:
         if template is None:
             template = await asyncio.to_thread(self.alg.upload)
         timeout = max(1.0, cfg.timing.round_timeout_s)
-
-        async def pull(peer: str) -> State:
-            return await self.tr.pull(peer, r, "upload", timeout, attempt=attempt)
-
-        peers = sorted(reports)
-        pulled = await asyncio.gather(*(pull(p) for p in peers), return_exceptions=True)
+        pulled, failed = await svc.pull_many(
+            {p: "upload" for p in reports}, r, timeout, attempt=attempt
+        )
         uploads: dict[str, Upload] = {}
-        failed: dict[str, str] = {}
-        for peer, res in zip(peers, pulled, strict=True):
-            if isinstance(res, BaseException):
-                failed[peer] = str(res)
-                continue
+        for peer, res in sorted(pulled.items()):
             why = layout_mismatch(res, template)
             if why is not None:
-                self.tr._drop("bad_upload", f"{peer}: {why}")
+                self.services.drop("bad_upload", f"{peer}: {why}")
                 failed[peer] = why
                 continue
             uploads[peer] = Upload(reports[peer]["n"], res, reports[peer]["report"])
@@ -375,7 +356,7 @@ class CentralizedRounds:
             and self.alg.needs_result(n in uploads, n in participants, r >= cfg.rounds)
         }
         t_serve = time.monotonic()
-        await node._wait_for(
+        await svc.wait_for(
             lambda: all(
                 n in self._served.get((r, attempt), ()) or not self._online(n) for n in pullers
             ),
@@ -400,7 +381,7 @@ class CentralizedRounds:
                 aggregator,
                 round_no,
                 "result",
-                max(1.0, self.node.cfg.timing.round_timeout_s),
+                max(1.0, self.cfg.timing.round_timeout_s),
                 attempt=attempt,
             )
         except TransportError as exc:
@@ -412,7 +393,7 @@ class CentralizedRounds:
     ) -> dict[str, Any]:
         """Attempts 0, 1, … of round ``plan.round`` until one result is applied (or every
         candidate is gone); returns the facts of the attempt that settled it."""
-        node, cfg, r = self.node, self.node.cfg, plan.round
+        svc, cfg, r = self.services, self.cfg, plan.round
         order = succession(r, plan.roster)
         failovers: list[dict[str, Any]] = []
         attempt = 0
@@ -476,7 +457,7 @@ class CentralizedRounds:
                     or self._wanted.get(r, 0) > attempt
                 )
 
-            await node._wait_for(settled, deadline)
+            await svc.wait_for(settled, deadline)
             if any(a >= attempt for a in self._announced.get(r, {})):
                 continue  # taken at the top of the loop
             if self._wanted.get(r, 0) > attempt:
@@ -500,14 +481,14 @@ class CentralizedRounds:
         """Wait for the first announcement of a round after ``after`` (any member may have
         sent it: this node does not know that round's roster) and pull what a non-uploader
         gets. Returns the settle facts, or None when nothing came before the deadline."""
-        node, cfg = self.node, self.node.cfg
+        svc, cfg = self.services, self.cfg
         deadline = time.monotonic() + cfg.timing.startup_timeout_s + cfg.timing.aggregator_timeout
         while True:
 
             def heard() -> bool:
                 return any(r > after for r in self._announced)
 
-            if not await node._wait_for(heard, deadline):
+            if not await svc.wait_for(heard, deadline):
                 return None
             r = min(r for r in self._announced if r > after)
             attempt = max(self._announced[r])
@@ -535,10 +516,8 @@ class CentralizedRounds:
     async def _round(self, plan: RoundPlan | None, after: int) -> tuple[dict[str, Any], RoundPlan]:
         """Run one round as a member (``plan`` given) or as an observer (``plan`` None,
         waiting for the first round after ``after``); returns the record and the next plan."""
-        node, cfg, alg, tr = self.node, self.node.cfg, self.alg, self.tr
-        assert node.model is not None and node.data is not None
-        t0 = time.monotonic()
-        sent0, recv0 = tr.stats.bytes_sent, tr.stats.bytes_recv
+        svc, cfg, alg = self.services, self.cfg, self.alg
+        meter = svc.meter()
         record: dict[str, Any] = {"train_loss": None, "train_ce": None}
         participated = False
         lr = round_lr(cfg.training, plan.round if plan else after + 1)
@@ -550,25 +529,10 @@ class CentralizedRounds:
             participated = self.id in plan.participants
             own = None
             if participated:
-                result = await asyncio.to_thread(
-                    train_local,
-                    node.model,
-                    node.data.train_x,
-                    node.data.train_y,
-                    cfg.training,
-                    lr,
-                    extra_loss=alg.extra_loss(),
-                    loss_fn=alg.loss_fn(),
-                    step_hook=alg.step_hook(),
-                    seed=int(node.rng.integers(2**31)),
-                    device=node.device,
-                )
+                result = (await svc.train(r)).result  # after_train's facts are not recorded
                 train_s = result.seconds
-                if not math.isfinite(result.loss):
-                    log.warning("%s: round %d: training loss is %s", self.id, r, result.loss)
-                await asyncio.to_thread(alg.after_train)
                 self._uploads[r] = await asyncio.to_thread(alg.upload)
-                own = {"n": len(node.data.train_y), "report": alg.report(result, lr)}
+                own = {"n": len(svc.data.train_y), "report": alg.report(result, lr)}
                 record.update(train_loss=result.loss, train_ce=result.ce_loss)
             t_comm = time.monotonic()
             settled = await self._settle(plan, participated, own)
@@ -586,13 +550,11 @@ class CentralizedRounds:
                     alg.apply, settled["received"], settled["announcement"]
                 )
             except ValueError as exc:  # the aggregator is a peer: its bytes are untrusted
-                tr._drop("bad_result", f"round {r} from {settled['aggregator']}: {exc}")
+                svc.drop("bad_result", f"round {r} from {settled['aggregator']}: {exc}")
                 settled["received"] = None
                 facts = {"apply_error": str(exc)}
         self.applied = r
-        acc, test_loss = await asyncio.to_thread(
-            evaluate, node.model, node.data.test_x, node.data.test_y, 500, node.device
-        )
+        acc, test_loss = await svc.evaluate()
         announcement = settled.pop("announcement")
         received = settled.pop("received")
         if announcement is not None:
@@ -615,9 +577,7 @@ class CentralizedRounds:
                 "test_loss": test_loss,
                 "train_s": round(train_s, 4),
                 "comm_s": round(comm_s, 4),
-                "round_s": round(time.monotonic() - t0, 4),
-                "bytes_sent": tr.stats.bytes_sent - sent0,
-                "bytes_recv": tr.stats.bytes_recv - recv0,
+                **meter.fields(),
                 "lr": lr,
                 "participated": participated,
                 "dropout": False,  # UA-PDFL's client-wise dropout: not part of these methods
@@ -628,7 +588,7 @@ class CentralizedRounds:
                 "roster": plan.roster if plan else None,
                 **settled,
                 **facts,
-                "dropped_total": sum(tr.dropped.values()),
+                "dropped_total": svc.dropped_total(),
                 "t": time.time(),
             }
         )
@@ -636,36 +596,28 @@ class CentralizedRounds:
         return record, nxt
 
     # ------------------------------------------------------------------ lifecycle
+    def _swarm_round(self) -> int:
+        """The latest round an online member reports having finished (0: none)."""
+        rounds = (
+            self.services.reported_round(p) for p in self.members - {self.id} if self._online(p)
+        )
+        return max((r for r in rounds if r is not None), default=0)
+
     def first_plan(self) -> RoundPlan | None:
         """Round 1's plan from the members present now, or None when this node joins a
         swarm already under way (a peer's presence reports a finished round)."""
-        peers = self.tr.peers
-        late = any(
-            isinstance(peers.get(p, {}).get("round"), int) and peers[p]["round"] >= 1
-            for p in self.members - {self.id}
-            if self._online(p)
-        )
-        if late:
+        if self._swarm_round() >= 1:
             return None
         roster = self._live_members()
         server = self.alg.initial_server_state(roster)
         return RoundPlan(1, roster, self.alg.participants(server, roster, 1, self._rng(1)), server)
 
     async def run(self) -> None:
-        node, cfg = self.node, self.node.cfg
+        """Every round from round 1, or, when the swarm is under way, from the next
+        announcement on (observing first)."""
+        svc, cfg = self.services, self.cfg
         plan = self.first_plan()
-        after = (
-            max(
-                (
-                    int(self.tr.peers.get(p, {}).get("round", 0) or 0)
-                    for p in self.members - {self.id}
-                    if self._online(p)
-                ),
-                default=0,
-            )
-            if plan is None
-            else 0
-        )
+        after = self._swarm_round() if plan is None else 0
         if plan is None:
             log.info("%s: swarm under way (round %d); catching up", self.id, after)
         while True:
@@ -682,19 +634,8 @@ class CentralizedRounds:
                 log.warning("%s: stopping: %s", self.id, exc)
                 break
             after = record["round"]
-            node.records.append(record)
-            if node.out_dir is not None:
-                append_record(node_log_path(node.out_dir, self.id), record)
-            log.info(
-                "%s: round %d acc %.4f aggregator %s attempt %d%s",
-                self.id,
-                record["round"],
-                record["test_acc"],
-                record["aggregator"],
-                record["attempt"],
-                " (observer)" if record["observer"] else "",
+            observer = " (observer)" if record["observer"] else ""
+            svc.finish_round(
+                record, f"aggregator {record['aggregator']} attempt {record['attempt']}{observer}"
             )
-            try:
-                await self.tr.set_status("online", round=record["round"])
-            except TransportError as exc:
-                log.warning("%s: could not update presence: %s", self.id, exc)
+            await svc.report_round(record["round"])

@@ -502,7 +502,7 @@ class Transport:
         body = env.body
         inc = self._incoming.get(body.get("xfer")) if isinstance(body, dict) else None
         if inc is None or inc.peer != env.sender or inc.buf is not None:
-            self._drop("unexpected_xfer_meta", env)
+            self.drop("unexpected_xfer_meta", env)
             return
         total, chunk, nchunks = body.get("total"), body.get("chunk"), body.get("nchunks")
         index, digest, expected = body.get("index"), body.get("digest"), body.get("hexdigest")
@@ -533,7 +533,7 @@ class Transport:
         body = env.body
         inc = self._incoming.get(body.get("xfer")) if isinstance(body, dict) else None
         if inc is None or inc.peer != env.sender or inc.buf is None or inc.future.done():
-            self._drop("unexpected_xfer_chunk", env)
+            self.drop("unexpected_xfer_chunk", env)
             return
         seq, data = body.get("seq"), env.data
         if not isinstance(seq, int) or data is None or not 0 <= seq < inc.nchunks:
@@ -595,7 +595,7 @@ class Transport:
             inc.future.set_exception(TransportError(f"transfer from {inc.peer}: {reason}"))
 
     # ------------------------------------------------------------------ receiving
-    def _drop(self, reason: str, detail: Any = "") -> None:
+    def drop(self, reason: str, detail: Any = "") -> None:
         """Count a dropped message and log it: the first ten of each reason, then every
         thousandth, so a peer that floods a node with garbage cannot flood its log too."""
         self.dropped[reason] += 1
@@ -611,33 +611,33 @@ class Transport:
         try:
             self._dispatch_unsafe(topic, payload)
         except Exception as exc:  # a peer's bytes must never kill the node
-            self._drop("handler_error", f"{topic}: {exc!r}")
+            self.drop("handler_error", f"{topic}: {exc!r}")
 
     def _dispatch_unsafe(self, topic: str, payload: Any) -> None:
         if not isinstance(payload, (bytes, bytearray)):
-            self._drop("not_bytes", topic)
+            self.drop("not_bytes", topic)
             return
         size = len(payload)
         self.stats.bytes_recv += size
         self.stats.messages_recv += 1
         if size > self.max_message_bytes:
-            self._drop("oversized", f"{topic}: {size} bytes")
+            self.drop("oversized", f"{topic}: {size} bytes")
             return
         parts = topic.split("/")
         if len(parts) != 4 or "/".join(parts[:2]) != self.prefix:
-            self._drop("foreign_topic", topic)
+            self.drop("foreign_topic", topic)
             return
         channel, owner = parts[2], parts[3]
         try:
             env = Envelope.unpack(payload, self.max_message_bytes)
         except CodecError as exc:
-            self._drop("malformed", f"{topic}: {exc}")
+            self.drop("malformed", f"{topic}: {exc}")
             return
         if env.swarm != self.swarm:
-            self._drop("foreign_swarm", f"{topic}: swarm {env.swarm!r}")
+            self.drop("foreign_swarm", f"{topic}: swarm {env.swarm!r}")
             return
         if channel in ("presence", "gossip") and env.sender != owner:
-            self._drop("sender_mismatch", f"{topic}: from {env.sender!r}")
+            self.drop("sender_mismatch", f"{topic}: from {env.sender!r}")
             return
         if env.sender == self.node_id and channel != "inbox":
             return  # our own presence or gossip, echoed back by the broker
@@ -649,7 +649,7 @@ class Transport:
                 detail = f"{topic}: {env.kind} claiming to be from {env.sender!r}"
                 if reason == "stale":  # or the two clocks disagree: say by how much
                     detail += f", sent {time.time() - env.ts:+.0f} s ago"
-                self._drop(reason, detail)
+                self.drop(reason, detail)
                 return
         if channel == "presence":
             body = env.body
@@ -659,27 +659,27 @@ class Transport:
                 or not isinstance(info, dict)
                 or not isinstance(info.get("status"), str)
             ):
-                self._drop("malformed", f"{topic}: bad presence")
+                self.drop("malformed", f"{topic}: bad presence")
                 return
             self.peers[owner] = info
             if self.on_presence is not None:
                 self.on_presence(owner, info)
             return
         if env.id in self._seen_ids:
-            self._drop("duplicate", f"{topic}: id {env.id}")
+            self.drop("duplicate", f"{topic}: id {env.id}")
             return
         self._seen_ids[env.id] = None
         while len(self._seen_ids) > 50_000:
             self._seen_ids.popitem(last=False)
         if channel == "gossip":
             if env.kind not in GOSSIP_KINDS or not isinstance(env.body, dict):
-                self._drop("malformed", f"{topic}: bad gossip")
+                self.drop("malformed", f"{topic}: bad gossip")
                 return
             if self.on_gossip is not None:
                 self.on_gossip(env)
             return
         if channel != "inbox" or owner != self.node_id:
-            self._drop("foreign_topic", topic)
+            self.drop("foreign_topic", topic)
             return
         if env.kind == "xfer_chunk":
             self._on_chunk(env)
@@ -700,7 +700,7 @@ class Transport:
             if self.on_inbox is not None:
                 self.on_inbox(env)
         else:
-            self._drop("unexpected_kind", f"{topic}: {env.kind}")
+            self.drop("unexpected_kind", f"{topic}: {env.kind}")
 
     def _authenticate(self, topic: str, env: Envelope) -> str | None:
         """Signature, then freshness, of a message in a signed swarm (p2pfl.security.signing).

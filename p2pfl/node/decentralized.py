@@ -1,0 +1,215 @@
+"""Round driver for decentralized methods (:class:`~p2pfl.algorithms.base.Algorithm`):
+gossip, pull from chosen neighbours, merge, train (docs/architecture.md, "Round flow").
+
+One round ``r`` of node ``i``:
+
+1. (methods that exchange after training, e.g. DFedAvgM) train first;
+2. keep a snapshot of the model for peers' pulls of round ``r`` and publish the method's
+   gossip (small: sample counts, representations);
+3. draw peers from the neighbours that are online (:meth:`Algorithm.choose_peers`) and wait
+   for their gossip of round ``r`` (``timing.round_timeout_s`` at most, counted from the
+   moment this node's snapshot was taken; a peer that goes offline is not waited for);
+4. ask the method which part to pull from whom (:meth:`Algorithm.plan`), pull them all at
+   once, and merge what arrived (:meth:`Algorithm.merge`);
+5. (the other methods) train; then evaluate and record.
+
+Peers serve pulls from their snapshot of the round named in the request (the last
+``SNAPSHOTS_KEPT`` rounds are kept). A neighbour that comes online after this round's gossip
+went out is sent it again. A node whose neighbours are already under way when it starts
+joins at the round after the latest one they report (their presence carries it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from typing import Any
+
+from p2pfl.algorithms.base import Algorithm
+from p2pfl.learning.state import PARTS, State
+from p2pfl.node.services import NodeServices, TrainOutcome
+from p2pfl.wire.transport import Envelope, PreparedState, TransportError
+
+log = logging.getLogger(__name__)
+
+SNAPSHOTS_KEPT = 3
+GOSSIP_AHEAD = 5  # rounds ahead of ours whose gossip we keep
+
+
+class DecentralizedRounds:
+    """Runs an :class:`Algorithm` for one node: its rounds, and serving its snapshots."""
+
+    def __init__(self, services: NodeServices):
+        assert isinstance(services.method, Algorithm)
+        self.services = services
+        self.alg: Algorithm = services.method
+        self.id = services.id
+        self.round = 0
+        self._started = False  # rounds under way: gossip is kept for a window around ours
+        self._gossip: dict[int, dict[str, dict[str, Any]]] = {}
+        self._last_gossip: tuple[int, dict[str, Any]] | None = None  # for late joiners
+        self._snapshots: OrderedDict[int, State] = OrderedDict()
+        self._prepared: dict[tuple[int, str], PreparedState] = {}
+        self._prepare_locks: dict[tuple[int, str], asyncio.Lock] = {}
+        self._background: set[asyncio.Task] = set()
+
+    # ------------------------------------------------------------------ incoming
+    def on_gossip(self, env: Envelope) -> None:
+        """Keep a neighbour's gossip of a round near ours (any round before the first)."""
+        svc = self.services
+        if env.kind != "gossip" or env.sender not in svc.neighbours:
+            return  # gossip is for neighbours; others' traffic is not ours to keep
+        # before the first round, the round we join at is not known yet: keep any round
+        lo, hi = (
+            (self.round - 1, self.round + GOSSIP_AHEAD) if self._started else (1, svc.cfg.rounds)
+        )
+        if not lo <= env.round <= hi:
+            svc.transport.dropped["stale_gossip"] += 1
+            return
+        self._gossip.setdefault(env.round, {})[env.sender] = env.body
+        svc.notify()
+
+    def on_inbox(self, env: Envelope) -> None:
+        """Decentralized methods send nothing to a peer's inbox but pulls."""
+
+    def on_peer_online(self, peer: str) -> None:
+        """Publish this round's gossip again: the neighbour missed it."""
+        if self._last_gossip is None:
+            return
+        round_no, message = self._last_gossip
+        task = asyncio.ensure_future(self.services.transport.gossip(round_no, message))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # best effort
+
+    # ------------------------------------------------------------------ serving pulls
+    async def _prepared_part(self, round_no: int, part: str) -> PreparedState | None:
+        key = (round_no, part)
+        if key in self._prepared:
+            return self._prepared[key]
+        lock = self._prepare_locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            if key not in self._prepared:
+                snap = self._snapshots.get(round_no)
+                if snap is None:
+                    return None
+                self._prepared[key] = await self.services.prepare(self.alg.select(snap, part))
+        return self._prepared.get(key)
+
+    async def serve_pull(self, env: Envelope) -> None:
+        """Answer a neighbour's pull from the snapshot of the round it names."""
+        svc = self.services
+        body = env.body if isinstance(env.body, dict) else {}
+        part = body.get("part")
+        reason = None
+        if env.sender not in svc.neighbours:
+            reason = "not a neighbour"
+        elif part not in PARTS:
+            reason = f"unknown part {part!r}"
+        prepared = None if reason else await self._prepared_part(env.round, part)
+        if reason is None and prepared is None:
+            reason = f"no state for round {env.round}"
+        if reason is not None or prepared is None:
+            await svc.refuse_pull(env, reason or "")
+            return
+        await svc.transport.send_state(env.sender, env.id, env.round, prepared)
+
+    def _keep_snapshot(self, round_no: int, state: State) -> None:
+        self._snapshots[round_no] = state
+        while len(self._snapshots) > SNAPSHOTS_KEPT:
+            old, _ = self._snapshots.popitem(last=False)
+            for part in PARTS:
+                self._prepared.pop((old, part), None)
+                self._prepare_locks.pop((old, part), None)
+
+    # ------------------------------------------------------------------ the round
+    async def _publish_gossip(self, round_no: int) -> list[str]:
+        """Publish this round's gossip (if the method has any) and draw the peers to hear."""
+        message = self.alg.gossip()
+        if message is None:
+            return []
+        svc = self.services
+        self._last_gossip = (round_no, message)
+        try:
+            await svc.transport.gossip(round_no, message)
+        except TransportError as exc:  # broker gone: peers will not hear from us
+            log.warning("%s: round %d: gossip not sent: %s", self.id, round_no, exc)
+        return self.alg.choose_peers(svc.online(svc.neighbours))
+
+    async def run_round(self, round_no: int) -> dict[str, Any]:
+        """Run round ``round_no``; return its record."""
+        svc, alg = self.services, self.alg
+        meter = svc.meter()
+        self.round = round_no
+        for old in [r for r in self._gossip if r < round_no - 1]:
+            del self._gossip[old]
+        trained: TrainOutcome | None = None
+        if alg.exchange_after_training:  # peers pull what this node just trained
+            trained = await svc.train(round_no)
+        t_comm = time.monotonic()
+        self._keep_snapshot(round_no, alg.snapshot())
+        chosen = await self._publish_gossip(round_no)
+        deadline = t_comm + svc.cfg.timing.round_timeout_s
+
+        def heard_all() -> bool:
+            got = self._gossip.get(round_no, {})
+            return all(p in got or svc.status(p) != "online" for p in chosen)
+
+        await svc.wait_for(heard_all, deadline)
+        heard = self._gossip.get(round_no, {})
+        got = {p: heard[p] for p in chosen if p in heard}
+        plan, facts = alg.plan(got)
+        timeout = max(0.1, deadline - time.monotonic())
+        pulled, failed = await svc.pull_many(plan, round_no, timeout)
+        comm_s = time.monotonic() - t_comm
+        merged = await asyncio.to_thread(alg.merge, got, pulled)
+        if trained is None:
+            trained = await svc.train(round_no)
+        acc, test_loss = await svc.evaluate()
+        result = trained.result
+        return {
+            "round": round_no,
+            "test_acc": acc,
+            "test_loss": test_loss,
+            "train_loss": result.loss,
+            "train_ce": result.ce_loss,
+            "train_s": round(result.seconds, 4),
+            "comm_s": round(comm_s, 4),
+            **meter.fields(),
+            "lr": trained.lr,
+            "chosen": chosen,
+            "peers": sorted(got),
+            "missing": sorted(set(chosen) - set(got)),
+            "pulled": {p: plan[p] for p in sorted(pulled)},
+            "pull_failed": failed,
+            "dropout": False,  # UA-PDFL's client-wise dropout; its facts say when it is taken
+            **facts,
+            **merged,
+            **trained.facts,
+            "dropped_total": svc.dropped_total(),
+            "t": time.time(),
+        }
+
+    def _swarm_round(self) -> int:
+        """The latest round an online neighbour reports having finished (0: none)."""
+        svc = self.services
+        rounds = [svc.reported_round(p) for p in svc.online(svc.neighbours)]
+        return max((r for r in rounds if r is not None), default=0)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def run(self) -> None:
+        """Every round from the one this node joins at to the last."""
+        svc, rounds = self.services, self.services.cfg.rounds
+        first = self._swarm_round() + 1
+        if first > 1:  # neighbours already under way
+            log.info("%s: neighbours are past round %d; joining at %d", self.id, first - 1, first)
+            self.round = first - 1  # keep the gossip of the rounds we join at
+        self._started = True
+        for r in range(first, rounds + 1):
+            record = await self.run_round(r)
+            dropout = " (dropout)" if record.get("dropout") else ""
+            svc.finish_round(record, f"peers {record['peers']}{dropout}")
+            if r < rounds:  # a late joiner starts after the latest reported round
+                await svc.report_round(r)

@@ -1,0 +1,274 @@
+"""What a round driver may use of its node: the public services both drivers share.
+
+The daemon (:mod:`p2pfl.node.daemon`) owns the lifecycle: it loads the data and the method,
+connects the transport and builds one :class:`NodeServices`. It then hands the services to
+the round driver the method's kind asks for — :mod:`p2pfl.node.decentralized` or
+:mod:`p2pfl.node.centralized` — and routes the transport's callbacks to the driver's
+:class:`RoundDriver` interface. A driver decides *what* happens in a round; the services do
+the parts every round has (docs/architecture.md, "Node services"):
+
+- the **presence view**: who is online, what round a peer reports;
+- **waits**: :meth:`NodeServices.wait_for` a predicate, woken by :meth:`NodeServices.notify`
+  whenever a message or a presence change arrives, bounded by a deadline;
+- **transfers**: packing a state for peers on a shared thread pool, pulling several parts at
+  once, refusing a pull, counting a dropped message;
+- **learning**: one round of local training and one evaluation, in worker threads;
+- **records**: the byte and time meter of a round, and writing the round's record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from p2pfl.algorithms.base import Method
+from p2pfl.config.schema import TopologyConfig
+from p2pfl.learning.data import NodeData
+from p2pfl.learning.state import State
+from p2pfl.learning.train import TrainResult, evaluate, round_lr, train_local
+from p2pfl.metrics import append_record, node_log_path
+from p2pfl.wire.transport import Envelope, PreparedState, Transport, TransportError
+
+log = logging.getLogger(__name__)
+
+# packing a state for peers must not queue behind co-hosted nodes' training jobs
+PACK_POOL = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="p2pfl-pack")
+EVAL_BATCH = 500
+
+
+class RoundDriver(Protocol):
+    """The interface between the daemon and a round driver: the daemon calls :meth:`run`
+    once, after the startup barrier, and routes the transport's callbacks here."""
+
+    async def run(self) -> None:
+        """Run every round of the swarm this node takes part in; records go through
+        :meth:`NodeServices.finish_round`."""
+
+    def on_gossip(self, env: Envelope) -> None:
+        """A message on a peer's gossip topic (gossip, announcements)."""
+
+    def on_inbox(self, env: Envelope) -> None:
+        """A small message addressed to this node (e.g. a ``report``)."""
+
+    async def serve_pull(self, env: Envelope) -> None:
+        """Answer a peer's ``pull`` request: send the state or refuse."""
+
+    def on_peer_online(self, peer: str) -> None:
+        """A neighbour came online (it joined late or reconnected)."""
+
+
+@dataclass
+class TrainOutcome:
+    """One round of local training: the trainer's result, the learning rate used and the
+    facts the method's ``after_train`` hook returned."""
+
+    result: TrainResult
+    lr: float
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+class RoundMeter:
+    """Time and transport bytes since a round started."""
+
+    def __init__(self, transport: Transport):
+        self._transport = transport
+        self.t0 = time.monotonic()
+        self._sent0 = transport.stats.bytes_sent
+        self._recv0 = transport.stats.bytes_recv
+
+    def fields(self) -> dict[str, Any]:
+        """``round_s``, ``bytes_sent`` and ``bytes_recv`` of the round so far."""
+        stats = self._transport.stats
+        return {
+            "round_s": round(time.monotonic() - self.t0, 4),
+            "bytes_sent": stats.bytes_sent - self._sent0,
+            "bytes_recv": stats.bytes_recv - self._recv0,
+        }
+
+
+class NodeServices:
+    """The node as a driver sees it: its identity, method, data and transport, and the
+    shared services listed in the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        cfg: TopologyConfig,
+        node_id: str,
+        neighbours: list[str],
+        method: Method,
+        data: NodeData,
+        transport: Transport,
+        rng: np.random.Generator,
+        device: torch.device,
+        out_dir: Path | None = None,
+        records: list[dict[str, Any]] | None = None,
+    ):
+        self.cfg = cfg
+        self.id = node_id
+        self.neighbours = neighbours
+        self.method = method
+        self.data = data
+        self.transport = transport
+        self.rng = rng
+        self.device = device
+        self.out_dir = out_dir
+        self.records: list[dict[str, Any]] = records if records is not None else []
+        self._changed = asyncio.Event()
+
+    # ------------------------------------------------------------------ presence view
+    def status(self, peer: str) -> str:
+        """``peer``'s latest presence status (``online``, ``done``, ``offline``, ``unknown``)."""
+        return str(self.transport.peers.get(peer, {}).get("status", "unknown"))
+
+    def is_online(self, peer: str) -> bool:
+        """Whether ``peer`` is this node or its presence is ``online``."""
+        return peer == self.id or self.status(peer) == "online"
+
+    def online(self, peers: list[str]) -> list[str]:
+        """The peers of ``peers`` whose presence is ``online`` (order kept)."""
+        return [p for p in peers if self.status(p) == "online"]
+
+    def reported_round(self, peer: str) -> int | None:
+        """The round ``peer``'s presence reports having finished, None when it reports none
+        (presence is untrusted: anything but an int counts as none)."""
+        r = self.transport.peers.get(peer, {}).get("round")
+        return r if isinstance(r, int) and not isinstance(r, bool) else None
+
+    # ------------------------------------------------------------------ waits
+    def notify(self) -> None:
+        """Something a waiter may be waiting on changed: re-check every predicate."""
+        self._changed.set()
+
+    async def wait_for(self, predicate: Callable[[], bool], deadline: float) -> bool:
+        """Wait until ``predicate()`` holds (True) or the monotonic ``deadline`` passes
+        (False); the predicate is re-checked after every :meth:`notify`."""
+        while not predicate():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)
+        return True
+
+    # ------------------------------------------------------------------ transfers
+    async def prepare(self, state: State) -> PreparedState:
+        """``state`` serialized and hashed for serving, on the shared pack pool (so packing
+        never queues behind co-hosted nodes' training)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(PACK_POOL, PreparedState.from_state, state)
+
+    async def pull_many(
+        self, parts: dict[str, str], round_no: int, timeout: float, *, attempt: int = 0
+    ) -> tuple[dict[str, State], dict[str, str]]:
+        """Pull ``parts[peer]`` of round ``round_no`` from every peer at once; returns the
+        states that arrived and, for the others, why not."""
+
+        async def one(peer: str) -> State:
+            return await self.transport.pull(peer, round_no, parts[peer], timeout, attempt=attempt)
+
+        peers = sorted(parts)
+        results = await asyncio.gather(*(one(p) for p in peers), return_exceptions=True)
+        pulled: dict[str, State] = {}
+        failed: dict[str, str] = {}
+        for peer, res in zip(peers, results, strict=True):
+            if isinstance(res, BaseException):
+                failed[peer] = str(res)
+                log.warning("%s: round %d: %s", self.id, round_no, res)
+            else:
+                pulled[peer] = res
+        return pulled, failed
+
+    async def refuse_pull(self, env: Envelope, reason: str) -> None:
+        """Answer the pull ``env`` with ``pull_error`` and count it (``refused_pull``)."""
+        self.transport.dropped["refused_pull"] += 1
+        await self.transport.send(
+            env.sender,
+            "pull_error",
+            env.round,
+            {"xfer": env.id, "reason": reason},
+            attempt=env.attempt,
+        )
+
+    def drop(self, reason: str, detail: Any = "") -> None:
+        """Count a dropped (malformed, stale, misdirected) message and log it, rate-limited."""
+        self.transport.drop(reason, detail)
+
+    def dropped_total(self) -> int:
+        """Messages dropped so far, for every reason."""
+        return sum(self.transport.dropped.values())
+
+    # ------------------------------------------------------------------ learning
+    async def train(self, round_no: int) -> TrainOutcome:
+        """One round of local training of the method's model (the method's loss and hooks,
+        the round's learning rate, a seed drawn from the node's RNG), then the method's
+        ``after_train``; in worker threads."""
+        method, cfg = self.method, self.cfg
+        lr = round_lr(cfg.training, round_no)
+        result = await asyncio.to_thread(
+            train_local,
+            method.model,
+            self.data.train_x,
+            self.data.train_y,
+            cfg.training,
+            lr,
+            extra_loss=method.extra_loss(),
+            loss_fn=method.loss_fn(),
+            step_hook=method.step_hook(),
+            seed=int(self.rng.integers(2**31)),
+            device=self.device,
+        )
+        if not math.isfinite(result.loss):
+            log.warning(
+                "%s: round %d: training loss is %s (lr %.4g too high? see the method's knobs)",
+                self.id,
+                round_no,
+                result.loss,
+                lr,
+            )
+        facts = await asyncio.to_thread(method.after_train)
+        return TrainOutcome(result, lr, facts or {})
+
+    async def evaluate(self) -> tuple[float, float]:
+        """(accuracy, loss) of the method's model on this node's test split."""
+        return await asyncio.to_thread(
+            evaluate,
+            self.method.model,
+            self.data.test_x,
+            self.data.test_y,
+            EVAL_BATCH,
+            self.device,
+        )
+
+    # ------------------------------------------------------------------ records
+    def meter(self) -> RoundMeter:
+        """Start measuring a round (time and transport bytes)."""
+        return RoundMeter(self.transport)
+
+    def finish_round(self, record: dict[str, Any], summary: str) -> None:
+        """Keep the round's record, append it to the node's log in the run directory and
+        log a one-line ``summary``."""
+        self.records.append(record)
+        if self.out_dir is not None:
+            append_record(node_log_path(self.out_dir, self.id), record)
+        log.info("%s: round %d acc %.4f %s", self.id, record["round"], record["test_acc"], summary)
+
+    async def report_round(self, round_no: int) -> None:
+        """Tell peers (presence) that this node finished ``round_no``; a late joiner starts
+        after the latest reported round."""
+        try:
+            await self.transport.set_status("online", round=round_no)
+        except TransportError as exc:
+            log.warning("%s: could not update presence: %s", self.id, exc)
