@@ -155,7 +155,7 @@ def _transport(node_id: str, host: str, port: int, mode: Mode, certs: str | None
 async def _server(
     host: str, port: int, ready: mp.Event, stop: mp.Event, mode: Mode, certs: str | None
 ) -> None:
-    from p2pfl.wire.transport import PreparedState
+    from p2pfl.wire.transfers import PreparedState
 
     state = resnet18_state()
     prepared = PreparedState.from_state(state)

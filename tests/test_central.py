@@ -194,7 +194,7 @@ def _driver(node_id="b", ids=("a", "b", "c")):
 
 
 def _env(sender, kind, rnd, attempt, body):
-    from p2pfl.wire.transport import Envelope
+    from p2pfl.wire.envelope import Envelope
 
     return Envelope("s", sender, rnd, kind, f"{sender}{kind}{rnd}{attempt}", body, attempt=attempt)
 
@@ -229,7 +229,7 @@ async def test_handlers_drop_stale_misdirected_and_forged_messages():
 
 def test_envelope_carries_the_attempt():
     from p2pfl.wire.codec import CodecError, encode
-    from p2pfl.wire.transport import Envelope
+    from p2pfl.wire.envelope import Envelope
 
     env = _env("a", "report", 3, 2, {"n": 1})
     back = Envelope.unpack(env.pack(), 1 << 20)

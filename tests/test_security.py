@@ -22,7 +22,9 @@ from p2pfl.security.certs import (
     verify_member_certificate,
 )
 from p2pfl.security.signing import MessageSecurity, ReplayGuard, tls_context
-from p2pfl.wire.transport import Envelope, PreparedState, Transport, TransportError
+from p2pfl.wire.envelope import Envelope
+from p2pfl.wire.transfers import PreparedState
+from p2pfl.wire.transport import Transport, TransportError
 
 SWARM = "sec"
 MEMBERS = ["n0", "n1"]
@@ -275,9 +277,9 @@ async def test_acl_and_signatures_stop_a_connected_rogue(certs, tls_broker):
                 break
             await asyncio.sleep(0.05)
         pull = asyncio.create_task(n0.pull("n1", 4, "all", timeout=20))
-        while not n0._incoming:
+        while not n0.transfers.pending():
             await asyncio.sleep(0.01)
-        xfer = next(iter(n0._incoming))  # assume the transfer id leaked to the rogue
+        xfer = n0.transfers.pending()[0]  # assume the transfer id leaked to the rogue
         rogue_key = MessageSecurity.from_certs(certs.root, "rogue", ["rogue"])
         poison = PreparedState.from_state({k: torch.zeros_like(v) for k, v in genuine.items()})
         inbox = "p2pfl/sec/inbox/n0"

@@ -9,7 +9,9 @@ import msgpack
 import pytest
 import torch
 
-from p2pfl.wire.transport import Envelope, PreparedState, Transport, TransportError
+from p2pfl.wire.envelope import Envelope
+from p2pfl.wire.transfers import PreparedState
+from p2pfl.wire.transport import Transport, TransportError
 
 pytestmark = pytest.mark.integration
 

@@ -55,7 +55,9 @@ from p2pfl.learning.state import State, layout_mismatch
 from p2pfl.learning.train import round_lr
 from p2pfl.node.election import succession
 from p2pfl.node.services import NodeServices
-from p2pfl.wire.transport import Envelope, PreparedState, TransportError
+from p2pfl.wire.envelope import Envelope
+from p2pfl.wire.transfers import PreparedState
+from p2pfl.wire.transport import TransportError
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,9 @@ from typing import Any
 from p2pfl.algorithms.base import Algorithm
 from p2pfl.learning.state import PARTS, State
 from p2pfl.node.services import NodeServices, TrainOutcome
-from p2pfl.wire.transport import Envelope, PreparedState, TransportError
+from p2pfl.wire.envelope import Envelope
+from p2pfl.wire.transfers import PreparedState
+from p2pfl.wire.transport import TransportError
 
 log = logging.getLogger(__name__)
 

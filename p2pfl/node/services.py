@@ -38,7 +38,9 @@ from p2pfl.learning.data import NodeData
 from p2pfl.learning.state import State
 from p2pfl.learning.train import TrainResult, evaluate, round_lr, train_local
 from p2pfl.metrics import append_record, node_log_path
-from p2pfl.wire.transport import Envelope, PreparedState, Transport, TransportError
+from p2pfl.wire.envelope import Envelope
+from p2pfl.wire.transfers import PreparedState
+from p2pfl.wire.transport import Transport, TransportError
 
 log = logging.getLogger(__name__)
 

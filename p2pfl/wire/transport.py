@@ -7,14 +7,15 @@ Topics live under ``p2pfl/<swarm>/`` (docs/wire.md, "Topics"):
 - ``inbox/<id>``: requests (``pull``) and replies (``xfer_meta``, ``xfer_chunk``,
   ``pull_error``) addressed to one node.
 
-Every message is an :class:`Envelope` — swarm, sender, round, kind, id, body — packed with
-:mod:`p2pfl.wire.codec`. Anything oversized, undecodable, from another swarm, of an unknown kind,
+Every message is an :class:`~p2pfl.wire.envelope.Envelope` — swarm, sender, round, kind, id,
+body — packed with :mod:`p2pfl.wire.codec`. Anything oversized, undecodable, from another swarm, of an unknown kind,
 duplicated, or otherwise malformed is dropped with a log line and counted in
 :attr:`Transport.dropped`; it never raises into the node.
 
 Weights move on request only (:meth:`Transport.pull`): the owner answers with a metadata
 message (transfer id, total size, digest, tensor index) followed by numbered ~1 MiB chunks,
-reassembled into one preallocated buffer on the receiver and verified before use. This MQTT
+reassembled into one preallocated buffer on the receiver and verified before use
+(:mod:`p2pfl.wire.transfers`, which reports what it rejects through :meth:`Transport.drop`). This MQTT
 lane is the seam a direct TCP lane can later sit beside without touching algorithms.
 
 The client lives in a reconnect loop (aiomqtt has none of its own) that resubscribes and
@@ -24,170 +25,39 @@ re-announces presence after every reconnect. Use as ``async with Transport(...) 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
-import math
 import socket
 import ssl
-import struct
 import time
 import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import aiomqtt
-import numpy as np
 
-from p2pfl import PROTOCOL_VERSION
-from p2pfl.wire.codec import CodecError, buffer_to_state, decode, encode, state_to_buffer
-from p2pfl.wire.digest import DEFAULT_DIGEST, hexdigest, new_hasher
+from p2pfl.wire.codec import CodecError
+from p2pfl.wire.envelope import GOSSIP_KINDS, INBOX_KINDS, Envelope
+from p2pfl.wire.transfers import (
+    CHUNK_BYTES,
+    IncomingTransfers,
+    PreparedState,
+    State,
+    TransferError,
+)
 
 if TYPE_CHECKING:
     from p2pfl.security.signing import MessageSecurity
 
 log = logging.getLogger(__name__)
 
-State = dict[str, Any]
-KINDS = frozenset(
-    {"presence", "gossip", "announce", "pull", "report", "xfer_meta", "xfer_chunk", "pull_error"}
-)
-GOSSIP_KINDS = frozenset({"gossip", "announce"})  # broadcast on a node's gossip topic
-INBOX_KINDS = frozenset({"report"})  # small messages handed to ``on_inbox``
-MAX_ATTEMPT = 1 << 16
-CHUNK_BYTES = 1 << 20
-FRAME_MAGIC = b"P2F\x01"  # a msgpack message never starts with these bytes (0x50 is a fixint)
-SIGNED_MAGIC = b"P2S\x01"
-SIGNATURE_BYTES = 64
-HASH_BATCH = 8  # chunks per hashing job: fewer GIL hand-offs to the hashing thread
 PUBLISH_WINDOW = 16  # QoS-1 publishes in flight per transfer
 
 
 class TransportError(RuntimeError):
     """A send or pull that could not complete (disconnected, refused, timed out, corrupt)."""
-
-
-@dataclass(frozen=True)
-class Envelope:
-    """One message. ``attempt`` numbers the tries at a round (the rotating aggregator's
-    failover; 0 otherwise). ``ts`` is the sender's clock when it was made (replay window).
-    ``data`` is an optional raw binary tail (transfer chunks).
-
-    Frames: a plain message is the msgpack header alone; a message with a data tail is
-    ``FRAME_MAGIC | u32 header length | header | data`` so a 1 MiB chunk is neither
-    msgpack-encoded nor copied on decode; a signed message (:mod:`p2pfl.security.signing`) is
-    ``SIGNED_MAGIC | u32 header length | header | 64-byte signature | data``. ``header``
-    keeps the exact signed bytes of a received message."""
-
-    swarm: str
-    sender: str
-    round: int
-    kind: str
-    id: str
-    body: Any
-    data: memoryview | None = field(default=None, compare=False, repr=False)
-    attempt: int = 0
-    ts: float = 0.0
-    sig: bytes | None = field(default=None, compare=False, repr=False)
-    header: memoryview | bytes | None = field(default=None, compare=False, repr=False)
-
-    def _header(self) -> bytes:
-        return encode(
-            {
-                "v": PROTOCOL_VERSION,
-                "swarm": self.swarm,
-                "from": self.sender,
-                "round": self.round,
-                "attempt": self.attempt,
-                "kind": self.kind,
-                "id": self.id,
-                "ts": self.ts,
-                "body": self.body,
-            }
-        )
-
-    def pack(self, sign: Callable[[bytes], bytes] | None = None) -> bytes:
-        """The wire bytes; ``sign(header) -> 64-byte signature`` makes a signed frame."""
-        header = self._header()
-        if sign is not None:
-            sig = sign(header)
-            if len(sig) != SIGNATURE_BYTES:
-                raise ValueError("signature must be 64 bytes")
-            parts = [SIGNED_MAGIC, struct.pack("<I", len(header)), header, sig]
-            if self.data is not None:
-                parts.append(self.data)
-            return b"".join(parts)
-        if self.data is None:
-            return header
-        return b"".join((FRAME_MAGIC, struct.pack("<I", len(header)), header, self.data))
-
-    @classmethod
-    def unpack(cls, payload: bytes, max_bytes: int) -> Envelope:
-        """Decode and check the envelope's shape; raise :class:`CodecError` if it is off.
-        A signature is returned in ``sig`` unchecked: verifying it is the caller's job."""
-        data = sig = None
-        magic = payload[:4]
-        if magic in (FRAME_MAGIC, SIGNED_MAGIC):
-            if len(payload) < 8:
-                raise CodecError("truncated binary frame")
-            (hlen,) = struct.unpack_from("<I", payload, 4)
-            tail = 8 + hlen + (SIGNATURE_BYTES if magic == SIGNED_MAGIC else 0)
-            if tail > len(payload):
-                raise CodecError("binary frame header runs past the payload")
-            view = memoryview(payload)
-            if magic == SIGNED_MAGIC:
-                sig = bytes(view[8 + hlen : tail])
-                data = view[tail:] if tail < len(payload) else None
-            else:
-                data = view[tail:]
-            payload = view[8 : 8 + hlen]
-        obj = decode(payload, max_bytes)
-        if not isinstance(obj, dict):
-            raise CodecError("envelope is not a map")
-        if obj.get("v") != PROTOCOL_VERSION:
-            raise CodecError(f"protocol version {obj.get('v')!r} != {PROTOCOL_VERSION}")
-        swarm, sender, rnd, kind, mid = (
-            obj.get(k) for k in ("swarm", "from", "round", "kind", "id")
-        )
-        if not (isinstance(swarm, str) and isinstance(sender, str) and isinstance(mid, str)):
-            raise CodecError("envelope swarm/from/id must be strings")
-        if not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0:
-            raise CodecError(f"envelope round must be a non-negative int, got {rnd!r}")
-        attempt = obj.get("attempt", 0)
-        if not isinstance(attempt, int) or isinstance(attempt, bool):
-            raise CodecError(f"envelope attempt must be an int, got {attempt!r}")
-        if not 0 <= attempt <= MAX_ATTEMPT:
-            raise CodecError(f"envelope attempt {attempt} out of range")
-        ts = obj.get("ts", 0.0)
-        if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not math.isfinite(ts):
-            raise CodecError(f"envelope ts must be a number, got {ts!r}")
-        if kind not in KINDS:
-            raise CodecError(f"unknown message kind {kind!r}")
-        if not 0 < len(mid) <= 64 or not 0 < len(sender) <= 64:
-            raise CodecError("envelope id/from length out of range")
-        return cls(
-            swarm, sender, rnd, kind, mid, obj.get("body"), data, attempt, float(ts), sig, payload
-        )
-
-
-@dataclass
-class _Incoming:
-    """A transfer being received: filled chunk by chunk into ``buf``."""
-
-    peer: str
-    future: asyncio.Future
-    max_bytes: int
-    buf: memoryview | None = None
-    index: list[dict] | None = None
-    digest: str = ""  # expected hex digest
-    chunk: int = CHUNK_BYTES
-    nchunks: int = 0
-    seen: set[int] = field(default_factory=set)
-    hasher: Any = None
-    hashed: int = 0  # chunks [0, hashed) are submitted to the hashing thread, in order
-    last_hash: concurrent.futures.Future | None = None
 
 
 @dataclass
@@ -247,10 +117,9 @@ class Transport:
         self._connected = asyncio.Event()
         self._closing = False
         self._task: asyncio.Task | None = None
-        self._incoming: dict[str, _Incoming] = {}
+        self.transfers = IncomingTransfers(node_id, max_message_bytes, self.drop, self._spawn)
         self._seen_ids: OrderedDict[str, None] = OrderedDict()
         self._request_tasks: set[asyncio.Task] = set()
-        self._hasher_pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def topic(self, kind: str, node: str) -> str:
@@ -278,9 +147,7 @@ class Transport:
             with contextlib.suppress(Exception):
                 await self._publish_presence()
         self._closing = True
-        for inc in self._incoming.values():
-            if not inc.future.done():
-                inc.future.set_exception(TransportError("transport closed"))
+        self.transfers.close()
         for t in list(self._request_tasks):
             t.cancel()
         if self._task is not None:
@@ -288,9 +155,6 @@ class Transport:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
         self._connected.clear()
-        if self._hasher_pool is not None:
-            self._hasher_pool.shutdown(wait=False, cancel_futures=True)
-            self._hasher_pool = None
 
     def _will(self) -> aiomqtt.Will:
         return aiomqtt.Will(
@@ -444,8 +308,7 @@ class Transport:
 
         Raises :class:`TransportError` on refusal, timeout or a corrupt transfer."""
         xfer = uuid.uuid4().hex[:16]
-        fut = asyncio.get_running_loop().create_future()
-        self._incoming[xfer] = _Incoming(peer=peer, future=fut, max_bytes=self.max_transfer_bytes)
+        fut = self.transfers.expect(xfer, peer, self.max_transfer_bytes)
         try:
             await self.send(peer, "pull", round_no, {"part": part}, mid=xfer, attempt=attempt)
             return await asyncio.wait_for(fut, timeout)
@@ -453,8 +316,10 @@ class Transport:
             raise TransportError(
                 f"pull of {part!r} from {peer} timed out after {timeout:.1f} s"
             ) from None
+        except TransferError as exc:
+            raise TransportError(str(exc)) from None
         finally:
-            self._incoming.pop(xfer, None)
+            self.transfers.forget(xfer)
 
     async def send_state(self, to: str, xfer: str, round_no: int, prepared: PreparedState) -> None:
         """Answer a pull: metadata, then numbered chunks (QoS 1, a window in flight)."""
@@ -498,101 +363,10 @@ class Transport:
             for t in pending:
                 t.cancel()
 
-    def _on_meta(self, env: Envelope) -> None:
-        body = env.body
-        inc = self._incoming.get(body.get("xfer")) if isinstance(body, dict) else None
-        if inc is None or inc.peer != env.sender or inc.buf is not None:
-            self.drop("unexpected_xfer_meta", env)
-            return
-        total, chunk, nchunks = body.get("total"), body.get("chunk"), body.get("nchunks")
-        index, digest, expected = body.get("index"), body.get("digest"), body.get("hexdigest")
-        ints_ok = all(
-            isinstance(v, int) and not isinstance(v, bool) for v in (total, chunk, nchunks)
-        )
-        if not ints_ok or not isinstance(index, list) or not isinstance(expected, str):
-            self._fail(inc, "malformed transfer metadata")
-            return
-        try:
-            inc.hasher = new_hasher(digest) if isinstance(digest, str) else new_hasher("?")
-        except ValueError as exc:
-            self._fail(inc, str(exc))
-            return
-        if total < 0 or total > inc.max_bytes:
-            self._fail(inc, f"transfer of {total} bytes exceeds the limit of {inc.max_bytes}")
-            return
-        if not 0 < chunk <= self.max_message_bytes or nchunks != -(-total // chunk):
-            self._fail(inc, "inconsistent chunking in transfer metadata")
-            return
-        # uninitialised (no 47 MB memset): every byte is overwritten by a chunk before use
-        inc.buf = memoryview(np.empty(total, dtype=np.uint8)).cast("B")
-        inc.index, inc.digest, inc.chunk, inc.nchunks = index, expected, chunk, nchunks
-        if nchunks == 0:
-            self._spawn(self._finish(inc))
-
-    def _on_chunk(self, env: Envelope) -> None:
-        body = env.body
-        inc = self._incoming.get(body.get("xfer")) if isinstance(body, dict) else None
-        if inc is None or inc.peer != env.sender or inc.buf is None or inc.future.done():
-            self.drop("unexpected_xfer_chunk", env)
-            return
-        seq, data = body.get("seq"), env.data
-        if not isinstance(seq, int) or data is None or not 0 <= seq < inc.nchunks:
-            self._fail(inc, "malformed chunk")
-            return
-        start = seq * inc.chunk
-        expected = min(inc.chunk, len(inc.buf) - start)
-        if len(data) != expected:
-            self._fail(inc, f"chunk {seq} has {len(data)} bytes, expected {expected}")
-            return
-        if seq in inc.seen:
-            return
-        inc.buf[start : start + expected] = data
-        inc.seen.add(seq)
-        # hash the contiguous prefix in a worker thread (hashers release the GIL), so the
-        # digest is ready almost as soon as the last chunk lands
-        ready = inc.hashed
-        while ready in inc.seen:
-            ready += 1
-        complete = len(inc.seen) == inc.nchunks
-        if ready - inc.hashed >= HASH_BATCH or (complete and ready > inc.hashed):
-            span = inc.buf[inc.hashed * inc.chunk : ready * inc.chunk]
-            inc.last_hash = self._hash_pool().submit(inc.hasher.update, span)
-            inc.hashed = ready
-        if complete:
-            self._spawn(self._finish(inc))
-
-    def _hash_pool(self) -> concurrent.futures.ThreadPoolExecutor:
-        if self._hasher_pool is None:  # one worker: updates run in submission order
-            self._hasher_pool = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix=f"digest-{self.node_id}"
-            )
-        return self._hasher_pool
-
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
         self._request_tasks.add(task)
         task.add_done_callback(self._request_done)
-
-    async def _finish(self, inc: _Incoming) -> None:
-        assert inc.buf is not None and inc.index is not None
-        if inc.last_hash is not None:
-            await asyncio.wrap_future(inc.last_hash)
-        if inc.hasher.hexdigest() != inc.digest:
-            self._fail(inc, "digest mismatch")
-            return
-        try:
-            state = buffer_to_state(inc.index, inc.buf)
-        except CodecError as exc:
-            self._fail(inc, f"bad tensor index: {exc}")
-            return
-        if not inc.future.done():
-            inc.future.set_result(state)
-
-    def _fail(self, inc: _Incoming, reason: str) -> None:
-        self.dropped["bad_transfer"] += 1
-        log.warning("%s: transfer from %s rejected: %s", self.node_id, inc.peer, reason)
-        if not inc.future.done():
-            inc.future.set_exception(TransportError(f"transfer from {inc.peer}: {reason}"))
 
     # ------------------------------------------------------------------ receiving
     def drop(self, reason: str, detail: Any = "") -> None:
@@ -682,16 +456,11 @@ class Transport:
             self.drop("foreign_topic", topic)
             return
         if env.kind == "xfer_chunk":
-            self._on_chunk(env)
+            self.transfers.on_chunk(env)
         elif env.kind == "xfer_meta":
-            self._on_meta(env)
+            self.transfers.on_meta(env)
         elif env.kind == "pull_error":
-            body = env.body if isinstance(env.body, dict) else {}
-            inc = self._incoming.get(body.get("xfer"))
-            if inc is not None and inc.peer == env.sender and not inc.future.done():
-                inc.future.set_exception(
-                    TransportError(f"{env.sender} refused the pull: {body.get('reason')}")
-                )
+            self.transfers.on_refused(env)
         elif env.kind == "pull":
             if self.on_request is None:
                 return
@@ -720,21 +489,3 @@ class Transport:
         self._request_tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.warning("%s: serving a request failed: %r", self.node_id, task.exception())
-
-
-@dataclass
-class PreparedState:
-    """A state packed once for sending: one buffer, its tensor index and its digest."""
-
-    index: list[dict]
-    buf: bytearray
-    digest_name: str
-    hexdigest: str
-
-    @classmethod
-    def from_state(cls, state: State, digest: str = DEFAULT_DIGEST) -> PreparedState:
-        index, buf = state_to_buffer(state)
-        return cls(index=index, buf=buf, digest_name=digest, hexdigest=hexdigest(buf, digest))
-
-    def nchunks(self, chunk: int) -> int:
-        return -(-len(self.buf) // chunk)

@@ -1,0 +1,132 @@
+"""The message envelope and its frames (docs/wire.md, "Envelope" and "Frames").
+
+Every message between nodes is an :class:`Envelope` — swarm, sender, round, attempt, kind,
+id, timestamp, body — packed with :mod:`p2pfl.wire.codec`, with an optional raw binary tail
+(transfer chunks) and an optional signature (:mod:`p2pfl.security.signing`).
+:meth:`Envelope.unpack` checks the shape of untrusted bytes and raises
+:class:`~p2pfl.wire.codec.CodecError` for anything off.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from p2pfl import PROTOCOL_VERSION
+from p2pfl.wire.codec import CodecError, decode, encode
+
+KINDS = frozenset(
+    {"presence", "gossip", "announce", "pull", "report", "xfer_meta", "xfer_chunk", "pull_error"}
+)
+GOSSIP_KINDS = frozenset({"gossip", "announce"})  # broadcast on a node's gossip topic
+INBOX_KINDS = frozenset({"report"})  # small messages handed to ``on_inbox``
+MAX_ATTEMPT = 1 << 16
+FRAME_MAGIC = b"P2F\x01"  # a msgpack message never starts with these bytes (0x50 is a fixint)
+SIGNED_MAGIC = b"P2S\x01"
+SIGNATURE_BYTES = 64
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """One message. ``attempt`` numbers the tries at a round (the rotating aggregator's
+    failover; 0 otherwise). ``ts`` is the sender's clock when it was made (replay window).
+    ``data`` is an optional raw binary tail (transfer chunks).
+
+    Frames: a plain message is the msgpack header alone; a message with a data tail is
+    ``FRAME_MAGIC | u32 header length | header | data`` so a 1 MiB chunk is neither
+    msgpack-encoded nor copied on decode; a signed message (:mod:`p2pfl.security.signing`) is
+    ``SIGNED_MAGIC | u32 header length | header | 64-byte signature | data``. ``header``
+    keeps the exact signed bytes of a received message."""
+
+    swarm: str
+    sender: str
+    round: int
+    kind: str
+    id: str
+    body: Any
+    data: memoryview | None = field(default=None, compare=False, repr=False)
+    attempt: int = 0
+    ts: float = 0.0
+    sig: bytes | None = field(default=None, compare=False, repr=False)
+    header: memoryview | bytes | None = field(default=None, compare=False, repr=False)
+
+    def _header(self) -> bytes:
+        return encode(
+            {
+                "v": PROTOCOL_VERSION,
+                "swarm": self.swarm,
+                "from": self.sender,
+                "round": self.round,
+                "attempt": self.attempt,
+                "kind": self.kind,
+                "id": self.id,
+                "ts": self.ts,
+                "body": self.body,
+            }
+        )
+
+    def pack(self, sign: Callable[[bytes], bytes] | None = None) -> bytes:
+        """The wire bytes; ``sign(header) -> 64-byte signature`` makes a signed frame."""
+        header = self._header()
+        if sign is not None:
+            sig = sign(header)
+            if len(sig) != SIGNATURE_BYTES:
+                raise ValueError("signature must be 64 bytes")
+            parts = [SIGNED_MAGIC, struct.pack("<I", len(header)), header, sig]
+            if self.data is not None:
+                parts.append(self.data)
+            return b"".join(parts)
+        if self.data is None:
+            return header
+        return b"".join((FRAME_MAGIC, struct.pack("<I", len(header)), header, self.data))
+
+    @classmethod
+    def unpack(cls, payload: bytes, max_bytes: int) -> Envelope:
+        """Decode and check the envelope's shape; raise :class:`CodecError` if it is off.
+        A signature is returned in ``sig`` unchecked: verifying it is the caller's job."""
+        data = sig = None
+        magic = payload[:4]
+        if magic in (FRAME_MAGIC, SIGNED_MAGIC):
+            if len(payload) < 8:
+                raise CodecError("truncated binary frame")
+            (hlen,) = struct.unpack_from("<I", payload, 4)
+            tail = 8 + hlen + (SIGNATURE_BYTES if magic == SIGNED_MAGIC else 0)
+            if tail > len(payload):
+                raise CodecError("binary frame header runs past the payload")
+            view = memoryview(payload)
+            if magic == SIGNED_MAGIC:
+                sig = bytes(view[8 + hlen : tail])
+                data = view[tail:] if tail < len(payload) else None
+            else:
+                data = view[tail:]
+            payload = view[8 : 8 + hlen]
+        obj = decode(payload, max_bytes)
+        if not isinstance(obj, dict):
+            raise CodecError("envelope is not a map")
+        if obj.get("v") != PROTOCOL_VERSION:
+            raise CodecError(f"protocol version {obj.get('v')!r} != {PROTOCOL_VERSION}")
+        swarm, sender, rnd, kind, mid = (
+            obj.get(k) for k in ("swarm", "from", "round", "kind", "id")
+        )
+        if not (isinstance(swarm, str) and isinstance(sender, str) and isinstance(mid, str)):
+            raise CodecError("envelope swarm/from/id must be strings")
+        if not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0:
+            raise CodecError(f"envelope round must be a non-negative int, got {rnd!r}")
+        attempt = obj.get("attempt", 0)
+        if not isinstance(attempt, int) or isinstance(attempt, bool):
+            raise CodecError(f"envelope attempt must be an int, got {attempt!r}")
+        if not 0 <= attempt <= MAX_ATTEMPT:
+            raise CodecError(f"envelope attempt {attempt} out of range")
+        ts = obj.get("ts", 0.0)
+        if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not math.isfinite(ts):
+            raise CodecError(f"envelope ts must be a number, got {ts!r}")
+        if kind not in KINDS:
+            raise CodecError(f"unknown message kind {kind!r}")
+        if not 0 < len(mid) <= 64 or not 0 < len(sender) <= 64:
+            raise CodecError("envelope id/from length out of range")
+        return cls(
+            swarm, sender, rnd, kind, mid, obj.get("body"), data, attempt, float(ts), sig, payload
+        )

@@ -1,0 +1,217 @@
+"""Chunked weight transfers (docs/wire.md, "Weight transfers").
+
+A state is packed once for sending (:class:`PreparedState`: one buffer, its tensor index and
+its digest) and sent as a metadata message followed by numbered chunks. The receiving side
+(:class:`IncomingTransfers`) keeps one entry per pull it is waiting for: the metadata is
+checked against the size limits before any memory is allocated, chunks are copied into one
+preallocated buffer, the contiguous prefix is hashed in a worker thread as it fills, and
+the state is decoded only after the digest matches. Anything off fails that pull with
+:class:`TransferError` and is reported through the ``on_drop`` callback the owner gives
+(the transport counts and logs it); nothing here touches the network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from p2pfl.wire.codec import CodecError, buffer_to_state, state_to_buffer
+from p2pfl.wire.digest import DEFAULT_DIGEST, hexdigest, new_hasher
+from p2pfl.wire.envelope import Envelope
+
+State = dict[str, Any]
+CHUNK_BYTES = 1 << 20
+HASH_BATCH = 8  # chunks per hashing job: fewer GIL hand-offs to the hashing thread
+
+
+class TransferError(RuntimeError):
+    """A transfer that failed: refused by the peer, corrupt, oversized, or abandoned."""
+
+
+@dataclass
+class PreparedState:
+    """A state packed once for sending: one buffer, its tensor index and its digest."""
+
+    index: list[dict]
+    buf: bytearray
+    digest_name: str
+    hexdigest: str
+
+    @classmethod
+    def from_state(cls, state: State, digest: str = DEFAULT_DIGEST) -> PreparedState:
+        index, buf = state_to_buffer(state)
+        return cls(index=index, buf=buf, digest_name=digest, hexdigest=hexdigest(buf, digest))
+
+    def nchunks(self, chunk: int) -> int:
+        return -(-len(self.buf) // chunk)
+
+
+@dataclass
+class _Incoming:
+    """A transfer being received: filled chunk by chunk into ``buf``."""
+
+    peer: str
+    future: asyncio.Future
+    max_bytes: int
+    buf: memoryview | None = None
+    index: list[dict] | None = None
+    digest: str = ""  # expected hex digest
+    chunk: int = CHUNK_BYTES
+    nchunks: int = 0
+    seen: set[int] = field(default_factory=set)
+    hasher: Any = None
+    hashed: int = 0  # chunks [0, hashed) are submitted to the hashing thread, in order
+    last_hash: concurrent.futures.Future | None = None
+
+
+class IncomingTransfers:
+    """The transfers one node is waiting for, by transfer id.
+
+    :meth:`expect` registers a pull and returns the future its state arrives on;
+    :meth:`on_meta`, :meth:`on_chunk` and :meth:`on_refused` feed it from the peer's
+    messages (only from the peer the pull went to). ``on_drop(reason, detail)`` is called
+    for every message dropped or transfer rejected. :meth:`close` fails what is pending."""
+
+    def __init__(
+        self,
+        node_id: str,
+        max_message_bytes: int,
+        on_drop: Callable[[str, Any], None],
+        spawn: Callable[[Awaitable[None]], None],
+    ):
+        self.node_id = node_id
+        self.max_message_bytes = max_message_bytes
+        self._on_drop = on_drop
+        self._spawn = spawn
+        self._pending: dict[str, _Incoming] = {}
+        self._hasher_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def expect(self, xfer: str, peer: str, max_bytes: int) -> asyncio.Future:
+        """Register transfer ``xfer`` from ``peer`` (at most ``max_bytes``); its state (or
+        :class:`TransferError`) arrives on the returned future."""
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[xfer] = _Incoming(peer=peer, future=fut, max_bytes=max_bytes)
+        return fut
+
+    def forget(self, xfer: str) -> None:
+        """Stop waiting for ``xfer`` (done, failed or timed out)."""
+        self._pending.pop(xfer, None)
+
+    def pending(self) -> list[str]:
+        """The transfer ids being waited for."""
+        return list(self._pending)
+
+    def on_refused(self, env: Envelope) -> None:
+        """The peer answered a pull with ``pull_error``: fail that pull."""
+        body = env.body if isinstance(env.body, dict) else {}
+        inc = self._pending.get(body.get("xfer"))
+        if inc is not None and inc.peer == env.sender and not inc.future.done():
+            inc.future.set_exception(
+                TransferError(f"{env.sender} refused the pull: {body.get('reason')}")
+            )
+
+    def on_meta(self, env: Envelope) -> None:
+        """A transfer's metadata: check it against the limits, allocate the buffer."""
+        body = env.body
+        inc = self._pending.get(body.get("xfer")) if isinstance(body, dict) else None
+        if inc is None or inc.peer != env.sender or inc.buf is not None:
+            self._on_drop("unexpected_xfer_meta", env)
+            return
+        total, chunk, nchunks = body.get("total"), body.get("chunk"), body.get("nchunks")
+        index, digest, expected = body.get("index"), body.get("digest"), body.get("hexdigest")
+        ints_ok = all(
+            isinstance(v, int) and not isinstance(v, bool) for v in (total, chunk, nchunks)
+        )
+        if not ints_ok or not isinstance(index, list) or not isinstance(expected, str):
+            self._fail(inc, "malformed transfer metadata")
+            return
+        try:
+            inc.hasher = new_hasher(digest) if isinstance(digest, str) else new_hasher("?")
+        except ValueError as exc:
+            self._fail(inc, str(exc))
+            return
+        if total < 0 or total > inc.max_bytes:
+            self._fail(inc, f"transfer of {total} bytes exceeds the limit of {inc.max_bytes}")
+            return
+        if not 0 < chunk <= self.max_message_bytes or nchunks != -(-total // chunk):
+            self._fail(inc, "inconsistent chunking in transfer metadata")
+            return
+        # uninitialised (no 47 MB memset): every byte is overwritten by a chunk before use
+        inc.buf = memoryview(np.empty(total, dtype=np.uint8)).cast("B")
+        inc.index, inc.digest, inc.chunk, inc.nchunks = index, expected, chunk, nchunks
+        if nchunks == 0:
+            self._spawn(self._finish(inc))
+
+    def on_chunk(self, env: Envelope) -> None:
+        """One chunk: copy it into place, hash the contiguous prefix, finish when complete."""
+        body = env.body
+        inc = self._pending.get(body.get("xfer")) if isinstance(body, dict) else None
+        if inc is None or inc.peer != env.sender or inc.buf is None or inc.future.done():
+            self._on_drop("unexpected_xfer_chunk", env)
+            return
+        seq, data = body.get("seq"), env.data
+        if not isinstance(seq, int) or data is None or not 0 <= seq < inc.nchunks:
+            self._fail(inc, "malformed chunk")
+            return
+        start = seq * inc.chunk
+        expected = min(inc.chunk, len(inc.buf) - start)
+        if len(data) != expected:
+            self._fail(inc, f"chunk {seq} has {len(data)} bytes, expected {expected}")
+            return
+        if seq in inc.seen:
+            return
+        inc.buf[start : start + expected] = data
+        inc.seen.add(seq)
+        # hash the contiguous prefix in a worker thread (hashers release the GIL), so the
+        # digest is ready almost as soon as the last chunk lands
+        ready = inc.hashed
+        while ready in inc.seen:
+            ready += 1
+        complete = len(inc.seen) == inc.nchunks
+        if ready - inc.hashed >= HASH_BATCH or (complete and ready > inc.hashed):
+            span = inc.buf[inc.hashed * inc.chunk : ready * inc.chunk]
+            inc.last_hash = self._hash_pool().submit(inc.hasher.update, span)
+            inc.hashed = ready
+        if complete:
+            self._spawn(self._finish(inc))
+
+    def _hash_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._hasher_pool is None:  # one worker: updates run in submission order
+            self._hasher_pool = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix=f"digest-{self.node_id}"
+            )
+        return self._hasher_pool
+
+    async def _finish(self, inc: _Incoming) -> None:
+        assert inc.buf is not None and inc.index is not None
+        if inc.last_hash is not None:
+            await asyncio.wrap_future(inc.last_hash)
+        if inc.hasher.hexdigest() != inc.digest:
+            self._fail(inc, "digest mismatch")
+            return
+        try:
+            state = buffer_to_state(inc.index, inc.buf)
+        except CodecError as exc:
+            self._fail(inc, f"bad tensor index: {exc}")
+            return
+        if not inc.future.done():
+            inc.future.set_result(state)
+
+    def _fail(self, inc: _Incoming, reason: str) -> None:
+        self._on_drop("bad_transfer", f"transfer from {inc.peer} rejected: {reason}")
+        if not inc.future.done():
+            inc.future.set_exception(TransferError(f"transfer from {inc.peer}: {reason}"))
+
+    def close(self) -> None:
+        """Fail every pending transfer and stop the hashing thread."""
+        for inc in self._pending.values():
+            if not inc.future.done():
+                inc.future.set_exception(TransferError("transport closed"))
+        if self._hasher_pool is not None:
+            self._hasher_pool.shutdown(wait=False, cancel_futures=True)
+            self._hasher_pool = None
