@@ -12,13 +12,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from p2pfl.config.schema import (
-    BrokerAddress,
-    ConfigError,
-    TopologyConfig,
-    load_node_overrides,
-    load_topology,
-)
+from p2pfl.config.load import ConfigError, load_node_overrides, load_topology
+from p2pfl.config.schema import BrokerAddress, TopologyConfig
 
 console = Console(stderr=True)
 
@@ -190,7 +185,7 @@ def cmd_node(args: argparse.Namespace) -> int:
 
 
 def cmd_summarize(args: argparse.Namespace) -> int:
-    from p2pfl.config.schema import load_topology
+    from p2pfl.config.load import load_topology
     from p2pfl.launch.swarm import finish_run, summary_table
 
     run = Path(args.run_dir)
