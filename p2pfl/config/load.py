@@ -18,9 +18,10 @@ import yaml
 from pydantic import ValidationError
 
 from p2pfl.config.schema import PARAMS_CHECK, BrokerAddress, NodeOverrides, TopologyConfig
+from p2pfl.errors import P2PFLError
 
 
-class ConfigError(ValueError):
+class ConfigError(P2PFLError, ValueError):
     """A configuration problem; ``errors`` holds one ``(location, message)`` per problem."""
 
     def __init__(self, source: str, errors: list[tuple[str, str]]):

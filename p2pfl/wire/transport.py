@@ -42,6 +42,7 @@ import aiomqtt
 import numpy as np
 
 from p2pfl import PROTOCOL_VERSION
+from p2pfl.errors import P2PFLError
 from p2pfl.wire.codec import CodecError, buffer_to_state, decode, encode, state_to_buffer
 from p2pfl.wire.digest import DEFAULT_DIGEST, hexdigest, new_hasher
 
@@ -65,7 +66,7 @@ HASH_BATCH = 8  # chunks per hashing job: fewer GIL hand-offs to the hashing thr
 PUBLISH_WINDOW = 16  # QoS-1 publishes in flight per transfer
 
 
-class TransportError(RuntimeError):
+class TransportError(P2PFLError, RuntimeError):
     """A send or pull that could not complete (disconnected, refused, timed out, corrupt)."""
 
 
