@@ -12,13 +12,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from p2pfl.config.schema import (
-    BrokerAddress,
-    ConfigError,
-    TopologyConfig,
-    load_node_overrides,
-    load_topology,
-)
+from p2pfl.config.load import ConfigError, load_node_overrides, load_topology
+from p2pfl.config.schema import BrokerAddress, TopologyConfig
+from p2pfl.errors import P2PFLError
 
 console = Console(stderr=True)
 
@@ -190,7 +186,7 @@ def cmd_node(args: argparse.Namespace) -> int:
 
 
 def cmd_summarize(args: argparse.Namespace) -> int:
-    from p2pfl.config.schema import load_topology
+    from p2pfl.config.load import load_topology
     from p2pfl.launch.swarm import finish_run, summary_table
 
     run = Path(args.run_dir)
@@ -413,8 +409,6 @@ def main(argv: list[str] | None = None) -> int:
     from p2pfl.wire.sysopt import tune_malloc
 
     tune_malloc()  # before the first large allocation (see p2pfl.wire.sysopt)
-    from p2pfl.security.certs import CertError
-
     args = build_parser().parse_args(argv)
     _setup_logging(args.verbose, rich=not getattr(args, "no_rich", False))
     try:
@@ -422,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         _print_config_error(exc)
         return 2
-    except CertError as exc:
+    except P2PFLError as exc:  # a certificate, the broker, the wire: a message, not a trace
         console.print(f"[red]error[/] {exc}", highlight=False, soft_wrap=True)
         return 2
 

@@ -36,7 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from p2pfl.algorithms import get_algorithm  # noqa: E402
-from p2pfl.config.schema import TopologyConfig, load_topology  # noqa: E402
+from p2pfl.config.load import load_topology  # noqa: E402
+from p2pfl.config.schema import TopologyConfig  # noqa: E402
 from p2pfl.config.topology import neighbours  # noqa: E402
 from p2pfl.learning.data import load_node_data  # noqa: E402
 from p2pfl.learning.train import evaluate, round_lr, train_local  # noqa: E402

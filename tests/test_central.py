@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from p2pfl.algorithms.fedavg import FedAvg
-from p2pfl.config.schema import load_topology
+from p2pfl.config.load import load_topology
 from p2pfl.learning.state import layout_mismatch
 from p2pfl.node.centralized import check_announcement
 from p2pfl.node.daemon import Node, NodeOptions

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from p2pfl.config.schema import (
+from p2pfl.config.load import (
     ConfigError,
     apply_overrides,
     load_node_overrides,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from p2pfl.cli import main as cli_main
-from p2pfl.config.schema import dump_topology, load_topology
+from p2pfl.config.load import dump_topology, load_topology
 from p2pfl.launch.swarm import run_swarm, spawn_worker, stop_workers
 from p2pfl.metrics import ROUND_FIELDS, read_records
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from test_integration import _start_nodes, check_run_dir
 
-from p2pfl.config.schema import load_topology
+from p2pfl.config.load import load_topology
 from p2pfl.launch.swarm import run_swarm, stop_workers
 from p2pfl.learning.models import build_model
 from p2pfl.learning.state import part_keys

@@ -8,7 +8,7 @@ import math
 import pytest
 from test_integration import _start_nodes, _wait_round, check_run_dir
 
-from p2pfl.config.schema import load_topology
+from p2pfl.config.load import load_topology
 from p2pfl.launch.swarm import run_swarm, spawn_worker, stop_workers
 from p2pfl.metrics import read_records
 

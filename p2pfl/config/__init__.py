@@ -1,2 +1,3 @@
-"""Configuration: the topology schema, loading and ``--set`` overrides (``schema``), and the graphs
-built from it (``topology``)."""
+"""Configuration: the topology schema (``schema``), reading it from YAML with ``--set``
+overrides and the check of a method's knobs (``load``), and the graphs built from it
+(``topology``)."""

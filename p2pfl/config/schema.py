@@ -1,29 +1,26 @@
-"""Topology YAML → validated pydantic models, with errors that name the file and the field.
+"""The topology schema: pydantic models of a swarm's configuration, nothing else.
 
 A topology file describes one swarm: who the nodes are, how they connect, which algorithm
 they run, on which data and model. Unknown keys are rejected everywhere so that a typo never
-silently falls back to a default. ``--set a.b.c=value`` overrides are applied to the raw YAML
-mapping before validation, so they are validated exactly like the file itself.
+silently falls back to a default. Reading files, ``--set`` overrides and the check of a
+method's knobs are :mod:`p2pfl.config.load`'s: this module is the ground floor that the rest
+of p2pfl (the method registry included) builds on, so it imports none of it
+(docs/design.md, "Configuration").
 """
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+PARAMS_CHECK = "validate_params"
+"""The validation-context key under which a loader passes the check of a method's knobs:
+``check(name, params) -> params with defaults``, raising ``ValueError`` on a wrong knob."""
 
-class ConfigError(ValueError):
-    """A configuration problem; ``errors`` holds one ``(location, message)`` per problem."""
-
-    def __init__(self, source: str, errors: list[tuple[str, str]]):
-        self.source = source
-        self.errors = errors
-        lines = [f"{source}: {loc}: {msg}" if loc else f"{source}: {msg}" for loc, msg in errors]
-        super().__init__("\n".join(lines))
+ParamsCheck = Callable[[str, dict[str, Any]], dict[str, Any]]
 
 
 class _Strict(BaseModel):
@@ -66,12 +63,14 @@ class AlgorithmConfig(_Strict):
     params: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _check_params(self) -> AlgorithmConfig:
-        """Validate ``params`` against the named method's own pydantic model (defaults
-        filled in), so a wrong knob is reported as ``algorithm: params.<knob>: ...``."""
-        from p2pfl.algorithms import validate_params  # late: algorithms import config
-
-        object.__setattr__(self, "params", validate_params(self.name, self.params))
+    def _check_params(self, info: ValidationInfo) -> AlgorithmConfig:
+        """Check ``params`` with the check the loader passes in the validation context
+        (:data:`PARAMS_CHECK`; :mod:`p2pfl.config.load` passes the method registry's), which
+        fills in defaults, so a wrong knob is reported as ``algorithm: params.<knob>: ...``.
+        Without one, ``params`` stay as given: the schema does not know the methods."""
+        check: ParamsCheck | None = (info.context or {}).get(PARAMS_CHECK)
+        if check is not None:
+            object.__setattr__(self, "params", check(self.name, self.params))
         return self
 
 
@@ -285,120 +284,3 @@ class NodeOverrides(_Strict):
     threads: int | None = Field(None, ge=1)
     host: str | None = Field(None, description="run the topology's nodes pinned to this host")
     certs: str | None = Field(None, description="this device's certificate directory")
-
-
-# ----------------------------------------------------------------------------- loading
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """``a.b.c=value`` → (["a","b","c"], value); the value is parsed as YAML (so 3, 0.5,
-    true, [1,2] and strings all work)."""
-    key, sep, raw = text.partition("=")
-    if not sep or not key.strip():
-        raise ValueError(f"--set expects key=value, got {text!r}")
-    path = [p for p in key.strip().split(".") if p]
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    return path, value
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Set each dotted path in ``data`` (creating maps as needed)."""
-    for text in overrides:
-        path, value = parse_override(text)
-        cur: Any = data
-        for i, key in enumerate(path[:-1]):
-            nxt = cur.get(key) if isinstance(cur, dict) else None
-            if isinstance(nxt, str) and key in ("edges", "broker"):
-                nxt = {"kind": nxt} if key == "edges" else BrokerAddress.parse(nxt).model_dump()
-                cur[key] = nxt
-            if not isinstance(nxt, dict):
-                if nxt is not None:
-                    raise ValueError(f"--set {text}: {'.'.join(path[: i + 1])} is not a mapping")
-                nxt = cur[key] = {}
-            cur = nxt
-        cur[path[-1]] = value
-    return data
-
-
-def _format_loc(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            # pydantic reports union branches by type name; they are noise for users
-            if part in ("GeneratedEdges", "list[tuple[str,str]]", "function-after[_check_graph()]"):
-                continue
-            out += f".{part}" if out else str(part)
-    return out
-
-
-def validation_errors(exc: ValidationError) -> list[tuple[str, str]]:
-    errors = []
-    for err in exc.errors():
-        msg = err["msg"]
-        if msg.startswith("Value error, "):
-            msg = msg[len("Value error, ") :]
-        if err["type"] == "extra_forbidden":
-            msg = "unknown field"
-        loc = _format_loc(err["loc"])
-        # whole-model checks say which field they are about as "field: message"
-        m = re.match(r"^([A-Za-z_][\w.]*): (.*)$", msg, re.S)
-        if not loc and m:
-            loc, msg = m.group(1), m.group(2)
-        errors.append((loc, msg))
-    return errors
-
-
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ConfigError(str(p), [("", f"cannot read file: {exc.strerror}")]) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark else ""
-        raise ConfigError(str(p), [(where, f"invalid YAML: {exc}")]) from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(str(p), [("", "top level must be a mapping")])
-    return data
-
-
-def load_topology(path: str | Path, overrides: list[str] | None = None) -> TopologyConfig:
-    """Read, override and validate a topology file; raise ``ConfigError`` naming file+field."""
-    data = load_yaml(path)
-    try:
-        apply_overrides(data, overrides or [])
-    except ValueError as exc:
-        raise ConfigError(str(path), [("", str(exc))]) from None
-    return topology_from_dict(data, source=str(path))
-
-
-def topology_from_dict(data: dict[str, Any], source: str = "<config>") -> TopologyConfig:
-    try:
-        return TopologyConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(source, validation_errors(exc)) from None
-
-
-def load_node_overrides(path: str | Path) -> NodeOverrides:
-    data = load_yaml(path)
-    try:
-        return NodeOverrides.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(str(path), validation_errors(exc)) from None
-
-
-def dump_topology(cfg: TopologyConfig) -> str:
-    """The resolved config as YAML (what a run directory records)."""
-    data = cfg.model_dump(mode="json")
-    data["broker"] = str(cfg.broker)
-    return yaml.safe_dump(data, sort_keys=False)

@@ -27,11 +27,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from p2pfl.errors import P2PFLError
 from p2pfl.security.certs import SwarmCerts, mosquitto_acl
 
 
-class BrokerError(RuntimeError):
-    pass
+class BrokerError(P2PFLError, RuntimeError):
+    """Mosquitto missing, or it exited or did not accept connections at start."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:

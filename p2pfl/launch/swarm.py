@@ -25,7 +25,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from p2pfl.config.schema import BrokerAddress, TopologyConfig, dump_topology
+from p2pfl.config.load import dump_topology
+from p2pfl.config.schema import BrokerAddress, TopologyConfig
 from p2pfl.launch.broker import BrokerTLS, MosquittoBroker
 from p2pfl.metrics import (
     node_log_path,

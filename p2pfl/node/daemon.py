@@ -40,7 +40,8 @@ import torch
 from p2pfl import PROTOCOL_VERSION
 from p2pfl.algorithms import AlgorithmContext, get_algorithm
 from p2pfl.algorithms.base import Method
-from p2pfl.config.schema import BrokerAddress, ConfigError, TopologyConfig, dump_topology
+from p2pfl.config.load import ConfigError, dump_topology
+from p2pfl.config.schema import BrokerAddress, TopologyConfig
 from p2pfl.config.topology import neighbours
 from p2pfl.learning.data import NodeData, load_node_data
 from p2pfl.learning.models import build_model

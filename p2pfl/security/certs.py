@@ -29,11 +29,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from p2pfl.errors import P2PFLError
+
 DEFAULT_DAYS = 825
 MAX_CERT_BYTES = 4096  # a peer's certificate is untrusted input
 
 
-class CertError(ValueError):
+class CertError(P2PFLError, ValueError):
     """A missing, unreadable or untrusted certificate or key; the message names the file."""
 
 

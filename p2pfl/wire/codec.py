@@ -28,6 +28,8 @@ import msgpack
 import numpy as np
 import torch
 
+from p2pfl.errors import P2PFLError
+
 __all__ = [
     "ALLOWED_DTYPES",
     "CodecError",
@@ -44,7 +46,7 @@ if sys.byteorder != "little":  # pragma: no cover - every supported torch platfo
     raise ImportError("p2pfl.wire.codec assumes a little-endian host")
 
 
-class CodecError(ValueError):
+class CodecError(P2PFLError, ValueError):
     """Bytes (or an index) that do not describe a valid message / state."""
 
 

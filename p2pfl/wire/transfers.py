@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from p2pfl.errors import P2PFLError
 from p2pfl.wire.codec import CodecError, buffer_to_state, state_to_buffer
 from p2pfl.wire.digest import DEFAULT_DIGEST, hexdigest, new_hasher
 from p2pfl.wire.envelope import Envelope
@@ -29,7 +30,7 @@ CHUNK_BYTES = 1 << 20
 HASH_BATCH = 8  # chunks per hashing job: fewer GIL hand-offs to the hashing thread
 
 
-class TransferError(RuntimeError):
+class TransferError(P2PFLError, RuntimeError):
     """A transfer that failed: refused by the peer, corrupt, oversized, or abandoned."""
 
 

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiomqtt
 
+from p2pfl.errors import P2PFLError
 from p2pfl.wire.codec import CodecError
 from p2pfl.wire.envelope import GOSSIP_KINDS, INBOX_KINDS, Envelope
 from p2pfl.wire.transfers import (
@@ -56,7 +57,7 @@ log = logging.getLogger(__name__)
 PUBLISH_WINDOW = 16  # QoS-1 publishes in flight per transfer
 
 
-class TransportError(RuntimeError):
+class TransportError(P2PFLError, RuntimeError):
     """A send or pull that could not complete (disconnected, refused, timed out, corrupt)."""
 
 

@@ -1,0 +1,151 @@
+"""Topology YAML → validated :mod:`p2pfl.config.schema` models, with errors that name the
+file and the field.
+
+``--set a.b.c=value`` overrides are applied to the raw YAML mapping before validation, so
+they are validated exactly like the file itself. Every topology read here also has its
+``algorithm.params`` checked against the named method's own model in the registry
+(:func:`p2pfl.algorithms.validate_params`, defaults filled in); the schema cannot do that
+itself, as it sits below the registry (docs/design.md, "Configuration").
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from p2pfl.config.schema import PARAMS_CHECK, BrokerAddress, NodeOverrides, TopologyConfig
+from p2pfl.errors import P2PFLError
+
+
+class ConfigError(P2PFLError, ValueError):
+    """A configuration problem; ``errors`` holds one ``(location, message)`` per problem."""
+
+    def __init__(self, source: str, errors: list[tuple[str, str]]):
+        self.source = source
+        self.errors = errors
+        lines = [f"{source}: {loc}: {msg}" if loc else f"{source}: {msg}" for loc, msg in errors]
+        super().__init__("\n".join(lines))
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b.c=value`` → (["a","b","c"], value); the value is parsed as YAML (so 3, 0.5,
+    true, [1,2] and strings all work)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"--set expects key=value, got {text!r}")
+    path = [p for p in key.strip().split(".") if p]
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return path, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Set each dotted path in ``data`` (creating maps as needed)."""
+    for text in overrides:
+        path, value = parse_override(text)
+        cur: Any = data
+        for i, key in enumerate(path[:-1]):
+            nxt = cur.get(key) if isinstance(cur, dict) else None
+            if isinstance(nxt, str) and key in ("edges", "broker"):
+                nxt = {"kind": nxt} if key == "edges" else BrokerAddress.parse(nxt).model_dump()
+                cur[key] = nxt
+            if not isinstance(nxt, dict):
+                if nxt is not None:
+                    raise ValueError(f"--set {text}: {'.'.join(path[: i + 1])} is not a mapping")
+                nxt = cur[key] = {}
+            cur = nxt
+        cur[path[-1]] = value
+    return data
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            # pydantic reports union branches by type name; they are noise for users
+            if part in ("GeneratedEdges", "list[tuple[str,str]]", "function-after[_check_graph()]"):
+                continue
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def validation_errors(exc: ValidationError) -> list[tuple[str, str]]:
+    errors = []
+    for err in exc.errors():
+        msg = err["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        loc = _format_loc(err["loc"])
+        # whole-model checks say which field they are about as "field: message"
+        m = re.match(r"^([A-Za-z_][\w.]*): (.*)$", msg, re.S)
+        if not loc and m:
+            loc, msg = m.group(1), m.group(2)
+        errors.append((loc, msg))
+    return errors
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(str(p), [("", f"cannot read file: {exc.strerror}")]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else ""
+        raise ConfigError(str(p), [(where, f"invalid YAML: {exc}")]) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(str(p), [("", "top level must be a mapping")])
+    return data
+
+
+def load_topology(path: str | Path, overrides: list[str] | None = None) -> TopologyConfig:
+    """Read, override and validate a topology file; raise ``ConfigError`` naming file+field."""
+    data = load_yaml(path)
+    try:
+        apply_overrides(data, overrides or [])
+    except ValueError as exc:
+        raise ConfigError(str(path), [("", str(exc))]) from None
+    return topology_from_dict(data, source=str(path))
+
+
+def topology_from_dict(data: dict[str, Any], source: str = "<config>") -> TopologyConfig:
+    """Validate a topology mapping, ``algorithm.params`` included; raise ``ConfigError``
+    naming ``source`` and the field."""
+    # here, not at the top: the registry imports torch, which `p2pfl certs` and the other
+    # commands that read no topology need not load
+    from p2pfl.algorithms import validate_params
+
+    try:
+        return TopologyConfig.model_validate(data, context={PARAMS_CHECK: validate_params})
+    except ValidationError as exc:
+        raise ConfigError(source, validation_errors(exc)) from None
+
+
+def load_node_overrides(path: str | Path) -> NodeOverrides:
+    data = load_yaml(path)
+    try:
+        return NodeOverrides.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(str(path), validation_errors(exc)) from None
+
+
+def dump_topology(cfg: TopologyConfig) -> str:
+    """The resolved config as YAML (what a run directory records)."""
+    data = cfg.model_dump(mode="json")
+    data["broker"] = str(cfg.broker)
+    return yaml.safe_dump(data, sort_keys=False)
