@@ -94,3 +94,22 @@ def test_no_module_imports_another_modules_private_names():
             if imported.startswith("_") and target != name:
                 offenders.append(f"{path.relative_to(ROOT)}:{line} imports {target}.{imported}")
     assert offenders == []
+
+
+def test_every_driver_implements_the_driver_interface():
+    """The daemon routes the transport's callbacks to whichever driver the method's kind
+    picks: each must have every method of the interface."""
+    import inspect
+
+    from p2pfl.node.daemon import DRIVERS
+    from p2pfl.node.services import RoundDriver
+
+    wanted = {
+        n for n, v in vars(RoundDriver).items() if inspect.isfunction(v) and not n.startswith("_")
+    }
+    assert wanted == {"run", "on_gossip", "on_inbox", "serve_pull", "on_peer_online"}
+    for kind, driver in DRIVERS.items():
+        missing = {n for n in wanted if not callable(getattr(driver, n, None))}
+        assert not missing, (kind, missing)
+        for name in ("run", "serve_pull"):
+            assert inspect.iscoroutinefunction(getattr(driver, name)), (kind, name)

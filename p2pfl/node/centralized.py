@@ -217,6 +217,10 @@ class CentralizedRounds:
         self._wanted[env.round] = max(self._wanted.get(env.round, 0), env.attempt)
         self.services.notify()
 
+    def on_peer_online(self, peer: str) -> None:
+        """Nothing to resend: a member that comes online catches up from the next
+        announcement (it observes a round first)."""
+
     async def _prepared_for(self, key: tuple[int, int, str], state: State) -> PreparedState:
         full = (*key, id(state))
         async with self._prepare_lock:

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -49,6 +49,7 @@ PACK_POOL = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="p2pfl-p
 EVAL_BATCH = 500
 
 
+@runtime_checkable
 class RoundDriver(Protocol):
     """The interface between the daemon and a round driver: the daemon calls :meth:`run`
     once, after the startup barrier, and routes the transport's callbacks here."""
