@@ -137,6 +137,8 @@ def test_weighted_mean_rejects_bad_input():
             weighted_mean([a, a], [1, bad])
     with pytest.raises(ValueError):
         weighted_mean([a, a], [1e308, 1e308])  # the sum overflows
+    with pytest.raises(ValueError):
+        weighted_mean([{"w": [1.0, 2.0]}, a], [1, 1])  # type: ignore[list-item]
 
 
 # ----------------------------------------------------------------------------- with masks

@@ -112,6 +112,9 @@ def weighted_mean(
     if missing:
         raise ValueError(f"weighted_mean: state 0 lacks {missing[:3]}")
     template = first if keys is None else {k: first[k] for k in names}
+    odd = [k for k in names if not isinstance(first[k], torch.Tensor)]
+    if odd:
+        raise ValueError(f"weighted_mean: state 0: {odd[:3]} are not tensors")
     for i, state in enumerate(states[1:], start=1):
         view = state if keys is None else {k: state[k] for k in names if k in state}
         why = layout_mismatch(view, template)
