@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 import pytest
 import torch
 
-from p2pfl.algorithms import AlgorithmContext, Upload, get_algorithm, validate_params
+from p2pfl.algorithms import Upload, get_algorithm, validate_params
 from p2pfl.algorithms.criticalfl import (
     choose_participants,
     count_cap,
@@ -17,19 +18,15 @@ from p2pfl.algorithms.criticalfl import (
     is_critical,
     next_count,
 )
-from p2pfl.algorithms.fedavg import weighted_mean_states
-from p2pfl.config.schema import ModelConfig
-from p2pfl.learning.models import build_model
 from p2pfl.learning.train import TrainResult
 
 # ----------------------------------------------------------------------------- helpers
 
 
-def make_alg(name, params=None, n=2, seed=0):
-    torch.manual_seed(seed)
-    model = build_model(ModelConfig(name="mlp", hidden=4), num_classes=3, input_shape=(1, 4, 4))
-    ctx = AlgorithmContext("me", model, n, 3, (1, 4, 4), np.random.default_rng(seed))
-    return get_algorithm(name)(params or {}, ctx)
+@pytest.fixture
+def make_alg(make_method):
+    """``make_alg(name, params)``: a method on a 4-unit MLP, 2 samples (tests/conftest.py)."""
+    return partial(make_method, num_samples=2, node_id="me")
 
 
 def const_state(like, value):
@@ -40,55 +37,10 @@ def upload(state, n, gradnorm=None):
     return Upload(n, state, {} if gradnorm is None else {"gradnorm": gradnorm})
 
 
-# ----------------------------------------------------------------------------- weighted mean
-
-
-def test_weighted_mean_hand_values():
-    a = {"w": torch.tensor([0.0, 2.0]), "steps": torch.tensor(5)}
-    b = {"w": torch.tensor([4.0, 6.0]), "steps": torch.tensor(9)}
-    out = weighted_mean_states([a, b], [1, 3])
-    assert torch.equal(out["w"], torch.tensor([3.0, 5.0]))  # (0 + 3·4)/4, (2 + 3·6)/4
-    assert out["w"].dtype == torch.float32
-    assert int(out["steps"]) == 9  # non-floating: from the heaviest upload
-    assert out["steps"].dtype == a["steps"].dtype
-    out = weighted_mean_states([a, b], [3, 1])
-    assert torch.equal(out["w"], torch.tensor([1.0, 3.0]))
-    assert int(out["steps"]) == 5
-    assert int(weighted_mean_states([a, b], [2, 2])["steps"]) == 5  # tie: the first
-
-
-def test_weighted_mean_keeps_dtype_and_does_not_alias():
-    a = {"w": torch.tensor([1.0, 2.0], dtype=torch.float16)}
-    b = {"w": torch.tensor([2.0, 3.0], dtype=torch.float16)}
-    out = weighted_mean_states([a, b], [1, 1])
-    assert out["w"].dtype == torch.float16
-    assert torch.equal(out["w"], torch.tensor([1.5, 2.5], dtype=torch.float16))
-    single = weighted_mean_states([a], [7])
-    assert torch.equal(single["w"], a["w"]) and single["w"] is not a["w"]
-
-
-def test_weighted_mean_rejects_bad_input():
-    a = {"w": torch.tensor([1.0, 2.0])}
-    with pytest.raises(ValueError):
-        weighted_mean_states([], [])
-    with pytest.raises(ValueError):
-        weighted_mean_states([a, {"v": torch.tensor([1.0, 2.0])}], [1, 1])  # keys
-    with pytest.raises(ValueError):
-        weighted_mean_states([a, {"w": torch.tensor([1.0, 2.0, 3.0])}], [1, 1])  # shapes
-    with pytest.raises(ValueError):
-        weighted_mean_states([a, {"w": torch.tensor([1.0, 2.0], dtype=torch.float64)}], [1, 1])
-    with pytest.raises(ValueError):
-        weighted_mean_states([a, a], [0, 0])  # total weight not positive
-    with pytest.raises(ValueError):
-        weighted_mean_states([a, a], [1, -1])
-    with pytest.raises(ValueError):
-        weighted_mean_states([a, a], [1])  # length mismatch
-
-
 # ----------------------------------------------------------------------------- FedAvg
 
 
-def test_fedavg_aggregate_apply_round_trip():
+def test_fedavg_aggregate_apply_round_trip(make_alg):
     alg = make_alg("fedavg")
     assert alg.kind == "centralized" and alg.upload_part == "all"
     up = alg.upload()
@@ -109,7 +61,7 @@ def test_fedavg_aggregate_apply_round_trip():
     assert all(bool((v == 4.0).all()) for v in alg.model.state_dict().values())
 
 
-def test_fedavg_apply_rejects_mismatched_state():
+def test_fedavg_apply_rejects_mismatched_state(make_alg):
     alg = make_alg("fedavg")
     before = {k: v.clone() for k, v in alg.model.state_dict().items()}
     full = alg.upload()
@@ -132,7 +84,7 @@ def test_fedavg_apply_rejects_mismatched_state():
 # ----------------------------------------------------------------------------- FedPer
 
 
-def test_fedper_uploads_and_applies_only_g():
+def test_fedper_uploads_and_applies_only_g(make_alg):
     alg = make_alg("fedper")
     assert alg.upload_part == "g"
     own = {k: v.clone() for k, v in alg.model.state_dict().items()}
@@ -152,7 +104,7 @@ def test_fedper_uploads_and_applies_only_g():
             assert torch.equal(v, own[k])  # h untouched
 
 
-def test_fedper_apply_rejects_h_or_unknown_keys():
+def test_fedper_apply_rejects_h_or_unknown_keys(make_alg):
     alg = make_alg("fedper")
     own = {k: v.clone() for k, v in alg.model.state_dict().items()}
     g = alg.upload()
@@ -240,7 +192,7 @@ def _plain(x):
     return x is None or type(x) in (int, float, str, bool)
 
 
-def test_criticalfl_rounds_follow_the_signal():
+def test_criticalfl_rounds_follow_the_signal(make_alg):
     roster = [f"n{i}" for i in range(10)]
     alg = make_alg("criticalfl", {"window": 1, "delta": 0.01, "initial_detections": 2})
     server = alg.initial_server_state(roster)
@@ -269,7 +221,7 @@ def test_criticalfl_rounds_follow_the_signal():
     assert server["k"] == 2 and server["k0"] == 2 and server["K"] == 10
 
 
-def test_criticalfl_participants_deterministic_and_bounded():
+def test_criticalfl_participants_deterministic_and_bounded(make_alg):
     roster = [f"n{i}" for i in range(10)]
     alg = make_alg("criticalfl")
     server = {"k0": 2, "k": 5, "K": 10, "history": [0.1]}
@@ -280,7 +232,7 @@ def test_criticalfl_participants_deterministic_and_bounded():
     assert alg.participants(server, small, 3, np.random.default_rng(0)) == small
 
 
-def test_criticalfl_report_and_check_report():
+def test_criticalfl_report_and_check_report(make_alg):
     alg = make_alg("criticalfl")
     res = TrainResult(loss=1.0, ce_loss=1.0, steps=4, seconds=0.1, grad_sq_sum=10.0)
     assert alg.report(res, 0.1) == {"gradnorm": pytest.approx(1.0)}
@@ -324,7 +276,7 @@ def test_criticalfl_report_and_check_report():
         {"k0": 2, "k": 10**12, "K": 10, "history": []},
     ],
 )
-def test_criticalfl_tolerates_malformed_server_state(server):
+def test_criticalfl_tolerates_malformed_server_state(make_alg, server):
     roster = [f"n{i}" for i in range(10)]
     alg = make_alg("criticalfl")
     parts = alg.participants(server, roster, 1, np.random.default_rng(0))
@@ -336,7 +288,7 @@ def test_criticalfl_tolerates_malformed_server_state(server):
     assert _plain(agg.server)
 
 
-def test_criticalfl_ignores_uploads_without_a_valid_report():
+def test_criticalfl_ignores_uploads_without_a_valid_report(make_alg):
     roster = ["a", "b", "c"]
     alg = make_alg("criticalfl")
     like = alg.upload()
@@ -356,7 +308,7 @@ def test_criticalfl_ignores_uploads_without_a_valid_report():
     assert agg.server == server
 
 
-def test_criticalfl_needs_result():
+def test_criticalfl_needs_result(make_alg):
     alg = make_alg("criticalfl")
     assert alg.needs_result(True, False, False)
     assert alg.needs_result(False, True, False)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import numpy as np
+from functools import partial
+
 import pytest
 import torch
 from pydantic import ValidationError
 
-from p2pfl.algorithms import AlgorithmContext, get_algorithm
+from p2pfl.algorithms import get_algorithm
 from p2pfl.algorithms.dfedavgm import (
     DFedAvgM,
     apply_delta,
@@ -15,8 +16,6 @@ from p2pfl.algorithms.dfedavgm import (
     check_peer_delta,
     model_delta,
 )
-from p2pfl.config.schema import ModelConfig
-from p2pfl.learning.models import build_model
 
 # ----------------------------------------------------------------------------- pure math
 
@@ -118,18 +117,10 @@ def test_check_peer_delta():
 # ----------------------------------------------------------------------------- the class
 
 
-def make_alg(params=None, n=1):
-    torch.manual_seed(0)
-    model = build_model(ModelConfig(name="mlp", hidden=4), 3, (1, 4, 4))
-    ctx = AlgorithmContext(
-        node_id="a",
-        model=model,
-        num_samples=n,
-        num_classes=3,
-        input_shape=(1, 4, 4),
-        rng=np.random.default_rng(0),
-    )
-    return DFedAvgM(params or {}, ctx)
+@pytest.fixture
+def make_alg(make_method):
+    """``make_alg(params)``: DFedAvgM on a 4-unit MLP, 1 sample (tests/conftest.py)."""
+    return partial(make_method, DFedAvgM, num_samples=1, node_id="a")
 
 
 def state_of(alg) -> dict[str, torch.Tensor]:
@@ -156,7 +147,7 @@ def test_registered():
     assert cls.Params.model_validate({}).model_dump() == defaults
 
 
-def test_snapshot_is_the_delta_of_training():
+def test_snapshot_is_the_delta_of_training(make_alg):
     alg = make_alg(DELTAS)
     x0 = state_of(alg)
     fake_train(alg)
@@ -169,7 +160,7 @@ def test_snapshot_is_the_delta_of_training():
     assert alg.select(snap, "all").keys() == snap.keys()
 
 
-def test_snapshot_fp16():
+def test_snapshot_fp16(make_alg):
     alg = make_alg({"fp16_deltas": True, "mixing": "deltas"})
     x0 = state_of(alg)
     fake_train(alg)
@@ -180,8 +171,8 @@ def test_snapshot_fp16():
         assert torch.allclose(snap[k].float(), z[k] - x0[k], atol=1e-3)
 
 
-def test_plan_and_merge_with_one_peer_weights_1_and_3():
-    alg = make_alg(DELTAS, n=1)
+def test_plan_and_merge_with_one_peer_weights_1_and_3(make_alg):
+    alg = make_alg(DELTAS, num_samples=1)
     x0 = state_of(alg)
     fake_train(alg, seed=1)
     own = alg.snapshot()
@@ -209,8 +200,8 @@ def test_plan_and_merge_with_one_peer_weights_1_and_3():
         assert torch.allclose(nxt[k], z2[k] - new[k], atol=1e-6)
 
 
-def test_merge_uniform_and_fp16_peer():
-    alg = make_alg({"weighted": False, "mixing": "deltas"}, n=1)
+def test_merge_uniform_and_fp16_peer(make_alg):
+    alg = make_alg({"weighted": False, "mixing": "deltas"}, num_samples=1)
     x0 = state_of(alg)
     fake_train(alg)
     own = alg.snapshot()
@@ -225,8 +216,8 @@ def test_merge_uniform_and_fp16_peer():
         assert torch.allclose(new[k], expected, atol=1e-6)
 
 
-def test_merge_ignores_malformed_peer_and_failed_pull():
-    alg = make_alg(DELTAS, n=2)
+def test_merge_ignores_malformed_peer_and_failed_pull(make_alg):
+    alg = make_alg(DELTAS, num_samples=2)
     x0 = state_of(alg)
     fake_train(alg)
     own = alg.snapshot()
@@ -247,7 +238,7 @@ def test_merge_ignores_malformed_peer_and_failed_pull():
         assert torch.allclose(new[k], x0[k] + (own[k] + 1.0) / 2, atol=1e-6)
 
 
-def test_merge_alone_keeps_the_trained_model():
+def test_merge_alone_keeps_the_trained_model(make_alg):
     alg = make_alg(DELTAS)
     fake_train(alg)
     z = state_of(alg)
@@ -259,7 +250,7 @@ def test_merge_alone_keeps_the_trained_model():
         assert torch.allclose(alg.x[k], z[k], atol=1e-6)
 
 
-def test_plan_skips_peers_without_sample_count():
+def test_plan_skips_peers_without_sample_count(make_alg):
     alg = make_alg()
     plan, facts = alg.plan({"b": {"n": 3}, "c": {}, "d": {"n": True}, "e": {"n": -1}})
     assert plan == {"b": "all"}
@@ -268,12 +259,12 @@ def test_plan_skips_peers_without_sample_count():
     assert uniform.plan({"c": {}})[0] == {"c": "all"}
 
 
-def test_params_reject_unknown():
+def test_params_reject_unknown(make_alg):
     with pytest.raises(ValidationError):
         make_alg({"nope": 1})
 
 
-def test_choose_peers_all_or_a_random_few():
+def test_choose_peers_all_or_a_random_few(make_alg):
     assert make_alg().choose_peers(["c", "a", "b"]) == ["a", "b", "c"]
     few = make_alg({"peers": 2}).choose_peers(["d", "c", "b", "a"])
     assert len(few) == 2 and set(few) <= {"a", "b", "c", "d"}
@@ -282,7 +273,7 @@ def test_choose_peers_all_or_a_random_few():
 # ----------------------------------------------------------------------------- model mixing
 
 
-def test_models_mixing_snapshot_is_the_trained_model():
+def test_models_mixing_snapshot_is_the_trained_model(make_alg):
     alg = make_alg()
     fake_train(alg)
     z = state_of(alg)
@@ -296,8 +287,8 @@ def test_models_mixing_snapshot_is_the_trained_model():
         assert v.dtype == torch.float16 and torch.allclose(v.float(), z[k], atol=1e-2)
 
 
-def test_models_mixing_weights_1_and_3_reaches_consensus():
-    alg = make_alg(n=1)
+def test_models_mixing_weights_1_and_3_reaches_consensus(make_alg):
+    alg = make_alg(num_samples=1)
     x0 = state_of(alg)
     fake_train(alg, seed=1)
     z = state_of(alg)
@@ -315,7 +306,7 @@ def test_models_mixing_weights_1_and_3_reaches_consensus():
         sq += float((expected - x0[k]).double().pow(2).sum())
     assert out["delta_norm"] == pytest.approx(sq**0.5, rel=1e-5)
     # two nodes that mix with each other (equal weights) hold the same model afterwards
-    a, b = make_alg(n=2), make_alg(n=2)
+    a, b = make_alg(num_samples=2), make_alg(num_samples=2)
     fake_train(a, seed=4)
     fake_train(b, seed=5)
     sa, sb = a.snapshot(), b.snapshot()
@@ -325,8 +316,8 @@ def test_models_mixing_weights_1_and_3_reaches_consensus():
         assert torch.allclose(v, state_of(b)[k], atol=1e-6)
 
 
-def test_models_mixing_rejects_malformed_peer():
-    alg = make_alg(n=2)
+def test_models_mixing_rejects_malformed_peer(make_alg):
+    alg = make_alg(num_samples=2)
     fake_train(alg)
     z = state_of(alg)
     own = alg.snapshot()

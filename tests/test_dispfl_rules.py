@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
 from pydantic import ValidationError
 
-from p2pfl.algorithms import AlgorithmContext, get_algorithm
 from p2pfl.algorithms.dispfl import (
     DisPFL,
     decode_sparse,
@@ -24,8 +22,7 @@ from p2pfl.algorithms.dispfl import (
     prune_fraction,
     random_masks,
 )
-from p2pfl.config.schema import ModelConfig, TrainingConfig
-from p2pfl.learning.models import build_model
+from p2pfl.config.schema import TrainingConfig
 from p2pfl.learning.train import train_local
 from p2pfl.wire.codec import buffer_to_state, state_to_buffer
 
@@ -205,21 +202,27 @@ def test_decode_sparse_rejects_malformed_peers(breakage):
 # ----------------------------------------------------------------------------- the class
 
 
-def make_alg(seed=0, params=None, n=30):
-    torch.manual_seed(0)  # the same initial model on every node, as the daemon does
-    model = build_model(ModelConfig(name="mlp", hidden=16), 3, (1, 4, 4))
-    ctx = AlgorithmContext(
-        node_id=f"n{seed}",
-        model=model,
-        num_samples=n,
-        num_classes=3,
-        input_shape=(1, 4, 4),
-        rng=np.random.default_rng(seed),
-    )
-    alg = get_algorithm("dispfl")(params or {}, ctx)
-    assert isinstance(alg, DisPFL)
-    alg.total_rounds = 10
-    return alg
+@pytest.fixture
+def make_alg(make_method):
+    """``make_alg(seed, params)``: DisPFL node ``n<seed>`` on a 16-unit MLP, 30 samples, the
+    same initial model on every node (torch seed 0, as the daemon does) and its masks drawn
+    from ``seed`` (tests/conftest.py)."""
+
+    def make(seed=0, params=None, n=30):
+        alg = make_method(
+            "dispfl",
+            params,
+            hidden=16,
+            num_samples=n,
+            node_id=f"n{seed}",
+            seed=0,
+            rng_seed=seed,
+            total_rounds=10,
+        )
+        assert isinstance(alg, DisPFL)
+        return alg
+
+    return make
 
 
 def _zeros_off_mask(alg) -> bool:
@@ -227,7 +230,7 @@ def _zeros_off_mask(alg) -> bool:
     return all(bool((params[k][~alg.masks[k]] == 0).all()) for k in alg.masked)
 
 
-def test_params_are_validated():
+def test_params_are_validated(make_alg):
     with pytest.raises(ValidationError):
         make_alg(params={"density": 0})
     with pytest.raises(ValidationError):
@@ -236,7 +239,7 @@ def test_params_are_validated():
         make_alg(params={"sparsity": 0.5})
 
 
-def test_initial_masks_are_personal_and_applied():
+def test_initial_masks_are_personal_and_applied(make_alg):
     a, b = make_alg(0), make_alg(1)
     assert a.masked == ["g.fc.weight", "h.weight"]
     assert a.density() == pytest.approx(0.5, abs=0.01)
@@ -244,7 +247,7 @@ def test_initial_masks_are_personal_and_applied():
     assert mask_overlap(a.masks, b.masks) < 0.9  # different nodes, different masks
 
 
-def test_training_keeps_the_mask_and_prune_regrow_keeps_density():
+def test_training_keeps_the_mask_and_prune_regrow_keeps_density(make_alg):
     alg = make_alg(0)
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(60, 1, 4, 4, generator=g), torch.randint(0, 3, (60,), generator=g)
@@ -262,7 +265,7 @@ def test_training_keeps_the_mask_and_prune_regrow_keeps_density():
     assert _zeros_off_mask(alg) and not alg._grad_sum
 
 
-def test_merge_averages_over_covering_masks_and_drops_a_bad_peer():
+def test_merge_averages_over_covering_masks_and_drops_a_bad_peer(make_alg):
     a, b = make_alg(0), make_alg(1)
     with torch.no_grad():  # make the two models differ
         for p in b.model.parameters():
@@ -287,7 +290,7 @@ def test_merge_averages_over_covering_masks_and_drops_a_bad_peer():
     assert torch.allclose(new["h.bias"], (own["h.bias"] + peer["h.bias"]) / 2)
 
 
-def test_choose_peers_draws_at_most_peers():
+def test_choose_peers_draws_at_most_peers(make_alg):
     alg = make_alg(0, {"peers": 2})
     got = alg.choose_peers(["d", "c", "b", "a"])
     assert len(got) == 2 and set(got) <= {"a", "b", "c", "d"}

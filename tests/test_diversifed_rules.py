@@ -4,13 +4,13 @@ and the method end to end on a tiny model."""
 from __future__ import annotations
 
 import math
+from functools import partial
 
-import numpy as np
 import pytest
 import torch
 
 from p2pfl.algorithms import get_algorithm, validate_params
-from p2pfl.algorithms.base import AlgorithmContext, Upload
+from p2pfl.algorithms.base import Upload
 from p2pfl.algorithms.diversifed import (
     DiversiFed,
     diversifed_targets,
@@ -18,8 +18,6 @@ from p2pfl.algorithms.diversifed import (
     float_keys,
     unflatten,
 )
-from p2pfl.config.schema import ModelConfig
-from p2pfl.learning.models import build_model
 
 D = torch.float64
 
@@ -167,18 +165,10 @@ def test_flatten_unflatten_round_trip_keeps_shapes_dtypes_and_int_buffers():
 # ----------------------------------------------------------------- (5) the method
 
 
-def make_alg(seed: int = 0, **params) -> DiversiFed:
-    torch.manual_seed(seed)
-    model = build_model(ModelConfig(name="mlp", hidden=4), 3, (1, 4, 4))
-    ctx = AlgorithmContext(
-        node_id="n0",
-        model=model,
-        num_samples=10,
-        num_classes=3,
-        input_shape=(1, 4, 4),
-        rng=np.random.default_rng(0),
-    )
-    return DiversiFed(params, ctx)
+@pytest.fixture
+def make_alg(make_method):
+    """``make_alg(params)``: DiversiFed on a 4-unit MLP, 10 samples (tests/conftest.py)."""
+    return partial(make_method, DiversiFed)
 
 
 def perturbed(state, scale: float, seed: int):
@@ -205,9 +195,9 @@ def test_registered_and_knobs_validated():
             validate_params("diversifed", bad)
 
 
-def test_method_end_to_end():
+def test_method_end_to_end(make_alg):
     lam, alpha, tau = 3.0, 0.5, 0.7
-    alg = make_alg(lam=lam, alpha=alpha, tau=tau)
+    alg = make_alg({"lam": lam, "alpha": alpha, "tau": tau})
     assert alg.target is None and alg.extra_loss() is None  # round 1: plain CE
 
     base = alg.snapshot()
@@ -265,13 +255,13 @@ def test_method_end_to_end():
         assert torch.allclose(p.grad, expected, atol=1e-6, rtol=1e-5)
 
 
-def test_extra_loss_is_none_with_lambda_zero():
-    alg = make_alg(lam=0.0)
+def test_extra_loss_is_none_with_lambda_zero(make_alg):
+    alg = make_alg({"lam": 0.0})
     alg.apply(alg.snapshot(), {})
     assert alg.extra_loss() is None
 
 
-def test_round_one_identical_uploads_give_back_the_common_model():
+def test_round_one_identical_uploads_give_back_the_common_model(make_alg):
     alg = make_alg()
     base = alg.snapshot()
     uploads = {f"n{i}": Upload(5, {k: v.clone() for k, v in base.items()}, {}) for i in range(4)}
@@ -281,7 +271,7 @@ def test_round_one_identical_uploads_give_back_the_common_model():
         assert all(torch.equal(z[k], base[k]) for k in base)
 
 
-def test_non_finite_upload_is_left_out():
+def test_non_finite_upload_is_left_out(make_alg):
     alg = make_alg()
     base = alg.snapshot()
     states = {f"n{i}": perturbed(base, 0.1, seed=i) for i in range(4)}
@@ -298,7 +288,7 @@ def test_non_finite_upload_is_left_out():
 # ------------------------------------------------------------ (6) apply rejects
 
 
-def test_apply_rejects_a_mismatched_state():
+def test_apply_rejects_a_mismatched_state(make_alg):
     alg = make_alg()
     good = alg.snapshot()
     k0 = next(iter(good))

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
-import numpy as np
 import pytest
 import torch
 
 from p2pfl.algorithms import get_algorithm, validate_params
-from p2pfl.algorithms.base import AlgorithmContext, Upload
+from p2pfl.algorithms.base import Upload
 from p2pfl.algorithms.fedsa import (
     FedSA,
     FedSAParams,
@@ -21,8 +21,6 @@ from p2pfl.algorithms.fedsa import (
     mac_clusters,
     mic_categories,
 )
-from p2pfl.config.schema import ModelConfig
-from p2pfl.learning.models import build_model
 
 D = torch.float64
 
@@ -332,22 +330,17 @@ def test_params_validation():
 # ------------------------------------------------------------------ (9) the class end-to-end
 
 
-def _node(node_id: str, seed: int, n: int) -> FedSA:
-    torch.manual_seed(seed)
-    model = build_model(ModelConfig(name="mlp", hidden=4), 3, (1, 4, 4))
-    ctx = AlgorithmContext(
-        node_id=node_id,
-        model=model,
-        num_samples=n,
-        num_classes=3,
-        input_shape=(1, 4, 4),
-        rng=np.random.default_rng(0),
-    )
-    return FedSA({}, ctx)
+@pytest.fixture
+def make_node(make_method):
+    """``make_node(node_id=..., seed=..., num_samples=...)``: FedSA on a 4-unit MLP whose
+    initial weights come from ``seed`` (tests/conftest.py)."""
+    return partial(make_method, FedSA, rng_seed=0)
 
 
-def test_class_end_to_end():
-    nodes = {f"n{i}": _node(f"n{i}", seed=i, n=10 * (i + 1)) for i in range(4)}
+def test_class_end_to_end(make_node):
+    nodes = {
+        f"n{i}": make_node(node_id=f"n{i}", seed=i, num_samples=10 * (i + 1)) for i in range(4)
+    }
     uploads = {
         nid: Upload(n=alg.ctx.num_samples, state=alg.upload(), report={})
         for nid, alg in nodes.items()
@@ -365,7 +358,7 @@ def test_class_end_to_end():
         assert bool(torch.isfinite(val).all())
         assert bool((val >= stack.min(dim=0).values).all())
         assert bool((val <= stack.max(dim=0).values).all())
-    late = _node("late", seed=99, n=5)
+    late = make_node(node_id="late", seed=99, num_samples=5)
     assert late.apply(glob, {}) == {}
     for key, val in late.model.state_dict().items():
         assert torch.equal(val, glob[key])

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
-import numpy as np
 import pytest
 import torch
 
-from p2pfl.algorithms import AlgorithmContext, Upload, get_algorithm
+from p2pfl.algorithms import Upload, get_algorithm
 from p2pfl.algorithms.pfedc import (
     MultiHead,
     PFedC,
@@ -245,22 +245,11 @@ def test_masked_aggregation_hand_example():
 # ----------------------------------------------------------------------------- the method
 
 
-def make_alg(params=None, C=4, shape=(1, 3, 3), labels=None, seed=0, node="n0"):
-    torch.manual_seed(seed)
-    p = PFedCParams.model_validate(params or {})
-    model = PFedC.adapt_model(build_model(ModelConfig(name="mlp", hidden=8), C, shape), p, C)
-    ctx = AlgorithmContext(
-        node_id=node,
-        model=model,
-        num_samples=10,
-        num_classes=C,
-        input_shape=shape,
-        rng=np.random.default_rng(0),
-    )
-    alg = get_algorithm("pfedc")(params or {}, ctx)
-    if labels is not None:
-        alg.set_labels(torch.tensor(labels))
-    return alg
+@pytest.fixture
+def make_alg(make_method):
+    """``make_alg(params, labels=..., seed=..., node_id=...)``: pFedC on an 8-unit MLP over
+    1×3×3 inputs with 4 classes, 10 samples (tests/conftest.py)."""
+    return partial(make_method, "pfedc", hidden=8, num_classes=4, input_shape=(1, 3, 3), rng_seed=0)
 
 
 def test_registered_and_params():
@@ -272,7 +261,7 @@ def test_registered_and_params():
         PFedCParams.model_validate({"bogus": 1})
 
 
-def test_set_labels_report_and_check_report():
+def test_set_labels_report_and_check_report(make_alg):
     alg = make_alg(labels=[0, 0, 1, 3])
     assert alg.pi == [1, 1, 0, 1]
     rep = alg.report(None, 0.1)
@@ -293,7 +282,7 @@ def synthetic(C=4, n=64, seed=0):
 
 @pytest.mark.parametrize("weighting", ["mgda", "equal"])
 @pytest.mark.parametrize("groups", [None, [[0, 1], [2, 3]]])
-def test_loss_decreases(weighting, groups):
+def test_loss_decreases(make_alg, weighting, groups):
     x, y = synthetic()
     alg = make_alg({"weighting": weighting, "groups": groups}, labels=y.tolist())
     loss_fn = alg.loss_fn()
@@ -318,7 +307,7 @@ def _grads(model, loss):
 
 
 @pytest.mark.parametrize("weighting", ["equal", "mgda"])
-def test_objective_gradient_is_mgda_ub_update(weighting):
+def test_objective_gradient_is_mgda_ub_update(make_alg, weighting):
     """Sener & Koltun (2018), Algorithm 2: shared layers get Σ_t λ_t ∇L_t, head t gets its
     own ∇L_t; λ = 1/T for "equal", the min-norm point of the normalised ∇_Z L_t for "mgda"."""
     from p2pfl.algorithms.pfedc import normalize_gradients
@@ -366,7 +355,7 @@ def test_normalize_gradients_scales_rows():
     assert torch.equal(normalize_gradients(g, L, "none"), g)
 
 
-def test_absent_task_gets_no_gradient():
+def test_absent_task_gets_no_gradient(make_alg):
     x, y = synthetic()
     keep = y != 2
     x, y = x[keep], y[keep]
@@ -386,7 +375,7 @@ def test_absent_task_gets_no_gradient():
     assert alg.model.h.heads[2].weight.grad is not None
 
 
-def test_group_without_samples_in_batch_is_skipped():
+def test_group_without_samples_in_batch_is_skipped(make_alg):
     alg = make_alg({"groups": [[0, 1], [2, 3]]}, labels=[0, 1, 2, 3])
     x, _ = synthetic(n=4)
     y = torch.tensor([0, 1, 0, 1])
@@ -397,7 +386,7 @@ def test_group_without_samples_in_batch_is_skipped():
     assert math.isfinite(float(task))
 
 
-def test_make_loss_with_nothing_held():
+def test_make_loss_with_nothing_held(make_alg):
     alg = make_alg()
     x, y = synthetic(n=8)
     total, task = make_loss([False] * 4)(alg.model, x, y)
@@ -405,9 +394,9 @@ def test_make_loss_with_nothing_held():
     assert total.item() == 0.0 and task.item() == 0.0
 
 
-def test_aggregate_and_apply_round_trip():
+def test_aggregate_and_apply_round_trip(make_alg):
     labels = {"a": [0, 1, 1], "b": [1, 2, 3], "c": [0, 3]}
-    algs = {n: make_alg(labels=lab, node=n, seed=i) for i, (n, lab) in enumerate(labels.items())}
+    algs = {n: make_alg(labels=lab, node_id=n, seed=i) for i, (n, lab) in enumerate(labels.items())}
     assert algs["a"].pi == [1, 1, 0, 0]
     ups = {
         n: Upload(
@@ -438,13 +427,13 @@ def test_aggregate_and_apply_round_trip():
     assert torch.allclose(after["h.heads.0.weight"], mean0)
     assert torch.allclose(after["g.fc.weight"], phi, atol=1e-6)
     # a late joiner gets φ only: its heads stay
-    d = make_alg(labels=[2], node="d", seed=9)
+    d = make_alg(labels=[2], node_id="d", seed=9)
     heads_before = d.model.h.heads[0].weight.detach().clone()
     d.apply(agg.common, {})
     assert torch.equal(d.model.h.heads[0].weight, heads_before)
 
 
-def test_aggregate_ignores_a_malformed_pi():
+def test_aggregate_ignores_a_malformed_pi(make_alg):
     algs = [make_alg(labels=[0, 1, 2, 3], seed=i) for i in range(2)]
     ups = {
         "a": Upload(n=1, state=algs[0].upload(), report={"pi": [1, 1, 1, 1]}),
@@ -455,7 +444,7 @@ def test_aggregate_ignores_a_malformed_pi():
     assert not any(k.startswith("h.") for k in agg.results["a"])  # nobody to share with
 
 
-def test_apply_rejects_unknown_or_misshaped():
+def test_apply_rejects_unknown_or_misshaped(make_alg):
     alg = make_alg()
     with pytest.raises(ValueError, match="unknown"):
         alg.apply({"h.heads.9.weight": torch.zeros(1, 8)}, {})
@@ -474,7 +463,7 @@ def test_cifar100_superclass_preset_partitions_the_100_classes_into_20_groups_of
         validate_params("pfedc", {"groups": "cifar1000"})
 
 
-def test_prediction_names_only_held_classes():
+def test_prediction_names_only_held_classes(make_alg):
     from p2pfl.algorithms.pfedc import ABSENT_SCORE, find_heads
 
     x, y = synthetic()

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 import pytest
 import torch
 
-from p2pfl.algorithms import AlgorithmContext, get_algorithm
 from p2pfl.algorithms.uapdfl import (
     decide,
     gossiped_drift,
@@ -16,10 +16,8 @@ from p2pfl.algorithms.uapdfl import (
     relative_divergence,
     symmetric_kl,
     unit_tensor,
-    weighted_average,
 )
-from p2pfl.config.schema import ModelConfig
-from p2pfl.learning.models import build_model
+from p2pfl.learning.state import weighted_mean
 
 
 def test_kl_and_symmetric_kl_hand_values():
@@ -43,14 +41,14 @@ def test_kl_guards_zeros():
     assert d == pytest.approx(math.log(1 / 1e-8), rel=1e-6)
 
 
-def test_weighted_average_hand_values():
+def test_weighted_mean_own_first_hand_values():
     a = {"w": torch.tensor([1.0, 2.0]), "steps": torch.tensor(7)}
     b = {"w": torch.tensor([5.0, 6.0]), "steps": torch.tensor(9)}
-    out = weighted_average([(1, a), (3, b)])
+    out = weighted_mean([a, b], [1, 3])  # as the merge calls it: the node's own first
     assert torch.allclose(out["w"], torch.tensor([4.0, 5.0]))
     assert int(out["steps"]) == 7  # non-float tensors: the node's own
     with pytest.raises(ValueError):
-        weighted_average([])
+        weighted_mean([], [])
 
 
 def test_decide_branches():
@@ -63,19 +61,18 @@ def test_decide_branches():
     assert decide({}, 0.1, rng) == (None, [])
 
 
-def make_alg(params, n=2, seed=0):
-    torch.manual_seed(seed)
-    model = build_model(ModelConfig(name="mlp", hidden=4), 3, (1, 2, 2))
-    ctx = AlgorithmContext("me", model, n, 3, (1, 2, 2), np.random.default_rng(seed))
-    return get_algorithm("uapdfl")(params, ctx)
+@pytest.fixture
+def make_alg(make_method):
+    """UA-PDFL on a 4-unit MLP over 1×2×2 inputs, 2 samples (tests/conftest.py)."""
+    return partial(make_method, "uapdfl", input_shape=(1, 2, 2), num_samples=2, node_id="me")
 
 
 def const_state(like, value):
     return {k: torch.full_like(v, value) for k, v in like.items()}
 
 
-def test_layerwise_personalization_weights_by_samples():
-    alg = make_alg({"divergence_rule": "fixed", "th_I": 0.5}, n=2)
+def test_layerwise_personalization_weights_by_samples(make_alg):
+    alg = make_alg({"divergence_rule": "fixed", "th_I": 0.5}, num_samples=2)
     own = {k: v.clone() for k, v in alg.model.state_dict().items()}
     I_me = alg.I
     close = torch.tensor(I_me.tolist())  # identical: Div 0
@@ -102,7 +99,7 @@ def test_layerwise_personalization_weights_by_samples():
         assert torch.allclose(new[k], expect, atol=1e-6), k
 
 
-def test_client_wise_dropout_adopts_whole_model():
+def test_client_wise_dropout_adopts_whole_model(make_alg):
     alg = make_alg({"divergence_rule": "fixed", "th_I": 10.0})
     gossip = {
         "p": {"n": 5, "I": alg.I.clone(), "A": alg.A.clone()},
@@ -119,7 +116,7 @@ def test_client_wise_dropout_adopts_whole_model():
         assert torch.equal(v, theirs[k])
 
 
-def test_dropout_with_failed_pull_keeps_own_model():
+def test_dropout_with_failed_pull_keeps_own_model(make_alg):
     alg = make_alg({"th_I": 10.0})
     before = {k: v.clone() for k, v in alg.model.state_dict().items()}
     gossip = {"p": {"n": 5, "I": alg.I.clone(), "A": alg.A.clone()}}
@@ -129,7 +126,7 @@ def test_dropout_with_failed_pull_keeps_own_model():
         assert torch.equal(v, before[k])
 
 
-def test_malformed_gossip_is_ignored():
+def test_malformed_gossip_is_ignored(make_alg):
     alg = make_alg({"th_I": 0.1})
     gossip = {
         "bad_shape": {"n": 3, "I": torch.ones(5) / 5, "A": alg.A},
@@ -142,7 +139,7 @@ def test_malformed_gossip_is_ignored():
     assert alg.A_avg is None and alg.extra_loss() is None
 
 
-def test_auxiliary_term_value_and_gradient():
+def test_auxiliary_term_value_and_gradient(make_alg):
     alg = make_alg({"mu": 0.5, "th_I": 0.0})
     gossip = {"p": {"n": 2, "I": torch.tensor([1.0, 0, 0]), "A": alg.A + 2.0}}
     alg.plan(gossip)
@@ -159,14 +156,14 @@ def test_auxiliary_term_value_and_gradient():
     assert all(p.grad is None for p in alg.model.h.parameters())
 
 
-def test_choose_peers_draws_com_neighbours():
+def test_choose_peers_draws_com_neighbours(make_alg):
     alg = make_alg({"com": 2})
     picks = alg.choose_peers(["a", "b", "c", "d", "e"])
     assert len(picks) == 2 and set(picks) <= {"a", "b", "c", "d", "e"}
     assert alg.choose_peers(["a"]) == ["a"]
 
 
-def test_auxiliary_term_mean_reduction_divides_by_feature_dim():
+def test_auxiliary_term_mean_reduction_divides_by_feature_dim(make_alg):
     alg = make_alg({"mu": 0.5, "th_I": 0.0, "aux_reduction": "mean"})
     gossip = {"p": {"n": 2, "I": torch.tensor([1.0, 0, 0]), "A": alg.A + 2.0}}
     alg.plan(gossip)
@@ -198,7 +195,7 @@ def _near(rep: torch.Tensor, shift: float) -> torch.Tensor:
     return torch.softmax(logits, dim=0)
 
 
-def test_drift_is_measured_and_gossiped():
+def test_drift_is_measured_and_gossiped(make_alg):
     alg = make_alg({})
     assert "d" not in alg.gossip() and alg.drift is None
     alg.plan({})
@@ -212,7 +209,7 @@ def test_drift_is_measured_and_gossiped():
     assert alg.gossip()["d"] == alg.drift
 
 
-def test_relative_rule_compares_div_with_the_pairs_drift():
+def test_relative_rule_compares_div_with_the_pairs_drift(make_alg):
     alg = make_alg({})
     assert (alg.params.divergence_rule, alg.params.kappa) == ("relative", 2.0)  # the defaults
     close, far = _near(alg.I, 0.05), _near(alg.I, 0.5)
@@ -242,7 +239,7 @@ def test_relative_rule_compares_div_with_the_pairs_drift():
     assert plan == {"p": "g", "q": "g"}
 
 
-def test_relative_rule_without_drift_shares_only_identical_representations():
+def test_relative_rule_without_drift_shares_only_identical_representations(make_alg):
     alg = make_alg({})
     gossip = {
         "same": {"n": 2, "I": alg.I.clone(), "A": alg.A},  # round 1: the common initial model
@@ -253,7 +250,7 @@ def test_relative_rule_without_drift_shares_only_identical_representations():
     assert facts["relative"] == {"same": 0.0, "other": None}
 
 
-def test_fixed_rule_ignores_drift():
+def test_fixed_rule_ignores_drift(make_alg):
     alg = make_alg({"divergence_rule": "fixed", "th_I": 0.1})
     close = _near(alg.I, 0.05)
     assert symmetric_kl(alg.I, close) < 0.1

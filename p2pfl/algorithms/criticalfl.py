@@ -11,7 +11,8 @@ communication-efficiency baseline; KDD 2023):
   during the first ``initial_detections`` aggregations;
 - critical: double the participants, capped at ``max(k0, ⌊max_fraction · K⌋)``; otherwise
   halve, never below the starting count ``k0 = max(1, round(initial_fraction · K))``;
-- the model update itself is FedAvg over the uploads.
+- the model update itself is FedAvg over the uploads (the shared weighted mean,
+  docs/algorithms.md, "Shared aggregation").
 
 **Reading** (epochs): :class:`~p2pfl.learning.train.TrainResult` carries ``Σ_steps ‖g‖²``
 over all epochs but not the epoch count, so the driver sets :attr:`CriticalFL.local_epochs` to the

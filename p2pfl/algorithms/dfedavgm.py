@@ -67,6 +67,7 @@ from p2pfl.algorithms.base import (
     WholeModelExchange,
     register,
 )
+from p2pfl.learning.state import layout_mismatch, weighted_mean
 
 FP16_MAX = float(torch.finfo(torch.float16).max)  # 65504
 WIRE_FLOAT_DTYPES = (torch.float16, torch.float32)  # what a peer's delta may be sent as
@@ -95,14 +96,10 @@ class DFedAvgMParams(Params):
 
 
 def _check_same_layout(a: State, b: State, what: str) -> None:
-    if set(a) != set(b):
-        missing, extra = sorted(set(a) - set(b)), sorted(set(b) - set(a))
-        raise ValueError(f"{what}: keys differ (missing {missing}, extra {extra})")
-    for key, t in a.items():
-        if tuple(t.shape) != tuple(b[key].shape):
-            raise ValueError(
-                f"{what}: {key!r} has shape {tuple(b[key].shape)}, expected {tuple(t.shape)}"
-            )
+    """``ValueError`` unless ``b`` has ``a``'s keys and shapes (dtypes may differ)."""
+    why = layout_mismatch(b, a, dtype=False)
+    if why is not None:
+        raise ValueError(f"{what}: {why}")
 
 
 def model_delta(after: State, before: State, fp16: bool) -> State:
@@ -123,35 +120,37 @@ def model_delta(after: State, before: State, fp16: bool) -> State:
 
 
 def average_deltas(deltas: list[State], weights: list[float]) -> State:
-    """``Σ w_u Δ_u / Σ w_u`` per floating key, accumulated in float64 and returned in the
-    first delta's dtype promoted to at least float32 (float16 deltas come back as float32).
-    Non-floating keys are taken from the first delta (the node's own).
+    """``Σ w_u Δ_u / Σ w_u`` per floating key with the shared weighted mean
+    (docs/algorithms.md, "Shared aggregation": float64 accumulation, a weight 0 left out),
+    returned in the first delta's dtype promoted to at least float32 (float16 deltas come
+    back as float32): every delta's floating tensors are first widened, exactly, to that
+    dtype. Non-floating keys are taken from the first delta (the node's own).
 
     Raises ``ValueError`` for no deltas, a length mismatch, mismatched keys or shapes, a
-    negative weight or a non-positive total."""
+    floating delta wider than that dtype or a non-floating one of another dtype than the
+    first's, a negative or non-finite weight or a non-positive total."""
     if not deltas:
         raise ValueError("average_deltas needs at least one delta")
     if len(deltas) != len(weights):
         raise ValueError(f"average_deltas: {len(deltas)} deltas but {len(weights)} weights")
-    if any(not math.isfinite(w) or w < 0 for w in weights):
-        raise ValueError("average_deltas: weights must be finite and non-negative")
-    total = float(sum(weights))
-    if total <= 0:
-        raise ValueError("average_deltas: weights must sum to a positive number")
     first = deltas[0]
     for other in deltas[1:]:
         _check_same_layout(first, other, "average_deltas")
-    out: State = {}
-    for key, ref in first.items():
-        if not torch.is_floating_point(ref):
-            out[key] = ref.clone()
-            continue
-        acc = torch.zeros(ref.shape, dtype=torch.float64, device=ref.device)
-        for w, delta in zip(weights, deltas, strict=True):
-            if w:
-                acc += (w / total) * delta[key].to(device=ref.device, dtype=torch.float64)
-        out[key] = acc.to(torch.promote_types(ref.dtype, torch.float32))
-    return out
+    wide = {
+        k: torch.promote_types(t.dtype, torch.float32)
+        for k, t in first.items()
+        if torch.is_floating_point(t)
+    }
+    widened = [
+        {
+            k: t.to(torch.promote_types(wide[k], t.dtype))
+            if k in wide and torch.is_floating_point(t)
+            else t
+            for k, t in d.items()
+        }
+        for d in deltas
+    ]
+    return weighted_mean(widened, weights)
 
 
 def apply_delta(base: State, delta: State) -> State:
@@ -173,17 +172,11 @@ def check_peer_delta(own: State, peer: State) -> str | None:
     """Why a pulled delta cannot be averaged with ``own`` (None when it can): it must be a
     map of tensors with ``own``'s keys and shapes, floating entries float16 or float32 and
     finite, other entries of ``own``'s dtype."""
-    if not isinstance(peer, dict):
-        return "not a map"
-    if set(peer) != set(own):
-        missing, extra = sorted(set(own) - set(peer)), sorted(set(peer) - set(own))
-        return f"keys differ (missing {missing[:3]}, extra {extra[:3]})"
+    why = layout_mismatch(peer, own, dtype=False)
+    if why is not None:
+        return why
     for key, ref in own.items():
         t = peer[key]
-        if not isinstance(t, torch.Tensor):
-            return f"{key}: not a tensor"
-        if tuple(t.shape) != tuple(ref.shape):
-            return f"{key}: shape {tuple(t.shape)}, expected {tuple(ref.shape)}"
         if torch.is_floating_point(ref):
             if t.dtype not in WIRE_FLOAT_DTYPES:
                 return f"{key}: dtype {t.dtype}, expected float16 or float32"

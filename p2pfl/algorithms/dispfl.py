@@ -14,7 +14,9 @@ Round ``r`` of node ``i`` (merge-then-train, the default order):
 3. **mask-aware average** (:func:`masked_average`): for every masked tensor,
    ``w_i ← m_i ⊙ (Σ_u c_u m_u ⊙ w_u) / (Σ_u c_u m_u)`` over ``u ∈ {i} ∪ pulled``, element by
    element, so an element is averaged only over the models that hold it (``c_u = 1``, or
-   ``n_u`` with ``weighted``); dense tensors (biases, norms) are plain averages;
+   ``n_u`` with ``weighted``); dense tensors (biases, norms) are plain averages (the shared
+   weighted mean with masks, docs/algorithms.md, "Shared aggregation"; non-floating buffers
+   are the node's own);
 4. trains with the mask re-applied after every optimizer step (:meth:`DisPFL.step_hook`);
 5. **prune and regrow** (:func:`prune_and_regrow`), per masked tensor: drop
    ``⌊f_r · active⌋`` active elements of smallest ``|w|``, with
@@ -67,6 +69,7 @@ from p2pfl.algorithms.base import (
     register,
 )
 from p2pfl.learning.models import SplitModel
+from p2pfl.learning.state import weighted_mean
 
 Masks = dict[str, torch.Tensor]  # tensor name -> bool mask of the tensor's shape
 MASK_SUFFIX = ":mask"
@@ -150,30 +153,20 @@ def masked_average(models: list[tuple[float, State, Masks]], own_masks: Masks) -
     ``m_own ⊙ (Σ_u c_u m_u ⊙ w_u) / (Σ_u c_u m_u)`` element-wise (0 where no model holds the
     element); for a dense floating key, ``Σ c_u w_u / Σ c_u``; a non-floating key is the
     first model's. ``models`` are ``(c_u, w_u, m_u)`` with the node's own first; every ``m_u``
-    has the masked keys of ``own_masks``. Accumulates in float64; returns the first model's
-    dtypes. Raises ``ValueError`` for no models or a non-positive total weight."""
+    has the masked keys of ``own_masks``. The shared weighted mean with masks
+    (docs/algorithms.md, "Shared aggregation": float64 accumulation, numerator and
+    denominator summed, then divided), then ``m_own ⊙``; returns the first model's dtypes.
+    Raises ``ValueError`` for no models, a negative weight or a non-positive total weight,
+    or models whose layout differs from the first's."""
     if not models:
         raise ValueError("masked_average needs at least one model")
-    total = float(sum(c for c, _, _ in models))
-    if not math.isfinite(total) or total <= 0 or any(c < 0 for c, _, _ in models):
-        raise ValueError("masked_average: weights must be non-negative with a positive sum")
-    first = models[0][1]
-    out: State = {}
-    for key, ref in first.items():
-        if not torch.is_floating_point(ref):
-            out[key] = ref.clone()
-            continue
-        f64 = {"device": ref.device, "dtype": torch.float64}
-        num = torch.zeros(ref.shape, **f64)
-        den = torch.zeros_like(num)
-        for c, state, masks in models:  # a dense key is the case of an all-ones mask
-            m = masks[key].to(**f64) if key in own_masks else 1.0
-            num += c * m * state[key].to(**f64)
-            den += c * m
-        avg = torch.where(den > 0, num / den.clamp_min(1e-300), torch.zeros_like(num))
-        if key in own_masks:
-            avg *= own_masks[key].to(**f64)
-        out[key] = avg.to(ref.dtype)
+    if any(k not in m for _, _, m in models for k in own_masks):
+        raise ValueError("masked_average: a model lacks a mask of the node's masked keys")
+    masks = [{k: m[k] for k in own_masks} for _, _, m in models]
+    out = weighted_mean([s for _, s, _ in models], [c for c, _, _ in models], masks=masks)
+    for key, own in own_masks.items():  # m_own ⊙: exact, the mask is 0 or 1
+        if torch.is_floating_point(out[key]):
+            out[key] = out[key] * own.to(device=out[key].device, dtype=out[key].dtype)
     return out
 
 
@@ -238,7 +231,8 @@ def decode_sparse(wire: Any, template: State, masked: list[str]) -> tuple[State,
     """A peer's wire form back to ``(dense state, masks)``, checked against ``template`` (the
     node's own state) and the list of masked keys. Raises ``ValueError`` naming the first
     problem: not a map, missing or extra keys, a wrong dtype or shape, values that do not
-    match the mask's count, non-zero padding bits, or non-finite values."""
+    match the mask's count, non-zero padding bits, or non-finite values. The float32 values
+    come back in the template's dtypes."""
     if not isinstance(wire, dict):
         raise ValueError("not a map")
     expected = {k for k in template if k not in masked}
@@ -256,6 +250,7 @@ def decode_sparse(wire: Any, template: State, masked: list[str]) -> tuple[State,
             if torch.is_floating_point(ref):
                 if t.dtype != torch.float32 or not bool(torch.isfinite(t).all()):
                     raise ValueError(f"{key}: expected finite float32 values")
+                t = t.to(ref.dtype)  # as the masked values below (a no-op for float32 models)
             elif t.dtype != ref.dtype:
                 raise ValueError(f"{key}: dtype {t.dtype}, expected {ref.dtype}")
             state[key] = t

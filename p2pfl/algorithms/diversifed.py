@@ -61,6 +61,7 @@ from p2pfl.algorithms.base import (
     Upload,
     register,
 )
+from p2pfl.learning.state import layout_mismatch
 
 
 class DiversiFedParams(Params):
@@ -184,15 +185,11 @@ class DiversiFed(CentralizedAlgorithm):
         Raises ``ValueError`` when the keys or shapes differ from the model's state or a
         floating value is not finite."""
         own = self.model.state_dict()
-        if set(received) != set(own):
-            missing = sorted(set(own) - set(received))
-            extra = sorted(set(received) - set(own))
-            raise ValueError(f"target keys differ: missing {missing[:5]}, unexpected {extra[:5]}")
-        for k, ref in own.items():
+        why = layout_mismatch(received, own, dtype=False)
+        if why is not None:
+            raise ValueError(f"target: {why}")
+        for k in own:
             v = received[k]
-            if not isinstance(v, torch.Tensor) or tuple(v.shape) != tuple(ref.shape):
-                got = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
-                raise ValueError(f"target {k!r}: expected shape {tuple(ref.shape)}, got {got}")
             if torch.is_floating_point(v) and not bool(torch.isfinite(v).all()):
                 raise ValueError(f"target {k!r} holds a non-finite value")
         self.target = {

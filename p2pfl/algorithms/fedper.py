@@ -2,8 +2,10 @@
 
 Implements docs/algorithms.md, "FedPer": every participant uploads only ``g`` (the
 convolutional / feature layers; docs/algorithms.md, "Split of every model into g and h"); the
-aggregator averages it as FedAvg does (``g ← Σ n_i g_i / Σ n_i``, non-floating buffers from
-the heaviest upload) and sends it to all. Each node keeps its own classifier ``h``.
+aggregator averages it as FedAvg does (``g ← Σ n_i g_i / Σ n_i`` with the shared weighted
+mean, docs/algorithms.md, "Shared aggregation": non-floating buffers from the first upload
+in sorted node order, until the shared mean from the heaviest one) and sends it to all. Each
+node keeps its own classifier ``h``.
 
 A received state must hold exactly the model's ``g.*`` keys with the model's shapes; anything
 else (an ``h`` key, an unknown key, a missing ``g`` key) is rejected with ``ValueError`` so a

@@ -97,6 +97,7 @@ from p2pfl.algorithms.base import (
     register,
 )
 from p2pfl.learning.models import SplitModel
+from p2pfl.learning.state import layout_mismatch, weighted_mean
 
 # CIFAR-100's coarse label (one of its 20 superclasses) of each fine class 0..99, from the
 # dataset's own metadata
@@ -498,17 +499,6 @@ def make_loss(
 # ----------------------------------------------------------------------------- server rule
 
 
-def _mean(states: Sequence[State], weights: Sequence[float], key: str) -> torch.Tensor:
-    ref = states[0][key]
-    if not torch.is_floating_point(ref):  # e.g. BatchNorm's num_batches_tracked
-        return ref.clone()
-    total = float(sum(weights))
-    acc = torch.zeros_like(ref, dtype=torch.float64)
-    for w, s in zip(weights, states, strict=True):
-        acc += (w / total) * s[key].to(dtype=torch.float64)
-    return acc.to(ref.dtype)
-
-
 def _aggregate_parts(
     states: dict[str, State],
     weights: dict[str, float],
@@ -525,14 +515,14 @@ def _aggregate_parts(
     first = states[nodes[0]]
     ordered = [states[n] for n in nodes]
     w = [float(weights[n]) for n in nodes]
-    shared = {k: _mean(ordered, w, k) for k in first if k not in in_head}
+    shared = weighted_mean(ordered, w, [k for k in first if k not in in_head])
     heads: dict[str, State] = {n: {} for n in nodes}
     for t, keys in sorted(head_keys.items()):
         holders = [n for n in nodes if t < len(pis.get(n, [])) and pis[n][t] == 1]
         if len(holders) < 2:  # none, or only the node itself: it already has its head
             continue
         held = [states[n] for n in holders]
-        mean = {k: _mean(held, [1.0] * len(held), k) for k in keys}
+        mean = weighted_mean(held, [1.0] * len(held), keys)
         for n in holders:
             heads[n].update(mean)
     return shared, heads
@@ -550,7 +540,9 @@ def pfedc_aggregate(
     For node ``i`` and task ``t`` with ``π_i^t = 1``, head ``t`` (its ``head_keys[t]``) is the
     plain mean over the nodes ``n`` with ``π_n^t = 1``; it is sent only when another node
     holds ``t`` too (else it equals the node's own). Heads of tasks the node lacks are not
-    sent: it keeps its own. Non-floating tensors are taken from the first node (sorted)."""
+    sent: it keeps its own. Both means are the shared weighted mean (docs/algorithms.md,
+    "Shared aggregation"), over the nodes in sorted order: float64 accumulation, and
+    non-floating tensors taken from the first node (sorted)."""
     shared, heads = _aggregate_parts(states, weights, pis, head_keys)
     return {n: {**shared, **heads[n]} for n in sorted(states)}
 
@@ -625,11 +617,12 @@ class PFedC(CentralizedAlgorithm):
         """Load ``φ`` and the received heads (each key must be in the model with its shape);
         heads not received stay as they are."""
         own = self.model.state_dict()
-        for k, v in received.items():
-            if k not in own:
-                raise ValueError(f"pfedc: received unknown tensor {k!r}")
-            if not isinstance(v, torch.Tensor) or tuple(v.shape) != tuple(own[k].shape):
-                raise ValueError(f"pfedc: received tensor {k!r} does not match the model")
+        unknown = [k for k in received if k not in own]
+        if unknown:
+            raise ValueError(f"pfedc: received unknown tensor {unknown[0]!r}")
+        why = layout_mismatch(received, {k: own[k] for k in received}, dtype=False)
+        if why is not None:
+            raise ValueError(f"pfedc: received {why}")
         self.model.load_state_dict(received, strict=False)
         got = sorted(
             t for t, keys in self.head_keys.items() if keys and all(k in received for k in keys)

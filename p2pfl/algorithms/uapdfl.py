@@ -10,7 +10,10 @@ Decentralized Federated Learning", 2024):
 - client-wise dropout when ``Div(i,j) ≤ th_I`` for every drawn peer: adopt one random peer's
   whole model;
 - otherwise layer-wise personalization: ``g`` averaged over ``{i} ∪ Q_i``, ``h`` over
-  ``{i} ∪ H_i`` (``H_i = {j : Div(i,j) < th_I}``), both weighted by sample counts;
+  ``{i} ∪ H_i`` (``H_i = {j : Div(i,j) < th_I}``), both weighted by sample counts, with the
+  shared weighted mean (docs/algorithms.md, "Shared aggregation"; float64 accumulation,
+  non-floating buffers such as ``num_batches_tracked`` are the node's own, listed first); a
+  pulled part that does not have the node's own layout is left out of its mean;
 - local loss ``CE + μ ‖g_i(X_unit) − A_avg‖²`` with
   ``A_avg = (A_i + Σ_j A_j) / (|Q_i| + 1)`` over the peers that answered.
 
@@ -71,6 +74,7 @@ from p2pfl.algorithms.base import (
     gossiped_count,
     register,
 )
+from p2pfl.learning.state import layout_mismatch, select_part, weighted_mean
 
 
 class UAPDFLParams(Params):
@@ -107,27 +111,6 @@ def kl(p: torch.Tensor, q: torch.Tensor, eps: float = 1e-8) -> float:
 def symmetric_kl(p: torch.Tensor, q: torch.Tensor, eps: float = 1e-8) -> float:
     """``Div(i,j) = ½ KL(I_i‖I_j) + ½ KL(I_j‖I_i)``."""
     return 0.5 * kl(p, q, eps) + 0.5 * kl(q, p, eps)
-
-
-def weighted_average(items: list[tuple[float, State]]) -> State:
-    """``Σ n_u s_u / Σ n_u`` per key. Non-floating tensors (e.g. BatchNorm's
-    ``num_batches_tracked``) are taken from the first item, which is the node's own."""
-    if not items:
-        raise ValueError("weighted_average needs at least one state")
-    total = float(sum(n for n, _ in items))
-    if total <= 0:
-        raise ValueError("weighted_average: sample counts must sum to a positive number")
-    first = items[0][1]
-    out: State = {}
-    for key, ref in first.items():
-        if not torch.is_floating_point(ref):
-            out[key] = ref.clone()
-            continue
-        acc = torch.zeros_like(ref, dtype=torch.float64)
-        for n, state in items:  # pulled states arrive on the CPU; the own may be on a GPU
-            acc += (n / total) * state[key].to(device=ref.device, dtype=torch.float64)
-        out[key] = acc.to(ref.dtype)
-    return out
 
 
 def relative_divergence(div: float, drift_i: float | None, drift_j: float | None) -> float:
@@ -276,19 +259,16 @@ class UAPDFL(Algorithm):
         if not pulled:
             return {"merged_from": []}
         n = {j: int(gossip[j]["n"]) for j in pulled}
-        g_keys = [k for k in own if k.startswith("g.")]
-        h_keys = [k for k in own if k.startswith("h.")]
-        g_items = [(self.ctx.num_samples, {k: own[k] for k in g_keys})]
-        h_items = [(self.ctx.num_samples, {k: own[k] for k in h_keys})]
-        for j in sorted(pulled):
-            state = pulled[j]
-            if all(k in state for k in g_keys):
-                g_items.append((n[j], {k: state[k] for k in g_keys}))
-            if all(k in state for k in h_keys):
-                h_items.append((n[j], {k: state[k] for k in h_keys}))
         new = dict(own)
-        new.update(weighted_average(g_items))
-        new.update(weighted_average(h_items))
+        for part in ("g", "h"):  # each over {i} ∪ the peers that sent it, own first
+            mine = select_part(own, part)
+            states, weights = [mine], [self.ctx.num_samples]
+            for j in sorted(pulled):
+                theirs = select_part(pulled[j], part)
+                if layout_mismatch(theirs, mine) is None:
+                    states.append(theirs)
+                    weights.append(n[j])
+            new.update(weighted_mean(states, weights))
         self.model.load_state_dict(new)
         return {"merged_from": sorted(pulled)}
 
