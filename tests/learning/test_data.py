@@ -173,7 +173,7 @@ def test_missing_dataset_files_are_a_clear_error(tmp_path):
         D.load_arrays(DatasetConfig(name="fashionmnist", root=str(tmp_path)), 0, tmp_path)
 
 
-FMNIST = Path(__file__).resolve().parents[2] / "shared" / "data"
+FMNIST = Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 @pytest.mark.skipif(

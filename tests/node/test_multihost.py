@@ -31,7 +31,7 @@ from p2pfl.metrics import read_records
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SBIN_PATH = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
 NODES = {"h1": ["n0", "n1"], "h2": ["n2", "n3"]}
 BROKER_READY_S = 45.0

@@ -11,7 +11,7 @@ from p2pfl.config.load import load_topology
 from p2pfl.launch.swarm import run_swarm
 from p2pfl.metrics import read_run
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.integration
 
