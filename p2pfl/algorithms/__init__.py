@@ -1,7 +1,7 @@
 """Registry of federated-learning methods: one module per method, found automatically.
 
 Adding a method touches one file: write ``p2pfl/algorithms/<name>.py`` with a class derived
-from :class:`~p2pfl.algorithms.base.Algorithm` decorated with :func:`register`.
+from :class:`~p2pfl.algorithms.base.DecentralizedAlgorithm` decorated with :func:`register`.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pydantic import ValidationError
 from p2pfl.algorithms.base import (
     REGISTRY,
     Aggregate,
-    Algorithm,
     AlgorithmContext,
     CentralizedAlgorithm,
+    DecentralizedAlgorithm,
     Method,
     PullPlan,
     Upload,
@@ -26,7 +26,7 @@ from p2pfl.algorithms.base import (
 
 __all__ = [
     "Aggregate",
-    "Algorithm",
+    "DecentralizedAlgorithm",
     "CentralizedAlgorithm",
     "Method",
     "Upload",

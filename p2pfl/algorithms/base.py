@@ -3,15 +3,15 @@
 A method is data-in, data-out (docs/design.md, "Principles"): it never touches the network.
 There are two kinds, both registered with :func:`register` in one module per method.
 
-**Decentralized** (:class:`Algorithm`). Each round the node
+**Decentralized** (:class:`DecentralizedAlgorithm`). Each round the node
 
-1. takes a :meth:`Algorithm.snapshot` and publishes :meth:`Algorithm.gossip` (small),
-2. draws peers with :meth:`Algorithm.choose_peers` and waits (up to the round deadline) for
+1. takes a :meth:`DecentralizedAlgorithm.snapshot` and publishes :meth:`DecentralizedAlgorithm.gossip` (small),
+2. draws peers with :meth:`DecentralizedAlgorithm.choose_peers` and waits (up to the round deadline) for
    their gossip,
-3. asks :meth:`Algorithm.plan` which named part (``g``, ``h``, ``all``) to pull from whom,
+3. asks :meth:`DecentralizedAlgorithm.plan` which named part (``g``, ``h``, ``all``) to pull from whom,
 4. pulls those parts (peers serve them from their snapshot of this round),
-5. calls :meth:`Algorithm.merge` with what arrived, then trains locally with
-   :meth:`Algorithm.extra_loss` added to the cross-entropy, then :meth:`Algorithm.after_train`.
+5. calls :meth:`DecentralizedAlgorithm.merge` with what arrived, then trains locally with
+   :meth:`DecentralizedAlgorithm.extra_loss` added to the cross-entropy, then :meth:`DecentralizedAlgorithm.after_train`.
 
 **Centralized** (:class:`CentralizedAlgorithm`), run by a rotating aggregator peer
 (:mod:`p2pfl.node.centralized`). Each round every participant
@@ -130,7 +130,7 @@ class Method(ABC):
         return None
 
 
-class Algorithm(Method):
+class DecentralizedAlgorithm(Method):
     """One decentralized method. Subclasses set ``name`` and ``Params``.
 
     ``exchange_after_training`` picks the round's order: False (default) is merge-then-train
@@ -179,7 +179,7 @@ def gossiped_count(gossip: Any) -> int | None:
     return n
 
 
-class WholeModelExchange(Algorithm):
+class WholeModelExchange(DecentralizedAlgorithm):
     """A decentralized method that pulls the whole published state of ``peers`` random live
     neighbours each round and weights them by their gossiped sample counts (``weighted``) or
     uniformly. Its ``Params`` must have ``peers: int | None`` and ``weighted: bool``."""

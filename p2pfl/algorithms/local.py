@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from p2pfl.algorithms.base import Algorithm, PullPlan, State, register
+from p2pfl.algorithms.base import DecentralizedAlgorithm, PullPlan, State, register
 
 
 @register
-class Local(Algorithm):
+class Local(DecentralizedAlgorithm):
     name = "local"
 
     def gossip(self) -> dict[str, Any] | None:

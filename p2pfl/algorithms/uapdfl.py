@@ -64,8 +64,8 @@ import torch
 from pydantic import Field
 
 from p2pfl.algorithms.base import (
-    Algorithm,
     AlgorithmContext,
+    DecentralizedAlgorithm,
     ExtraLoss,
     Params,
     PullPlan,
@@ -154,7 +154,7 @@ def decide(
 
 
 @register
-class UAPDFL(Algorithm):
+class UAPDFL(DecentralizedAlgorithm):
     name = "uapdfl"
     Params = UAPDFLParams
 

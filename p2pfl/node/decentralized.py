@@ -1,4 +1,4 @@
-"""Round driver for decentralized methods (:class:`~p2pfl.algorithms.base.Algorithm`):
+"""Round driver for decentralized methods (:class:`~p2pfl.algorithms.base.DecentralizedAlgorithm`):
 gossip, pull from chosen neighbours, merge, train (docs/architecture.md, "Round flow").
 
 One round ``r`` of node ``i``:
@@ -6,11 +6,11 @@ One round ``r`` of node ``i``:
 1. (methods that exchange after training, e.g. DFedAvgM) train first;
 2. keep a snapshot of the model for peers' pulls of round ``r`` and publish the method's
    gossip (small: sample counts, representations);
-3. draw peers from the neighbours that are online (:meth:`Algorithm.choose_peers`) and wait
+3. draw peers from the neighbours that are online (:meth:`DecentralizedAlgorithm.choose_peers`) and wait
    for their gossip of round ``r`` (``timing.round_timeout_s`` at most, counted from the
    moment this node's snapshot was taken; a peer that goes offline is not waited for);
-4. ask the method which part to pull from whom (:meth:`Algorithm.plan`), pull them all at
-   once, and merge what arrived (:meth:`Algorithm.merge`);
+4. ask the method which part to pull from whom (:meth:`DecentralizedAlgorithm.plan`), pull them all at
+   once, and merge what arrived (:meth:`DecentralizedAlgorithm.merge`);
 5. (the other methods) train; then evaluate and record.
 
 Peers serve pulls from their snapshot of the round named in the request (the last
@@ -27,7 +27,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from p2pfl.algorithms.base import Algorithm
+from p2pfl.algorithms.base import DecentralizedAlgorithm
 from p2pfl.learning.state import PARTS, State
 from p2pfl.node.services import NodeServices, TrainOutcome
 from p2pfl.wire.envelope import Envelope
@@ -41,12 +41,12 @@ GOSSIP_AHEAD = 5  # rounds ahead of ours whose gossip we keep
 
 
 class DecentralizedRounds:
-    """Runs an :class:`Algorithm` for one node: its rounds, and serving its snapshots."""
+    """Runs a :class:`DecentralizedAlgorithm` for one node: its rounds, and serving its snapshots."""
 
     def __init__(self, services: NodeServices):
-        assert isinstance(services.method, Algorithm)
+        assert isinstance(services.method, DecentralizedAlgorithm)
         self.services = services
-        self.alg: Algorithm = services.method
+        self.alg: DecentralizedAlgorithm = services.method
         self.id = services.id
         self.round = 0
         self._started = False  # rounds under way: gossip is kept for a window around ours

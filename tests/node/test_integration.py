@@ -6,49 +6,16 @@ import json
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
+from swarm_helpers import check_run_dir, start_nodes, wait_round
 
 from p2pfl.cli import main as cli_main
-from p2pfl.config.load import dump_topology, load_topology
-from p2pfl.launch.swarm import run_swarm, spawn_worker, stop_workers
-from p2pfl.metrics import ROUND_FIELDS, read_records
+from p2pfl.config.load import load_topology
+from p2pfl.launch.swarm import run_swarm, stop_workers
+from p2pfl.metrics import read_records
 
 pytestmark = pytest.mark.integration
-
-SUMMARY_FIELDS = (
-    "algorithm",
-    "nodes",
-    "rounds",
-    "wall_s",
-    "bytes_sent_total",
-    "final",
-    "best_acc_mean",
-)
-
-
-def check_run_dir(out: Path, ids: list[str], rounds: int) -> dict[str, list[dict]]:
-    assert (out / "config.yaml").exists()
-    hists = json.loads((out / "label_histograms.json").read_text())
-    assert sorted(hists) == sorted(ids)
-    summary = json.loads((out / "summary.json").read_text())
-    for key in SUMMARY_FIELDS:
-        assert key in summary, key
-    for key in ("acc_mean", "acc_min", "acc_max", "acc_std"):
-        assert 0.0 <= summary["final"][key] <= 1.0
-    assert summary["nodes"] == len(ids) and summary["rounds"] == rounds
-    assert summary["nodes_completed"] == len(ids)
-    logs = {}
-    for nid in ids:
-        recs = read_records(out / "nodes" / f"{nid}.jsonl")
-        assert [r["round"] for r in recs] == list(range(1, rounds + 1)), nid
-        for rec in recs:
-            for key in ROUND_FIELDS:
-                assert key in rec, (nid, key)
-        logs[nid] = recs
-    assert summary["bytes_sent_total"] == sum(r["bytes_sent"] for v in logs.values() for r in v)
-    return logs
 
 
 def test_swarm_takes_dropout_and_personalization_branches(tmp_path):
@@ -88,30 +55,6 @@ def test_swarm_always_dropout_with_high_threshold(tmp_path):
     )
 
 
-def _start_nodes(tmp_path, broker, overrides, only=None):
-    cfg = load_topology("topologies/synthetic.yaml", overrides)
-    cfg = cfg.model_copy(
-        update={"broker": cfg.broker.model_copy(update={"host": broker.host, "port": broker.port})}
-    )
-    out = tmp_path / "run"
-    out.mkdir()
-    path = out / "config.yaml"
-    path.write_text(dump_topology(cfg))
-    ids = only or cfg.node_ids
-    workers = {nid: spawn_worker(path, [nid], broker.address, out, False) for nid in ids}
-    return cfg, out, workers
-
-
-def _wait_round(out: Path, nid: str, round_no: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        recs = read_records(out / "nodes" / f"{nid}.jsonl")
-        if recs and recs[-1]["round"] >= round_no:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{nid} did not reach round {round_no} in {timeout} s")
-
-
 @pytest.mark.parametrize("how", ["kill", "freeze"])
 def test_dead_node_does_not_stall_others(tmp_path, broker, how):
     """SIGKILL (the broker publishes the Last Will) or SIGSTOP (silent: only the round
@@ -119,7 +62,7 @@ def test_dead_node_does_not_stall_others(tmp_path, broker, how):
     of theirs takes much longer than the deadline, and they record who was missing."""
     deadline_s = 6.0
     rounds = 4
-    cfg, out, workers = _start_nodes(
+    cfg, out, workers = start_nodes(
         tmp_path,
         broker,
         [
@@ -132,7 +75,7 @@ def test_dead_node_does_not_stall_others(tmp_path, broker, how):
     )
     victim = "c"
     try:
-        _wait_round(out, victim, 1, 90)
+        wait_round(out, victim, 1, 90)
         os.killpg(workers[victim].proc.pid, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
         t_kill = time.time()
         survivors = [n for n in cfg.node_ids if n != victim]

@@ -4,7 +4,7 @@ loopback, synthetic data) runs 2 rounds of each and writes complete results."""
 from __future__ import annotations
 
 import pytest
-from test_integration import check_run_dir
+from swarm_helpers import check_run_dir
 
 from p2pfl.config.load import load_topology
 from p2pfl.launch.swarm import run_swarm

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_integration import _start_nodes, check_run_dir
+from swarm_helpers import check_run_dir, start_nodes
 
 from p2pfl.config.load import load_topology
 from p2pfl.launch.swarm import run_swarm, stop_workers
@@ -101,7 +101,7 @@ def test_round_one_aggregator_killed_mid_round(tmp_path, broker):
     collects the round's uploads; the broker publishes its Last Will, the next peer in order
     (``c``) takes round 1 over as attempt 1, and the swarm finishes every round without it."""
     rounds = 3
-    cfg, out, workers = _start_nodes(
+    cfg, out, workers = start_nodes(
         tmp_path,
         broker,
         _overrides(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from test_integration import _start_nodes, _wait_round, check_run_dir
+from swarm_helpers import check_run_dir, start_nodes, wait_round
 
 from p2pfl.config.load import load_topology
 from p2pfl.launch.swarm import run_swarm, spawn_worker, stop_workers
@@ -43,7 +43,7 @@ def test_late_node_is_picked_up(tmp_path, broker):
     """``d`` starts after the others are under way: it joins after the latest round its
     neighbours report, they include it from then on, and everyone finishes."""
     rounds = 40  # synthetic rounds take ~0.2 s: long enough for d to start meanwhile
-    cfg, out, workers = _start_nodes(
+    cfg, out, workers = start_nodes(
         tmp_path,
         broker,
         [
@@ -58,7 +58,7 @@ def test_late_node_is_picked_up(tmp_path, broker):
         only=["a", "b", "c"],
     )
     try:
-        _wait_round(out, "a", 2, 90)
+        wait_round(out, "a", 2, 90)
         workers["d"] = spawn_worker(out / "config.yaml", ["d"], broker.address, out, False)
         for nid, w in workers.items():
             assert w.proc.wait(timeout=120) == 0, (nid, w.log_path.read_text()[-3000:])
