@@ -64,6 +64,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     cfg = _load(args)
     graph = build_graph(cfg)
+    if not args.no_data:  # the data opens, the partition fits it, the model takes it
+        from p2pfl.learning.preflight import check_inputs
+
+        check_inputs(cfg, source=str(args.topology), data_root=args.data_root)
     console.print(
         f"[green]ok[/] {args.topology}: swarm {cfg.name!r}, {len(cfg.node_ids)} nodes, "
         f"{graph.number_of_edges()} edges, {cfg.rounds} rounds of {cfg.algorithm.name} "
@@ -164,6 +168,8 @@ def cmd_node(args: argparse.Namespace) -> int:
         device=device,
         out_dir=Path(args.out) if args.out else Path(f"runs/{cfg.name}"),
         certs=certs,
+        fresh=args.fresh,
+        source=str(args.topology),
     )
 
     nodes = [Node(cfg, nid, opts) for nid in ids]
@@ -345,10 +351,21 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: this machine's hostname)",
     )
     sp.add_argument("--certs", help="this device's certificate directory (p2pfl certs)")
+    sp.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start over: ignore (and replace) a checkpoint this node left in the run directory",
+    )
     sp.set_defaults(func=cmd_node)
 
     sp = sub.add_parser("validate", help="check a topology file and print every error")
     common(sp)
+    sp.add_argument("--data-root", help="check the data at this root (default: dataset.root)")
+    sp.add_argument(
+        "--no-data",
+        action="store_true",
+        help="check the file only: skip opening the data and building the model",
+    )
     sp.set_defaults(func=cmd_validate)
 
     sp = sub.add_parser("broker", help="run Mosquitto for a swarm and announce it by mDNS")

@@ -11,13 +11,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
 import os
 import statistics
 import uuid
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 ROUND_FIELDS = (
     "round",
@@ -41,21 +45,85 @@ def node_meta_path(run_dir: Path, node_id: str) -> Path:
 
 
 def append_record(path: Path, record: dict[str, Any]) -> None:
-    """Append one JSON line (flushed, so a live monitor and a crash both see it)."""
+    """Append one JSON line, whole or not at all: on a failed write (a full disk, an I/O
+    error) the file is cut back to where it was and the ``OSError`` is raised. The line is
+    flushed and fsynced, so a live monitor and a crash both see every completed record."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(json.dumps(record, separators=(",", ":")) + "\n")
-        f.flush()
+    line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        start = os.fstat(fd).st_size
+        try:
+            view = memoryview(line)
+            while view:  # os.write may write less than asked (a disk filling up)
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        except OSError:
+            with contextlib.suppress(OSError):  # leave no torn line behind
+                os.ftruncate(fd, start)
+            raise
+    finally:
+        os.close(fd)
 
 
-def write_text_atomic(path: Path, text: str) -> None:
+class RecordLog:
+    """A node's round records on disk (``nodes/<id>.jsonl``) that survive a full or failing
+    disk: a record that cannot be written stays in memory (:attr:`pending`) and is written,
+    in order, on the next :meth:`append` or :meth:`flush`; the failure is logged, never
+    raised, so training goes on."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.pending: list[dict[str, Any]] = []
+        self.failures = 0  # writes that failed so far
+
+    def append(self, record: dict[str, Any]) -> bool:
+        """Queue ``record`` and write everything queued; True when nothing is left pending."""
+        self.pending.append(record)
+        return self.flush()
+
+    def flush(self) -> bool:
+        """Write the queued records in order; True when none is left pending."""
+        while self.pending:
+            try:
+                append_record(self.path, self.pending[0])
+            except OSError as exc:
+                self.failures += 1
+                log.warning(
+                    "%s: %d record(s) kept in memory, not written yet: %s",
+                    self.path,
+                    len(self.pending),
+                    exc,
+                )
+                return False
+            self.pending.pop(0)
+        return True
+
+
+def write_bytes_atomic(path: Path, data: bytes, *, fsync: bool = False) -> None:
     """Write via a uniquely named temporary file and rename: readers (and other nodes
-    writing the same file at once) never see a torn file."""
+    writing the same file at once) never see a torn file, and a failed write (``OSError``,
+    raised) leaves the old file in place and no temporary file behind."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        tmp.replace(path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """:func:`write_bytes_atomic` of ``text`` (UTF-8)."""
+    write_bytes_atomic(path, text.encode())
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -99,6 +167,16 @@ def _stats(values: list[float]) -> dict[str, float]:
     }
 
 
+def _summarizable(rec: Any) -> bool:
+    return (
+        isinstance(rec, dict)
+        and isinstance(rec.get("round"), int)
+        and isinstance(rec.get("test_acc"), (int, float))
+        and isinstance(rec.get("bytes_sent"), int)
+        and isinstance(rec.get("t"), (int, float))
+    )
+
+
 def summarize(
     run_dir: Path,
     *,
@@ -112,7 +190,8 @@ def summarize(
     ``final`` is over each node's last recorded round; ``best_acc_mean`` is the best, over
     rounds, of the mean accuracy of the nodes that reported that round; ``curve`` holds that
     mean per round with the cumulative bytes sent by all nodes up to it."""
-    logs = read_run(run_dir)
+    # records from another version or a hand-edited file: keep what has the summary's fields
+    logs = {nid: [r for r in recs if _summarizable(r)] for nid, recs in read_run(run_dir).items()}
     finals = [recs[-1]["test_acc"] for recs in logs.values() if recs]
     by_round: dict[int, list[float]] = {}
     bytes_by_round: dict[int, int] = {}
@@ -147,7 +226,7 @@ def summarize(
         "rounds_reached": max(by_round) if by_round else 0,
         "wall_s": wall_s,
         "bytes_sent_total": sum(rec["bytes_sent"] for recs in logs.values() for rec in recs),
-        "bytes_recv_total": sum(rec["bytes_recv"] for recs in logs.values() for rec in recs),
+        "bytes_recv_total": sum(rec.get("bytes_recv", 0) for recs in logs.values() for rec in recs),
         "dropout_rounds": sum(bool(rec.get("dropout")) for recs in logs.values() for rec in recs),
         "final": _stats(finals),
         "best_acc_mean": max((c["acc_mean"] for c in curve), default=float("nan")),

@@ -98,11 +98,30 @@ class DatasetConfig(_Strict):
     @classmethod
     def _check_partition(cls, v: str) -> str:
         v = v.strip().replace(" ", "")
-        if not PARTITION_RE.match(v):
+        m = PARTITION_RE.match(v)
+        if not m:
             raise ValueError(
                 "partition must be one of iid, dirichlet(ALPHA), pathological(K), groups, "
                 f"groups(G,DOMINANT,FRACTION); got {v!r}"
             )
+        if m["alpha"] is not None:
+            try:
+                alpha = float(m["alpha"])
+            except ValueError:
+                raise ValueError(f"{v}: ALPHA must be a number") from None
+            if not alpha > 0 or alpha == float("inf"):
+                raise ValueError(f"{v}: the Dirichlet concentration ALPHA must be > 0")
+        if m["k"] is not None and int(m["k"]) < 1:
+            raise ValueError(f"{v}: K (classes per node) must be >= 1")
+        if m["g"] is not None:
+            if int(m["g"]) < 1 or int(m["dom"]) < 1:
+                raise ValueError(f"{v}: G (groups) and DOMINANT (classes) must be >= 1")
+            try:
+                frac = float(m["frac"])
+            except ValueError:
+                raise ValueError(f"{v}: FRACTION must be a number") from None
+            if not 0.0 <= frac <= 1.0:
+                raise ValueError(f"{v}: FRACTION must be in [0, 1]")
         return v
 
 
@@ -158,6 +177,12 @@ class TimingConfig(_Strict):
     startup_timeout_s: float = Field(120.0, gt=0, description="wait for neighbours at start")
     linger_s: float = Field(
         60.0, ge=0, description="after the last round, keep serving peers at most this long"
+    )
+    broker_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="a node that cannot reach its broker for this long stops with an error "
+        "(non-zero exit), keeping every completed round on disk; shorter outages are ridden out",
     )
     aggregator_timeout_s: float | None = Field(
         None,

@@ -144,15 +144,20 @@ def summary_table(summary: dict[str, Any]) -> Table:
     return t
 
 
-def finish_run(cfg: TopologyConfig, out_dir: Path, wall_s: float | None) -> dict[str, Any]:
-    """Write ``label_histograms.json``, ``summary.json`` and the plot for a finished run."""
+def finish_run(
+    cfg: TopologyConfig, out_dir: Path, wall_s: float | None, console: Console | None = None
+) -> dict[str, Any]:
+    """Write ``label_histograms.json``, ``summary.json`` and the plot for a finished (or
+    partial) run, and return the summary. Never raises for what the run left behind: a
+    missing or unreadable node file is skipped, and a file that cannot be written (a full
+    disk) is reported on ``console`` — the summary is still returned."""
     hists = {}
     for nid in cfg.node_ids:
-        p = node_meta_path(out_dir, nid)
-        if p.exists():
-            meta = json.loads(p.read_text())
+        try:
+            meta = json.loads(node_meta_path(out_dir, nid).read_text())
             hists[nid] = {"train": meta["train_hist"], "test": meta["test_hist"]}
-    write_json(out_dir / "label_histograms.json", hists)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # a node that never started, or a torn file
     summary = summarize(
         out_dir,
         algorithm=cfg.algorithm.name,
@@ -160,7 +165,13 @@ def finish_run(cfg: TopologyConfig, out_dir: Path, wall_s: float | None) -> dict
         rounds=cfg.rounds,
         wall_s=wall_s,
     )
-    write_json(out_dir / "summary.json", summary)
+    try:
+        write_json(out_dir / "label_histograms.json", hists)
+        write_json(out_dir / "summary.json", summary)
+    except OSError as exc:
+        (console or Console(stderr=True)).print(
+            f"[red]could not write the summary in {out_dir}: {exc}[/]", highlight=False
+        )
     with contextlib.suppress(Exception):  # a plot must never fail a run
         plot_summary(summary, out_dir / "accuracy.png")
     return summary
@@ -197,8 +208,9 @@ def run_swarm(
     console = console or Console()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for old in (out_dir / "nodes").glob("*.jsonl"):
-        old.unlink()  # a rerun into the same directory starts a fresh log
+    for pattern in ("*.jsonl", "*.ckpt"):  # a rerun into the same directory starts afresh
+        for old in (out_dir / "nodes").glob(pattern):
+            old.unlink()
     own_broker = None
     workers: list[Worker] = []
     t0 = time.monotonic()
@@ -262,7 +274,7 @@ def run_swarm(
         stop_workers(workers)
         if own_broker is not None:
             own_broker.stop()
-    summary = finish_run(cfg, out_dir, time.monotonic() - t0)
+    summary = finish_run(cfg, out_dir, time.monotonic() - t0, console)
     if summary["nodes_completed"] < summary["nodes"] and code == 0:
         code = 1
     console.print(summary_table(summary))

@@ -32,6 +32,7 @@ import shutil
 import threading
 import warnings
 import zipfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,7 @@ import numpy as np
 import torch
 
 from p2pfl.config.schema import DatasetConfig
+from p2pfl.errors import P2PFLError
 from p2pfl.learning.partition import (
     partition_indices,
     stable_rng,
@@ -400,8 +402,10 @@ def _imagefolder_layout(source: Path) -> _Layout | None:
         try:
             with zipfile.ZipFile(source) as zf:
                 names = [n for n in zf.namelist() if not n.startswith("__MACOSX/")]
-        except zipfile.BadZipFile:
-            return None
+        except (zipfile.BadZipFile, OSError, EOFError) as exc:
+            raise DatasetError(
+                f"{source}: not a readable zip (corrupt or truncated?): {exc}"
+            ) from None
         tops = {n.split("/", 1)[0] for n in names if "/" in n}
         for prefix in ["", *sorted(t + "/" for t in tops)]:
             files = _split_members(names, prefix)
@@ -463,13 +467,27 @@ def _decode_all(layout: _Layout, classes: list[str]) -> dict[str, np.ndarray]:
     try:
 
         def read(member: str) -> bytes:
-            if zf is not None:
-                return zf.read(member)
-            return (layout.source / member).read_bytes()
+            try:
+                if zf is not None:
+                    return zf.read(member)
+                return (layout.source / member).read_bytes()
+            except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as exc:
+                raise DatasetError(
+                    f"{layout.source}: member {member}: cannot be read (corrupt or "
+                    f"truncated?): {exc}"
+                ) from None
 
-        with Image.open(io.BytesIO(read(layout.files["train"][0][1]))) as first:
-            gray = first.mode in ("1", "L", "LA", "I", "I;16", "F")
-            width, height = first.size
+        first_member = layout.files["train"][0][1]
+        try:
+            with Image.open(io.BytesIO(read(first_member))) as first:
+                gray = first.mode in ("1", "L", "LA", "I", "I;16", "F")
+                width, height = first.size
+        except (OSError, ValueError) as exc:  # PIL's UnidentifiedImageError is an OSError
+            if isinstance(exc, DatasetError):
+                raise
+            raise DatasetError(
+                f"{layout.source}: member {first_member}: not a readable image: {exc}"
+            ) from None
         mode = "L" if gray else "RGB"
         read_mode = None
         if ImageReadMode is not None:
@@ -499,7 +517,13 @@ def _decode_all(layout: _Layout, classes: list[str]) -> dict[str, np.ndarray]:
             x = np.empty((len(members), channels, height, width), dtype=np.uint8)
             y = np.empty(len(members), dtype=np.int64)
             for i, (cls, member) in enumerate(members):
-                x[i] = decode(read(member))
+                data = read(member)
+                try:
+                    x[i] = decode(data)
+                except (OSError, ValueError) as exc:
+                    raise DatasetError(
+                        f"{layout.source}: member {member}: not a readable image: {exc}"
+                    ) from None
                 y[i] = index[cls]
             out[f"{split}_x"] = x
             out[f"{split}_y"] = y
@@ -510,6 +534,11 @@ def _decode_all(layout: _Layout, classes: list[str]) -> dict[str, np.ndarray]:
 
 
 _CACHE_KEYS = ("train_x", "train_y", "test_x", "test_y")
+
+
+class DatasetError(P2PFLError, ValueError):
+    """A dataset's files are there but cannot be read: a corrupt or truncated zip, an
+    undecodable image. The message names the file (and the zip member)."""
 
 
 def _open_cached(cache: Path, name: str) -> DatasetArrays | None:
@@ -706,6 +735,7 @@ def load_node_data(
 __all__ = [
     "NORMALIZATION",
     "DatasetArrays",
+    "DatasetError",
     "NodeData",
     "clear_cache",
     "default_cache_dir",

@@ -109,6 +109,14 @@ def check_announcement(body: Any, members: set[str]) -> dict[str, Any]:
     }
 
 
+class _Behind(Exception):  # noqa: N818 (control flow, never leaves this module)
+    """This member fell behind the swarm (``round``: the latest round the swarm finished)."""
+
+    def __init__(self, round_no: int):
+        super().__init__(round_no)
+        self.round = round_no
+
+
 class CentralizedRounds:
     """Runs a :class:`CentralizedAlgorithm` for one node: the client side every round and the
     aggregator side in the rounds (and attempts) it is elected."""
@@ -151,6 +159,23 @@ class CentralizedRounds:
         if not roster or attempt >= len(roster):
             return None
         return succession(round_no, roster)[attempt]
+
+    def _waits_on(self, peer: str, round_no: int) -> bool:
+        """Whether a wait of round ``round_no`` should go on waiting for ``peer``: it is in
+        step (online, near this round, not joining after it) and has not finished the round
+        already (settled on another attempt)."""
+        svc = self.services
+        return svc.in_step(peer, round_no) and (svc.reported_round(peer) or 0) < round_no
+
+    def _behind(self, round_no: int) -> int | None:
+        """The latest round the swarm reports finished when this node, at ``round_no``, has
+        fallen :data:`~p2pfl.node.services.LAG_ROUNDS` behind it; None when in step."""
+        return self.services.behind(round_no, sorted(self.members - {self.id}))
+
+    def _check_behind(self, round_no: int) -> None:
+        ahead = self._behind(round_no)
+        if ahead is not None:
+            raise _Behind(ahead)
 
     def _stale(self, env: Envelope, what: str) -> bool:
         """Drop (and count) a message of a round already applied or a dead attempt."""
@@ -296,7 +321,7 @@ class CentralizedRounds:
         def ready() -> bool:
             got = self._reports.get((r, attempt), {})
             return self._superseding(r, attempt) is not None or all(
-                p in got or not self._online(p) for p in expected
+                p in got or not self._waits_on(p, r) for p in expected
             )
 
         await svc.wait_for(ready, t0 + cfg.timing.round_timeout_s)
@@ -364,7 +389,7 @@ class CentralizedRounds:
         t_serve = time.monotonic()
         await svc.wait_for(
             lambda: all(
-                n in self._served.get((r, attempt), ()) or not self._online(n) for n in pullers
+                n in self._served.get((r, attempt), ()) or not self._waits_on(n, r) for n in pullers
             ),
             t_serve + cfg.timing.round_timeout_s,
         )
@@ -389,6 +414,7 @@ class CentralizedRounds:
                 "result",
                 max(1.0, self.cfg.timing.round_timeout_s),
                 attempt=attempt,
+                max_bytes=self.services.pull_limit,
             )
         except TransportError as exc:
             return None, str(exc)
@@ -459,17 +485,21 @@ class CentralizedRounds:
             def settled(attempt: int = attempt, agg: str = agg) -> bool:
                 return (
                     any(a >= attempt for a in self._announced.get(r, {}))
-                    or not self._online(agg)
+                    or not self._waits_on(agg, r)
                     or self._wanted.get(r, 0) > attempt
+                    or self._behind(r) is not None
                 )
 
             await svc.wait_for(settled, deadline)
+            self._check_behind(r)
             if any(a >= attempt for a in self._announced.get(r, {})):
                 continue  # taken at the top of the loop
             if self._wanted.get(r, 0) > attempt:
                 failovers.append({"attempt": attempt, "aggregator": agg, "why": "taken over"})
                 attempt = self._wanted[r]
                 continue
+            if (svc.reported_round(agg) or 0) >= r:  # it settled the round without us
+                raise _Behind(r)
             why = "offline" if not self._online(agg) else "deadline"
             log.warning("%s: round %d: aggregator %s %s; next peer", self.id, r, agg, why)
             failovers.append({"attempt": attempt, "aggregator": agg, "why": why})
@@ -496,7 +526,7 @@ class CentralizedRounds:
 
             if not await svc.wait_for(heard, deadline):
                 return None
-            r = min(r for r in self._announced if r > after)
+            r = max(r for r in self._announced if r > after)  # the newest: the current model
             attempt = max(self._announced[r])
             sender, body = self._announced[r][attempt]
             self.current = (r, attempt)
@@ -604,32 +634,50 @@ class CentralizedRounds:
     # ------------------------------------------------------------------ lifecycle
     def _swarm_round(self) -> int:
         """The latest round an online member reports having finished (0: none)."""
-        rounds = (
-            self.services.reported_round(p) for p in self.members - {self.id} if self._online(p)
-        )
-        return max((r for r in rounds if r is not None), default=0)
+        return self.services.swarm_round(sorted(self.members - {self.id}))
 
     def first_plan(self) -> RoundPlan | None:
         """Round 1's plan from the members present now, or None when this node joins a
-        swarm already under way (a peer's presence reports a finished round)."""
-        if self._swarm_round() >= 1:
+        swarm already under way (a peer's presence reports a finished round) or resumes from
+        a checkpoint."""
+        if self._swarm_round() >= 1 or self.services.resumed_round >= 1:
             return None
         roster = self._live_members()
         server = self.alg.initial_server_state(roster)
         return RoundPlan(1, roster, self.alg.participants(server, roster, 1, self._rng(1)), server)
 
+    async def _start_observing(self, after: int) -> None:
+        """Skip to observing the round after ``after``: announcements of the rounds before are
+        stale, and peers learn not to wait on this node before round ``after + 2``."""
+        self.applied = max(self.applied, after)
+        self.current = (after, 0)
+        await self.services.report_round(after, joined=after + 2)
+
     async def run(self) -> None:
-        """Every round from round 1, or, when the swarm is under way, from the next
-        announcement on (observing first)."""
+        """Every round from round 1, or, when the swarm is under way (or this node resumes,
+        or falls :data:`~p2pfl.node.services.LAG_ROUNDS` behind), from the next announcement
+        on (observing first)."""
         svc, cfg = self.services, self.cfg
         plan = self.first_plan()
-        after = self._swarm_round() if plan is None else 0
+        after = 0
         if plan is None:
+            after = max(self._swarm_round(), svc.resumed_round)
             log.info("%s: swarm under way (round %d); catching up", self.id, after)
+            await self._start_observing(after)
+        caught_up_from: int | None = None
         while True:
             if plan is not None and self.id not in plan.roster:
                 log.info("%s: not in round %d's roster; observing", self.id, plan.round)
                 after, plan = plan.round - 1, None
+            if plan is not None and (ahead := self._behind(plan.round)) is not None:
+                log.warning(
+                    "%s: the swarm finished round %d, this node is at %d: catching up",
+                    self.id,
+                    ahead,
+                    plan.round,
+                )
+                caught_up_from, after, plan = plan.round, ahead, None
+                await self._start_observing(after)
             if plan is not None and plan.round > cfg.rounds:
                 break
             if plan is None and after >= cfg.rounds:
@@ -639,9 +687,21 @@ class CentralizedRounds:
             except TimeoutError as exc:
                 log.warning("%s: stopping: %s", self.id, exc)
                 break
+            except _Behind as behind:
+                log.warning(
+                    "%s: the swarm finished round %d while this node settled round %d: catching up",
+                    self.id,
+                    behind.round,
+                    self.current[0],
+                )
+                caught_up_from, after, plan = self.current[0], behind.round, None
+                await self._start_observing(after)
+                continue
+            if caught_up_from is not None:
+                record["caught_up_from"], caught_up_from = caught_up_from, None
             after = record["round"]
             observer = " (observer)" if record["observer"] else ""
-            svc.finish_round(
+            await svc.finish_round(
                 record, f"aggregator {record['aggregator']} attempt {record['attempt']}{observer}"
             )
             await svc.report_round(record["round"])

@@ -2,16 +2,21 @@
 
 Lifecycle of :meth:`Node.run` (one asyncio task per node; several may share a process):
 
-1. load the node's data shard and build its model (in a worker thread);
+1. check the inputs (:mod:`p2pfl.learning.preflight`), load the node's data shard and build
+   its model (in a worker thread); restore the node's checkpoint when its run directory has
+   one (:mod:`p2pfl.node.checkpoint`; ``fresh`` ignores it);
 2. connect to the broker (:class:`~p2pfl.wire.transport.Transport`, retained presence + Last Will);
 3. wait until its topology neighbours are present (``timing.startup_timeout_s`` at most);
 4. hand the rounds to the driver the method's kind asks for (:data:`DRIVERS`):
    :mod:`p2pfl.node.decentralized` or :mod:`p2pfl.node.centralized`, over the node's
    :class:`~p2pfl.node.services.NodeServices`; every wait is bounded by
    ``timing.round_timeout_s``, so a silent or dead peer delays nobody past the deadline —
-   the node goes on with the peers that answered and records who was missing;
+   the node goes on with the peers that answered and records who was missing. Meanwhile
+   the broker is watched: out of reach past ``timing.broker_timeout_s``, the rounds stop
+   and the node fails (:class:`~p2pfl.wire.transport.BrokerLostError`), its completed
+   rounds on disk;
 5. announce ``done`` and keep serving pulls until every neighbour is done or gone
-   (``timing.linger_s`` at most), then leave.
+   (``timing.linger_s`` at most), write any record a full disk held back, then leave.
 
 The daemon routes the transport's callbacks to the driver (:class:`~p2pfl.node.services.
 RoundDriver`) and tells it when a neighbour comes online. A node whose broker is on the LAN
@@ -43,13 +48,16 @@ from p2pfl.algorithms.base import Method
 from p2pfl.config.load import ConfigError, dump_topology
 from p2pfl.config.schema import BrokerAddress, TopologyConfig
 from p2pfl.config.topology import neighbours
-from p2pfl.learning.data import NodeData, load_node_data
+from p2pfl.errors import P2PFLError
+from p2pfl.learning.data import NodeData, load_arrays, load_node_data
 from p2pfl.learning.models import build_model
+from p2pfl.learning.preflight import check_inputs, check_model
 from p2pfl.metrics import node_meta_path, write_json, write_text_atomic
 from p2pfl.node.centralized import CentralizedRounds
+from p2pfl.node.checkpoint import checkpoint_path, load_checkpoint
 from p2pfl.node.decentralized import DecentralizedRounds
 from p2pfl.node.services import NodeServices, RoundDriver
-from p2pfl.wire.transport import Transport, TransportError
+from p2pfl.wire.transport import BrokerLostError, Transport, TransportError
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +67,10 @@ DRIVERS: dict[str, type[DecentralizedRounds] | type[CentralizedRounds]] = {
     "decentralized": DecentralizedRounds,
     "centralized": CentralizedRounds,
 }
+
+
+class RecordsLostError(P2PFLError, OSError):
+    """Round records that could not be written to the run directory (a disk full to the end)."""
 
 
 def node_seed(seed: int, node_id: str) -> list[int]:
@@ -109,6 +121,8 @@ class NodeOptions:
     out_dir: Path | None = None
     cache_dir: str | None = None
     certs: str | None = None  # None: the topology's security.certs
+    fresh: bool = False  # ignore a checkpoint in out_dir (start over instead of resuming)
+    source: str = "topology"  # where the config came from, for error messages
 
 
 class Node:
@@ -137,6 +151,7 @@ class Node:
         self.services: NodeServices | None = None
         self.driver: RoundDriver | None = None
         self.records: list[dict[str, Any]] = []
+        self.resumed_round = 0  # the round of the checkpoint this node resumed from
         self._online: set[str] = set()  # peers whose latest presence is online
         self._security_ctx: tuple[Any, Any] | None = None  # see security_context()
 
@@ -146,12 +161,40 @@ class Node:
         ds = self.cfg.dataset
         if self.opts.data_root:
             ds = ds.model_copy(update={"root": self.opts.data_root})
+        # inputs that cannot work fail here naming the file and the field, not a traceback
+        source = self.opts.source
+        check_inputs(
+            self.cfg,
+            source=source,
+            data_root=self.opts.data_root,
+            cache_dir=self.opts.cache_dir,
+            model=False,
+        )
+        with _MODEL_INIT_LOCK:  # it builds a model: torch's RNG is shared by co-hosted nodes
+            arrays = load_arrays(ds, self.cfg.seed, self.opts.cache_dir)
+            check_model(self.cfg, arrays.num_classes, tuple(arrays.input_shape), source)
         self.data = load_node_data(
             ds, self.cfg.node_ids, self.id, self.cfg.seed, cache_dir=self.opts.cache_dir
         )
         self.method = build_method(
             self.method_cls, self.cfg, self.id, self.data, self.rng, self.device
         )
+        self.resumed_round = self._resume()
+
+    def _resume(self) -> int:
+        """Restore this node's checkpoint from the run directory, if it has one (and
+        ``fresh`` is off); returns its round (0: starting fresh)."""
+        if self.out_dir is None or self.opts.fresh:
+            return 0
+        path = checkpoint_path(self.out_dir, self.id)
+        ckpt = load_checkpoint(path)
+        if ckpt is None:
+            return 0
+        ckpt.check_for(self.cfg, self.id, str(path))
+        assert self.method is not None
+        ckpt.restore(self.method, self.rng, str(path))
+        log.warning("%s: resuming from the checkpoint of round %d (%s)", self.id, ckpt.round, path)
+        return ckpt.round
 
     def _write_run_files(self) -> None:
         """This node's data facts, and the resolved config if nobody recorded it yet."""
@@ -239,6 +282,7 @@ class Node:
             },
             max_message_bytes=int(cfg.max_message_mb * 2**20),
             max_transfer_bytes=int(cfg.max_transfer_mb * 2**20),
+            broker_timeout=cfg.timing.broker_timeout_s,
             security=signing,
             tls_context=tls,
         )
@@ -254,6 +298,7 @@ class Node:
             out_dir=self.out_dir,
             records=self.records,
         )
+        self.services.resumed_round = self.resumed_round
         driver = self.driver = DRIVERS[self.method_cls.kind](self.services)
         transport.on_presence = self._on_presence
         transport.on_gossip = driver.on_gossip
@@ -309,7 +354,7 @@ class Node:
                 time.monotonic() - t_start,
                 self.neighbours,
             )
-            await driver.run()
+            await self._drive(driver)
             try:
                 await self.transport.set_status("done", round=cfg.rounds)
             except TransportError as exc:
@@ -318,7 +363,45 @@ class Node:
                 lambda: all(svc.status(p) != "online" for p in self.neighbours),
                 time.monotonic() + cfg.timing.linger_s,
             )
+        await self._flush_records()
         return self.records
+
+    async def _drive(self, driver: RoundDriver) -> None:
+        """Run the rounds while watching the broker: when it stays out of reach past
+        ``timing.broker_timeout_s``, stop the rounds and fail the node
+        (:class:`~p2pfl.wire.transport.BrokerLostError`), keeping what is on disk."""
+        assert self.transport is not None
+        rounds = asyncio.ensure_future(driver.run())
+        watch = asyncio.ensure_future(self.transport.watch_broker())
+        try:
+            await asyncio.wait({rounds, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (rounds, watch):
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+        if watch.done() and not watch.cancelled() and watch.exception() is not None:
+            await self._flush_records()
+            last = self.records[-1]["round"] if self.records else self.resumed_round
+            raise BrokerLostError(f"{watch.exception()} after round {last}")
+        rounds.result()
+
+    async def _flush_records(self, timeout: float = 60.0) -> None:
+        """Write the records a full disk held back, retrying for ``timeout`` seconds at
+        most; what still cannot be written is reported (the node fails)."""
+        rlog = self.services.record_log if self.services else None
+        if rlog is None or rlog.flush():
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            await asyncio.sleep(1.0)
+            if rlog.flush():
+                return
+        raise RecordsLostError(
+            f"{self.id}: {len(rlog.pending)} round record(s) could not be written to "
+            f"{rlog.path} within {timeout:.0f} s"
+        )
 
 
 async def run_nodes(cfg: TopologyConfig, node_ids: list[str], options: NodeOptions) -> int:
@@ -331,7 +414,11 @@ async def run_all(nodes: list[Node]) -> int:
     results = await asyncio.gather(*(n.run() for n in nodes), return_exceptions=True)
     failed = 0
     for node, res in zip(nodes, results, strict=True):
-        if isinstance(res, BaseException):
+        if isinstance(res, P2PFLError):  # an input, the broker, the disk: a message
+            failed += 1
+            log.error("%s failed: %s", node.id, res)
+            log.debug("%s: traceback", node.id, exc_info=res)
+        elif isinstance(res, BaseException):
             failed += 1
             log.error("%s failed: %s", node.id, res, exc_info=res)
     return failed

@@ -52,6 +52,8 @@ class DecentralizedRounds:
         self._started = False  # rounds under way: gossip is kept for a window around ours
         self._gossip: dict[int, dict[str, dict[str, Any]]] = {}
         self._last_gossip: tuple[int, dict[str, Any]] | None = None  # for late joiners
+        # each neighbour's gossip of the latest round it sent, whatever our round
+        self._latest: dict[str, tuple[int, dict[str, Any]]] = {}
         self._snapshots: OrderedDict[int, State] = OrderedDict()
         self._prepared: dict[tuple[int, str], PreparedState] = {}
         self._prepare_locks: dict[tuple[int, str], asyncio.Lock] = {}
@@ -67,6 +69,9 @@ class DecentralizedRounds:
         lo, hi = (
             (self.round - 1, self.round + GOSSIP_AHEAD) if self._started else (1, svc.cfg.rounds)
         )
+        latest = self._latest.get(env.sender)
+        if latest is None or env.round > latest[0]:  # what a catching-up node starts from
+            self._latest[env.sender] = (env.round, env.body)
         if not lo <= env.round <= hi:
             svc.transport.dropped["stale_gossip"] += 1
             return
@@ -138,7 +143,8 @@ class DecentralizedRounds:
             await svc.transport.gossip(round_no, message)
         except TransportError as exc:  # broker gone: peers will not hear from us
             log.warning("%s: round %d: gossip not sent: %s", self.id, round_no, exc)
-        return self.alg.choose_peers(svc.online(svc.neighbours))
+        in_step = [p for p in svc.online(svc.neighbours) if svc.in_step(p, round_no)]
+        return self.alg.choose_peers(in_step)
 
     async def run_round(self, round_no: int) -> dict[str, Any]:
         """Run round ``round_no``; return its record."""
@@ -157,7 +163,7 @@ class DecentralizedRounds:
 
         def heard_all() -> bool:
             got = self._gossip.get(round_no, {})
-            return all(p in got or svc.status(p) != "online" for p in chosen)
+            return all(p in got or not svc.in_step(p, round_no) for p in chosen)
 
         await svc.wait_for(heard_all, deadline)
         heard = self._gossip.get(round_no, {})
@@ -194,24 +200,46 @@ class DecentralizedRounds:
             "t": time.time(),
         }
 
-    def _swarm_round(self) -> int:
-        """The latest round an online neighbour reports having finished (0: none)."""
-        svc = self.services
-        rounds = [svc.reported_round(p) for p in svc.online(svc.neighbours)]
-        return max((r for r in rounds if r is not None), default=0)
-
     # ------------------------------------------------------------------ lifecycle
+    def _skip_to(self, round_no: int) -> None:
+        """Start at ``round_no`` (joining late, resuming or catching up): keep the gossip of
+        the rounds around it, starting from each neighbour's latest."""
+        self.round = round_no - 1
+        self._gossip = {r: g for r, g in self._gossip.items() if r >= round_no - 1}
+        for peer, (r, body) in self._latest.items():
+            if round_no - 1 <= r <= round_no + GOSSIP_AHEAD:
+                self._gossip.setdefault(r, {})[peer] = body
+
     async def run(self) -> None:
-        """Every round from the one this node joins at to the last."""
+        """Every round from the one this node joins at to the last: the round after the
+        latest one its neighbours report (or its checkpoint holds, when resuming); a node
+        that finds itself :data:`~p2pfl.node.services.LAG_ROUNDS` behind its neighbours
+        catches up to their round (docs/wire.md, "Rounds and catch-up")."""
         svc, rounds = self.services, self.services.cfg.rounds
-        first = self._swarm_round() + 1
-        if first > 1:  # neighbours already under way
-            log.info("%s: neighbours are past round %d; joining at %d", self.id, first - 1, first)
-            self.round = first - 1  # keep the gossip of the rounds we join at
+        r = max(svc.swarm_round(svc.neighbours), svc.resumed_round) + 1
+        skipped_from: int | None = None
+        if r > 1:  # neighbours under way, or resuming from a checkpoint
+            log.info("%s: joining at round %d", self.id, r)
+            self._skip_to(r)
+            await svc.report_round(r - 1, joined=r)
         self._started = True
-        for r in range(first, rounds + 1):
+        while r <= rounds:
+            ahead = svc.behind(r, svc.neighbours)
+            if ahead is not None and ahead + 1 <= rounds:
+                log.warning(
+                    "%s: neighbours are at round %d, this node at %d: catching up",
+                    self.id,
+                    ahead + 1,
+                    r,
+                )
+                skipped_from, r = r, ahead + 1
+                self._skip_to(r)
+                await svc.report_round(r - 1, joined=r)
             record = await self.run_round(r)
+            if skipped_from is not None:
+                record["caught_up_from"], skipped_from = skipped_from, None
             dropout = " (dropout)" if record.get("dropout") else ""
-            svc.finish_round(record, f"peers {record['peers']}{dropout}")
-            if r < rounds:  # a late joiner starts after the latest reported round
+            await svc.finish_round(record, f"peers {record['peers']}{dropout}")
+            if r < rounds:  # peers see where this node is
                 await svc.report_round(r)
+            r += 1

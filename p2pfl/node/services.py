@@ -7,13 +7,15 @@ the round driver the method's kind asks for — :mod:`p2pfl.node.decentralized` 
 :class:`RoundDriver` interface. A driver decides *what* happens in a round; the services do
 the parts every round has (docs/architecture.md, "Node services"):
 
-- the **presence view**: who is online, what round a peer reports;
+- the **presence view**: who is online, what round a peer reports, whether it is in step
+  with a round, whether this node fell behind (docs/wire.md, "Rounds and catch-up");
 - **waits**: :meth:`NodeServices.wait_for` a predicate, woken by :meth:`NodeServices.notify`
   whenever a message or a presence change arrives, bounded by a deadline;
 - **transfers**: packing a state for peers on a shared thread pool, pulling several parts at
   once, refusing a pull, counting a dropped message;
 - **learning**: one round of local training and one evaluation, in worker threads;
-- **records**: the byte and time meter of a round, and writing the round's record.
+- **records**: the byte, time and outage meter of a round, and writing the round's record
+  and the node's checkpoint (docs/architecture.md, "Checkpoints and resume").
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ from p2pfl.config.schema import TopologyConfig
 from p2pfl.learning.data import NodeData
 from p2pfl.learning.state import State
 from p2pfl.learning.train import TrainResult, evaluate, round_lr, train_local
-from p2pfl.metrics import append_record, node_log_path
+from p2pfl.metrics import RecordLog, node_log_path
+from p2pfl.node.checkpoint import Checkpoint, checkpoint_path, save_checkpoint
+from p2pfl.wire.codec import state_nbytes
 from p2pfl.wire.envelope import Envelope
 from p2pfl.wire.transfers import PreparedState
 from p2pfl.wire.transport import Transport, TransportError
@@ -47,6 +51,10 @@ log = logging.getLogger(__name__)
 # packing a state for peers must not queue behind co-hosted nodes' training jobs
 PACK_POOL = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="p2pfl-pack")
 EVAL_BATCH = 500
+# a peer this many rounds or more away from a node's round is not in step with it: the node
+# does not wait on it, and a node that far behind its neighbours catches up
+LAG_ROUNDS = 3
+PULL_SLACK = 4  # a pulled state may be this many times the size of this node's model
 
 
 @runtime_checkable
@@ -82,21 +90,24 @@ class TrainOutcome:
 
 
 class RoundMeter:
-    """Time and transport bytes since a round started."""
+    """Time, transport bytes and broker outage since a round started."""
 
     def __init__(self, transport: Transport):
         self._transport = transport
         self.t0 = time.monotonic()
         self._sent0 = transport.stats.bytes_sent
         self._recv0 = transport.stats.bytes_recv
+        self._offline0 = transport.offline_seconds()
 
     def fields(self) -> dict[str, Any]:
-        """``round_s``, ``bytes_sent`` and ``bytes_recv`` of the round so far."""
+        """``round_s``, ``bytes_sent``, ``bytes_recv`` and ``broker_offline_s`` (seconds
+        without a broker) of the round so far."""
         stats = self._transport.stats
         return {
             "round_s": round(time.monotonic() - self.t0, 4),
             "bytes_sent": stats.bytes_sent - self._sent0,
             "bytes_recv": stats.bytes_recv - self._recv0,
+            "broker_offline_s": round(self._transport.offline_seconds() - self._offline0, 3),
         }
 
 
@@ -128,6 +139,11 @@ class NodeServices:
         self.device = device
         self.out_dir = out_dir
         self.records: list[dict[str, Any]] = records if records is not None else []
+        self.record_log = RecordLog(node_log_path(out_dir, node_id)) if out_dir else None
+        self.resumed_round = 0  # the round of the checkpoint this node resumed from (0: none)
+        # what a peer may send for one pull: a part of a model like ours (plus masks or
+        # heads), never the wire's whole transfer cap; untrusted metadata cannot claim more
+        self.pull_limit = PULL_SLACK * state_nbytes(method.model.state_dict()) + (1 << 20)
         self._changed = asyncio.Event()
 
     # ------------------------------------------------------------------ presence view
@@ -148,6 +164,34 @@ class NodeServices:
         (presence is untrusted: anything but an int counts as none)."""
         r = self.transport.peers.get(peer, {}).get("round")
         return r if isinstance(r, int) and not isinstance(r, bool) else None
+
+    def joined_round(self, peer: str) -> int:
+        """The first round ``peer`` ran since it (re)joined the swarm (1 when it reports
+        none): a node that joined late or caught up skipped the rounds before."""
+        j = self.transport.peers.get(peer, {}).get("joined")
+        return j if isinstance(j, int) and not isinstance(j, bool) and j >= 1 else 1
+
+    def in_step(self, peer: str, round_no: int) -> bool:
+        """Whether ``peer`` is online and can take part in round ``round_no`` with this node
+        (docs/wire.md, "Rounds and catch-up"): it is in a round less than
+        :data:`LAG_ROUNDS` away (behind or ahead) and did not skip ``round_no`` by joining
+        after it. A peer that is not in step is not waited on."""
+        if not self.is_online(peer):
+            return False
+        current = (self.reported_round(peer) or 0) + 1
+        return abs(current - round_no) < LAG_ROUNDS and self.joined_round(peer) <= round_no
+
+    def swarm_round(self, peers: list[str]) -> int:
+        """The latest round an online peer of ``peers`` reports having finished (0: none)."""
+        rounds = [self.reported_round(p) for p in self.online(peers)]
+        return max((r for r in rounds if r is not None), default=0)
+
+    def behind(self, round_no: int, peers: list[str]) -> int | None:
+        """When an online peer of ``peers`` is :data:`LAG_ROUNDS` or more rounds ahead of
+        ``round_no``, the latest round such a peer reports finished (the node should catch
+        up to the round after it); None when this node is in step."""
+        swarm = self.swarm_round(peers)
+        return swarm if swarm + 1 >= round_no + LAG_ROUNDS else None
 
     # ------------------------------------------------------------------ waits
     def notify(self) -> None:
@@ -180,7 +224,9 @@ class NodeServices:
         states that arrived and, for the others, why not."""
 
         async def one(peer: str) -> State:
-            return await self.transport.pull(peer, round_no, parts[peer], timeout, attempt=attempt)
+            return await self.transport.pull(
+                peer, round_no, parts[peer], timeout, attempt=attempt, max_bytes=self.pull_limit
+            )
 
         peers = sorted(parts)
         results = await asyncio.gather(*(one(p) for p in peers), return_exceptions=True)
@@ -260,18 +306,33 @@ class NodeServices:
         """Start measuring a round (time and transport bytes)."""
         return RoundMeter(self.transport)
 
-    def finish_round(self, record: dict[str, Any], summary: str) -> None:
-        """Keep the round's record, append it to the node's log in the run directory and
-        log a one-line ``summary``."""
+    async def finish_round(self, record: dict[str, Any], summary: str) -> None:
+        """Keep the round's record, append it to the node's log in the run directory (whole
+        or not at all; kept in memory and retried when the disk is full), log a one-line
+        ``summary`` and write the node's checkpoint (:mod:`p2pfl.node.checkpoint`; a disk
+        that refuses it is logged, and the previous checkpoint stays)."""
         self.records.append(record)
-        if self.out_dir is not None:
-            append_record(node_log_path(self.out_dir, self.id), record)
+        if self.record_log is not None:
+            self.record_log.append(record)
         log.info("%s: round %d acc %.4f %s", self.id, record["round"], record["test_acc"], summary)
+        if self.out_dir is not None:
+            await asyncio.to_thread(self._save_checkpoint, record["round"])
 
-    async def report_round(self, round_no: int) -> None:
-        """Tell peers (presence) that this node finished ``round_no``; a late joiner starts
-        after the latest reported round."""
+    def _save_checkpoint(self, round_no: int) -> None:
+        ckpt = Checkpoint.take(self.cfg, self.id, round_no, self.method, self.rng)
         try:
-            await self.transport.set_status("online", round=round_no)
+            assert self.out_dir is not None
+            save_checkpoint(checkpoint_path(self.out_dir, self.id), ckpt)
+        except OSError as exc:
+            log.warning("%s: round %d: checkpoint not written: %s", self.id, round_no, exc)
+
+    async def report_round(self, round_no: int, *, joined: int | None = None) -> None:
+        """Tell peers (presence) that this node finished ``round_no`` (or skipped to the
+        round after it), and, with ``joined``, the first round it runs since it (re)joined."""
+        info: dict[str, Any] = {"round": round_no}
+        if joined is not None:
+            info["joined"] = joined
+        try:
+            await self.transport.set_status("online", **info)
         except TransportError as exc:
             log.warning("%s: could not update presence: %s", self.id, exc)

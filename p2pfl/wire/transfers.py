@@ -103,6 +103,12 @@ class IncomingTransfers:
         """Stop waiting for ``xfer`` (done, failed or timed out)."""
         self._pending.pop(xfer, None)
 
+    def fail_peer(self, peer: str, reason: str) -> None:
+        """Fail every transfer from ``peer`` now (it went offline: nothing more will come)."""
+        for inc in self._pending.values():
+            if inc.peer == peer and not inc.future.done():
+                inc.future.set_exception(TransferError(reason))
+
     def pending(self) -> list[str]:
         """The transfer ids being waited for."""
         return list(self._pending)

@@ -61,6 +61,10 @@ class TransportError(P2PFLError, RuntimeError):
     """A send or pull that could not complete (disconnected, refused, timed out, corrupt)."""
 
 
+class BrokerLostError(TransportError):
+    """The broker has been unreachable for longer than the node is willing to wait."""
+
+
 @dataclass
 class TransportStats:
     bytes_sent: int = 0
@@ -90,6 +94,7 @@ class Transport:
         max_transfer_bytes: int = 2 << 30,
         chunk_bytes: int = CHUNK_BYTES,
         connect_timeout: float = 30.0,
+        broker_timeout: float | None = None,
         client_factory: Callable[..., aiomqtt.Client] | None = None,
         security: MessageSecurity | None = None,
         tls_context: ssl.SSLContext | None = None,
@@ -104,6 +109,7 @@ class Transport:
         self.max_transfer_bytes = max_transfer_bytes
         self.chunk_bytes = chunk_bytes
         self.connect_timeout = connect_timeout
+        self.broker_timeout = broker_timeout  # None: ride out any outage
         self._client_factory = client_factory or aiomqtt.Client
         self.security = security  # sign what we send, verify what we receive
         self.tls_context = tls_context  # TLS with a client certificate to the broker
@@ -116,6 +122,9 @@ class Transport:
         self.on_presence: Callable[[str, dict[str, Any]], None] | None = None
         self._client: aiomqtt.Client | None = None
         self._connected = asyncio.Event()
+        self._lost = asyncio.Event()  # the connection dropped and is not back yet
+        self._down_since: float | None = None  # monotonic time the current outage began
+        self._offline_total = 0.0  # seconds without a broker in finished outages
         self._closing = False
         self._task: asyncio.Task | None = None
         self.transfers = IncomingTransfers(node_id, max_message_bytes, self.drop, self._spawn)
@@ -205,6 +214,7 @@ class Transport:
                     await client.subscribe(self.topic("inbox", self.node_id), qos=1)
                     await self._publish_presence(client)
                     self._connected.set()
+                    self._back_online()
                     backoff = 0.2
                     async for message in client.messages:
                         self._dispatch(str(message.topic), message.payload)
@@ -213,10 +223,46 @@ class Transport:
                 self._client = None
                 if self._closing:
                     break
+                if self._down_since is None:
+                    self._down_since = time.monotonic()
+                    self._lost.set()
                 log.warning("%s: MQTT connection lost (%s); reconnecting", self.node_id, exc)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
         self._client = None
+
+    # ------------------------------------------------------------------ broker outages
+    def _back_online(self) -> None:
+        if self._down_since is not None:
+            outage = time.monotonic() - self._down_since
+            self._offline_total += outage
+            log.warning("%s: broker back after %.1f s", self.node_id, outage)
+        self._down_since = None
+        self._lost.clear()
+
+    def offline_seconds(self) -> float:
+        """Seconds spent without a broker since the first connection (the current outage
+        included)."""
+        current = 0.0 if self._down_since is None else time.monotonic() - self._down_since
+        return self._offline_total + current
+
+    async def watch_broker(self) -> None:
+        """Return never; raise :class:`BrokerLostError` once the broker has been unreachable
+        for ``broker_timeout`` seconds in one outage (never when it is None). Run it beside
+        the work that needs the broker and stop that work when it raises."""
+        while True:
+            await self._lost.wait()
+            if self.broker_timeout is None or self._down_since is None:
+                await self._connected.wait()
+                continue
+            left = self._down_since + self.broker_timeout - time.monotonic()
+            try:
+                await asyncio.wait_for(self._connected.wait(), max(0.0, left))
+            except asyncio.TimeoutError:
+                raise BrokerLostError(
+                    f"{self.node_id}: broker {self.host}:{self.port} unreachable for "
+                    f"{self.broker_timeout:.0f} s (timing.broker_timeout_s); stopping"
+                ) from None
 
     # ------------------------------------------------------------------ sending
     async def _publish(
@@ -302,14 +348,31 @@ class Transport:
 
     # ------------------------------------------------------------------ transfers
     async def pull(
-        self, peer: str, round_no: int, part: str, timeout: float, *, attempt: int = 0
+        self,
+        peer: str,
+        round_no: int,
+        part: str,
+        timeout: float,
+        *,
+        attempt: int = 0,
+        max_bytes: int | None = None,
     ) -> State:
         """Ask ``peer`` for ``part`` of its round-``round_no`` state (of that ``attempt``,
-        for the rotating aggregator) and wait for it.
+        for the rotating aggregator) and wait for it. A transfer larger than ``max_bytes``
+        (at most, and by default, ``max_transfer_bytes``) is refused before any memory is
+        allocated for it.
 
-        Raises :class:`TransportError` on refusal, timeout or a corrupt transfer."""
+        Raises :class:`TransportError` on refusal, timeout, a corrupt transfer, or as soon
+        as ``peer``'s presence is (or goes) ``offline``."""
+        if self.peers.get(peer, {}).get("status") == "offline":
+            raise TransportError(f"pull of {part!r} from {peer}: {peer} is offline")
         xfer = uuid.uuid4().hex[:16]
-        fut = self.transfers.expect(xfer, peer, self.max_transfer_bytes)
+        limit = (
+            self.max_transfer_bytes
+            if max_bytes is None
+            else min(max_bytes, self.max_transfer_bytes)
+        )
+        fut = self.transfers.expect(xfer, peer, limit)
         try:
             await self.send(peer, "pull", round_no, {"part": part}, mid=xfer, attempt=attempt)
             return await asyncio.wait_for(fut, timeout)
@@ -437,6 +500,8 @@ class Transport:
                 self.drop("malformed", f"{topic}: bad presence")
                 return
             self.peers[owner] = info
+            if info["status"] == "offline":  # its Last Will: what it was sending never comes
+                self.transfers.fail_peer(owner, f"{owner} went offline")
             if self.on_presence is not None:
                 self.on_presence(owner, info)
             return

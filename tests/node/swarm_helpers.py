@@ -55,7 +55,7 @@ def start_nodes(tmp_path: Path, broker, overrides: list[str], only: list[str] | 
         update={"broker": cfg.broker.model_copy(update={"host": broker.host, "port": broker.port})}
     )
     out = tmp_path / "run"
-    out.mkdir()
+    out.mkdir(exist_ok=True)
     path = out / "config.yaml"
     path.write_text(dump_topology(cfg))
     ids = only or cfg.node_ids

@@ -244,3 +244,64 @@ async def test_reconnects_and_resubscribes_after_broker_restart(tmp_path):
         await a.close()
         await b.close()
         broker.stop()
+
+
+async def test_pull_fails_as_soon_as_the_peer_goes_offline(broker):
+    """A pull from a peer that dies mid-transfer fails on its Last Will, not its deadline;
+    a pull from a peer already offline fails before it is sent."""
+    a, b = await pair(broker)
+    b.on_request = None  # b never answers: only its presence can end the wait
+    try:
+        pulling = asyncio.ensure_future(a.pull("b", 1, "all", timeout=60))
+        await asyncio.sleep(0.3)
+        assert not pulling.done()
+        t0 = asyncio.get_running_loop().time()
+        await b.close(graceful=True)  # publishes offline, as the broker would b's Last Will
+        with pytest.raises(TransportError, match="went offline"):
+            await pulling
+        assert asyncio.get_running_loop().time() - t0 < 5
+        with pytest.raises(TransportError, match="is offline"):
+            await a.pull("b", 1, "all", timeout=60)
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_pull_refuses_a_transfer_over_its_limit(broker):
+    state = {"g.w": torch.randn(100, 100)}  # 40 KB
+    a, b = await pair(broker)
+    b.on_request = lambda env: serve_from({1: state})(b, env)
+    try:
+        with pytest.raises(TransportError, match="exceeds the limit of 1000"):
+            await a.pull("b", 1, "all", timeout=10, max_bytes=1000)
+        got = await a.pull("b", 1, "all", timeout=10, max_bytes=100_000)
+        assert torch.equal(got["g.w"], state["g.w"])
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_broker_lost_for_good_raises_after_the_timeout(tmp_path):
+    """``watch_broker`` rides out nothing longer than ``broker_timeout``; the outage is
+    counted in ``offline_seconds``."""
+    from p2pfl.launch.broker import MosquittoBroker
+    from p2pfl.wire.transport import BrokerLostError
+
+    broker = MosquittoBroker(workdir=tmp_path / "b").start()
+    t = Transport("s", "a", broker.host, broker.port, broker_timeout=1.5)
+    await t.__aenter__()
+    watch = asyncio.ensure_future(t.watch_broker())
+    try:
+        await asyncio.sleep(0.2)
+        assert not watch.done() and t.offline_seconds() == 0
+        broker.proc.kill()
+        t0 = asyncio.get_running_loop().time()
+        with pytest.raises(BrokerLostError, match="unreachable for 2 s"):
+            await asyncio.wait_for(watch, 20)
+        took = asyncio.get_running_loop().time() - t0
+        assert 1.5 <= took < 10, took
+        assert t.offline_seconds() >= 1.0
+    finally:
+        watch.cancel()
+        await t.close()
+        broker.stop()

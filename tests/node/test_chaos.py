@@ -1,0 +1,228 @@
+"""Fault drills against a real Mosquitto on loopback, each bounded in time: a node frozen
+(short: it stays online; long: the broker declares it gone), a node killed and restarted on
+its run directory, the broker killed for good or restarted, a disk that fills up. Waits are on
+records and logs, never fixed sleeps (except the freeze and outage themselves)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from swarm_helpers import start_nodes, wait_round
+
+from p2pfl.launch.swarm import spawn_worker, stop_workers
+from p2pfl.metrics import read_records
+
+pytestmark = pytest.mark.integration
+
+BASE = [
+    "algorithm.params.divergence_rule=fixed",
+    "algorithm.params.th_I=0",
+    "timing.startup_timeout_s=30",
+    "timing.linger_s=3",
+]
+
+
+def _records(out: Path, nid: str) -> list[dict]:
+    return read_records(out / "nodes" / f"{nid}.jsonl")
+
+
+def _lines_whole(out: Path, nid: str) -> list[dict]:
+    """Every line of a node's log parses: nothing torn."""
+    text = (out / "nodes" / f"{nid}.jsonl").read_text()
+    assert text.endswith("\n"), nid
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def _wait(pred, timeout: float, what: str, step: float = 0.2) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(step)
+    raise AssertionError(f"{what}: not within {timeout} s")
+
+
+@pytest.mark.parametrize("freeze_s", [8, 45], ids=["short-online", "long-offline"])
+def test_frozen_node_catches_up(tmp_path, broker, freeze_s):
+    """SIGSTOP ``b`` (8 s: it stays online; 45 s: past 1.5 × the 15 s keepalive, so the
+    broker publishes its Last Will). After SIGCONT it catches up within 2 of its rounds, and
+    the others' rounds after it resumes are no slower than twice their median before."""
+    cfg, out, workers = start_nodes(
+        tmp_path, broker, [*BASE, "rounds=2000", "timing.round_timeout_s=5"]
+    )
+    others = [n for n in cfg.node_ids if n != "b"]
+    try:
+        wait_round(out, "b", 8, 120)
+        os.killpg(workers["b"].proc.pid, signal.SIGSTOP)
+        t_stop = time.time()
+        time.sleep(freeze_s)  # the fault itself
+        os.killpg(workers["b"].proc.pid, signal.SIGCONT)
+        t_cont = time.time()
+        swarm_at_cont = max(_records(out, n)[-1]["round"] for n in others)
+        _wait(lambda: len([r for r in _records(out, "b") if r["t"] > t_cont]) >= 2, 60, "b")
+        _wait(
+            lambda: all(
+                len([r for r in _records(out, n) if r["t"] > t_cont]) >= 12 for n in others
+            ),
+            120,
+            "the others' rounds after the freeze",
+        )
+    finally:
+        stop_workers(list(workers.values()), grace=2)
+    after = [r for r in _records(out, "b") if r["t"] > t_cont]
+    caught = [r for r in after[:2] if "caught_up_from" in r]
+    assert caught and caught[0]["round"] >= swarm_at_cont, (swarm_at_cont, after[:3])
+    for nid in others:
+        recs = _records(out, nid)
+        before = [r["round_s"] for r in recs if r["t"] < t_stop][2:]
+        # rounds that start after b resumed (the one running at SIGCONT may still wait on it)
+        resumed = [r["round_s"] for r in recs if r["t"] - r["round_s"] > t_cont][:10]
+        assert len(resumed) >= 5, nid
+        assert statistics.median(resumed) <= 2 * statistics.median(before), (nid, before, resumed)
+
+
+def test_restarted_node_resumes_from_its_checkpoint(tmp_path, broker):
+    """SIGKILL ``b``; restart its daemon on the same run directory: it restores its checkpoint,
+    rejoins the swarm's round and finishes with the others."""
+    rounds = 40
+    cfg, out, workers = start_nodes(
+        tmp_path, broker, [*BASE, f"rounds={rounds}", "timing.round_timeout_s=5"]
+    )
+    try:
+        wait_round(out, "b", 5, 120)
+        os.killpg(workers["b"].proc.pid, signal.SIGKILL)
+        workers["b"].proc.wait()
+        killed_at = _records(out, "b")[-1]["round"]
+        assert (out / "nodes" / "b.ckpt").exists()
+        wait_round(out, "a", killed_at + 3, 60)
+        workers["b"] = spawn_worker(out / "config.yaml", ["b"], broker.address, out, False)
+        for nid, w in workers.items():
+            assert w.proc.wait(timeout=180) == 0, (nid, w.log_path.read_text()[-3000:])
+    finally:
+        stop_workers(list(workers.values()), grace=2)
+    log = workers["b"].log_path.read_text()
+    assert f"resuming from the checkpoint of round {killed_at}" in log
+    recs = _lines_whole(out, "b")
+    rounds_b = [r["round"] for r in recs]
+    assert rounds_b[:killed_at] == list(range(1, killed_at + 1))
+    assert rounds_b[killed_at] > killed_at and rounds_b[-1] == rounds, rounds_b
+    assert rounds_b == sorted(set(rounds_b))
+    for nid in ("a", "c", "d"):
+        assert [r["round"] for r in _records(out, nid)] == list(range(1, rounds + 1))
+
+
+def test_broker_killed_for_good_fails_every_node(tmp_path, broker):
+    """The broker dies and never comes back: every node stops with a non-zero exit within
+    ``broker_timeout_s`` + one round, naming the broker, with every completed round on disk."""
+    timeout_s = 6
+    cfg, out, workers = start_nodes(
+        tmp_path,
+        broker,
+        [*BASE, "rounds=5000", "timing.round_timeout_s=3", f"timing.broker_timeout_s={timeout_s}"],
+    )
+    try:
+        wait_round(out, "a", 3, 120)
+        broker.proc.kill()  # no goodbye, no Last Will
+        t_kill = time.monotonic()
+        for nid, w in workers.items():
+            rc = w.proc.wait(timeout=timeout_s + 3 + 30)
+            assert rc != 0, nid
+        took = time.monotonic() - t_kill
+    finally:
+        stop_workers(list(workers.values()), grace=2)
+    assert took < timeout_s + 3 + 15, took  # + a round (3 s) + process exit under load
+    for nid, w in workers.items():
+        text = w.log_path.read_text()
+        assert "unreachable" in text and "broker_timeout_s" in text, text[-2000:]
+        assert "Traceback" not in text, text[-3000:]
+        recs = _lines_whole(out, nid)
+        assert [r["round"] for r in recs] == list(range(1, len(recs) + 1)) and len(recs) >= 3
+
+
+def test_short_broker_outage_is_ridden_out(tmp_path, broker):
+    """The broker is down for ~2 s and restarted on the same port: the nodes reconnect,
+    finish every round, and the outage shows in their records (``broker_offline_s``)."""
+    rounds = 30
+    cfg, out, workers = start_nodes(
+        tmp_path, broker, [*BASE, f"rounds={rounds}", "timing.round_timeout_s=8"]
+    )
+    try:
+        wait_round(out, "a", 3, 120)
+        broker.stop()
+        time.sleep(2)  # the outage itself
+        broker.start()
+        for nid, w in workers.items():
+            assert w.proc.wait(timeout=180) == 0, (nid, w.log_path.read_text()[-3000:])
+    finally:
+        stop_workers(list(workers.values()), grace=2)
+    for nid in cfg.node_ids:
+        recs = _lines_whole(out, nid)
+        assert [r["round"] for r in recs] == list(range(1, rounds + 1)), nid
+        assert sum(r["broker_offline_s"] for r in recs) >= 1.0, nid
+
+
+def _mount_tmpfs(path: Path, size_mb: int) -> bool:
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        return False
+    path.mkdir(parents=True, exist_ok=True)
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(path)],
+        capture_output=True,
+    )
+    return res.returncode == 0
+
+
+def test_disk_full_for_a_while_loses_nothing(tmp_path, broker):
+    """The disk of the nodes' records and checkpoints fills up for ~20 s: no node dies, no
+    record is torn, and every round ends up on disk once there is room again."""
+    disk = tmp_path / "run" / "nodes"
+    if not _mount_tmpfs(disk, 16):
+        pytest.skip("needs root and tmpfs to fill a disk")
+    try:
+        rounds = 60
+        cfg, out, workers = start_nodes(
+            tmp_path, broker, [*BASE, f"rounds={rounds}", "timing.round_timeout_s=8"]
+        )
+        filler = disk / "filler"
+        try:
+            wait_round(out, "a", 3, 120)
+            _fill(filler)
+            full_at = max(_records(out, n)[-1]["round"] for n in cfg.node_ids)
+            _wait(
+                lambda: all("kept in memory" in w.log_path.read_text() for w in workers.values()),
+                60,
+                "every node noticing the full disk",
+            )
+            time.sleep(20)  # the disk stays full
+            filler.unlink()
+            for nid, w in workers.items():
+                assert w.proc.wait(timeout=240) == 0, (nid, w.log_path.read_text()[-3000:])
+        finally:
+            stop_workers(list(workers.values()), grace=2)
+            filler.unlink(missing_ok=True)
+        assert full_at < rounds
+        for nid in cfg.node_ids:
+            recs = _lines_whole(out, nid)
+            assert [r["round"] for r in recs] == list(range(1, rounds + 1)), nid
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def _fill(path: Path) -> None:
+    """Fill the file system of ``path`` to the last byte."""
+    with open(path, "wb", buffering=0) as f:
+        for size in (1 << 20, 4096, 256, 1):
+            try:
+                while True:
+                    f.write(b"\0" * size)
+                    f.flush()
+            except OSError:
+                pass

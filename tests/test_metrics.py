@@ -1,0 +1,63 @@
+"""Round records on a disk that fails: whole lines or nothing, kept and retried in order."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+
+import pytest
+
+from p2pfl import metrics
+from p2pfl.metrics import RecordLog, append_record, read_records, summarize
+
+
+def test_a_failed_append_leaves_no_torn_line(tmp_path, monkeypatch):
+    path = tmp_path / "n.jsonl"
+    append_record(path, {"round": 1})
+    real_write = os.write
+
+    def half_then_full(fd, data):  # the disk fills up in the middle of the line
+        real_write(fd, bytes(data[: len(data) // 2]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(metrics.os, "write", half_then_full)
+    with pytest.raises(OSError):
+        append_record(path, {"round": 2, "test_acc": 0.5})
+    assert path.read_text() == '{"round":1}\n'
+
+
+def test_record_log_keeps_records_until_the_disk_takes_them(tmp_path, monkeypatch, caplog):
+    path = tmp_path / "nodes" / "a.jsonl"
+    log = RecordLog(path)
+    assert log.append({"round": 1})
+    full = {"on": True}
+    real_write = os.write
+
+    def write(fd, data):
+        if full["on"]:
+            real_write(fd, bytes(data[:3]))
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(metrics.os, "write", write)
+    assert not log.append({"round": 2})
+    assert not log.append({"round": 3})
+    assert [r["round"] for r in log.pending] == [2, 3] and log.failures == 2
+    assert "kept in memory" in caplog.text
+    assert [json.loads(x)["round"] for x in path.read_text().splitlines()] == [1]
+    full["on"] = False
+    assert log.append({"round": 4})
+    assert [r["round"] for r in read_records(path)] == [1, 2, 3, 4]
+    assert path.read_text().count("\n") == 4 and not log.pending
+
+
+def test_summary_of_a_partial_run_skips_what_it_cannot_use(tmp_path):
+    nodes = tmp_path / "nodes"
+    nodes.mkdir()
+    good = {"round": 1, "test_acc": 0.5, "bytes_sent": 10, "t": 100.0, "round_s": 1.0}
+    (nodes / "a.jsonl").write_text(json.dumps(good) + "\n" + '{"round": 2, "te')  # torn
+    (nodes / "b.jsonl").write_text('{"round": 1}\n')  # no accuracy: not summarizable
+    s = summarize(tmp_path, algorithm="x", expected_nodes=["a", "b", "c"], rounds=2)
+    assert s["final"]["acc_mean"] == 0.5 and s["nodes_completed"] == 0
+    assert s["nodes_incomplete"] == ["a", "b", "c"] and s["bytes_sent_total"] == 10
