@@ -1,7 +1,10 @@
 """Registry of federated-learning methods: one module per method, found automatically.
 
 Adding a method touches one file: write ``p2pfl/algorithms/<name>.py`` with a class derived
-from :class:`~p2pfl.algorithms.base.DecentralizedAlgorithm` decorated with :func:`register`.
+from :class:`~p2pfl.algorithms.base.DecentralizedAlgorithm` (or
+:class:`~p2pfl.algorithms.base.CentralizedAlgorithm`) decorated with :func:`register`; if it
+keeps state between rounds beyond its model, it overrides ``extra_state`` and
+``load_extra_state`` in the same file (base.py, "Checkpoints").
 """
 
 from __future__ import annotations

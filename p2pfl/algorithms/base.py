@@ -23,12 +23,22 @@ There are two kinds, both registered with :func:`register` in one module per met
    :meth:`CentralizedAlgorithm.aggregate`, which says what each node receives and the small
    server state carried to the next round's aggregator;
 3. every node pulls what it receives and calls :meth:`CentralizedAlgorithm.apply`.
+
+**Checkpoints** (both kinds). A node saves :meth:`Method.checkpoint` every round and, after a
+restart, builds its method afresh (same model, config and data) and calls
+:meth:`Method.restore`. The checkpoint is the model's weights plus
+:meth:`Method.extra_state`: whatever the method keeps between rounds beyond the model (a
+proximal target, masks, the previous round's representations). A method that keeps nothing
+but its model needs no override; one that does overrides :meth:`Method.extra_state` and
+:meth:`Method.load_extra_state` in its own module. What is derived from the config or the
+data at construction (shapes, labels, knobs) is rebuilt, not saved; the node's RNG
+(``ctx.rng``) is saved by the daemon.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -37,7 +47,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from p2pfl.learning.models import SplitModel
-from p2pfl.learning.state import State, select_part
+from p2pfl.learning.state import State, layout_mismatch, select_part
 
 PullPlan = dict[str, str]  # peer id -> part ("g", "h" or "all")
 ExtraLoss = Callable[[SplitModel, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -129,6 +139,56 @@ class Method(ABC):
         presence π); default: ignored."""
         return None
 
+    # -- checkpoints ---------------------------------------------------------------------
+    def checkpoint(self) -> dict[str, Any]:
+        """Everything this node's method needs to continue after a restart:
+        ``{"model": the model's state_dict on CPU (detached clones), "extra":
+        self.extra_state()}``. Encodable by :func:`p2pfl.wire.codec.encode` (maps with str
+        keys, lists, str/int/float/bool/None, bytes, torch tensors, numpy arrays); shares no
+        storage with the method, so later rounds do not change it."""
+        return {"model": self.model_state(), "extra": self.extra_state()}
+
+    def restore(self, ckpt: dict[str, Any]) -> None:
+        """Load a :meth:`checkpoint` (as :func:`p2pfl.wire.codec.decode` returns it: tensors
+        as CPU torch tensors, tuples as lists) into this freshly built method on the same
+        model, config and data. The weights must have the model's layout (keys, shapes,
+        dtypes: :func:`~p2pfl.learning.state.layout_mismatch`) and are copied to the model's
+        device; then :meth:`load_extra_state` gets ``ckpt["extra"]``. Bad or foreign content
+        raises ``ValueError`` naming what is wrong, and leaves the method as it was (the
+        previous weights are put back when ``load_extra_state`` refuses)."""
+        if not isinstance(ckpt, Mapping):
+            raise ValueError(f"checkpoint: expected a map, got {type(ckpt).__name__}")
+        if set(ckpt) != {"model", "extra"}:
+            keys = sorted(map(str, ckpt))
+            raise ValueError(f"checkpoint: keys {keys}, expected ['extra', 'model']")
+        weights, extra = ckpt["model"], ckpt["extra"]
+        why = layout_mismatch(weights, self.model.state_dict())
+        if why is not None:
+            raise ValueError(f"checkpoint model: {why}")
+        if not isinstance(extra, Mapping):
+            raise ValueError(f"checkpoint extra: expected a map, got {type(extra).__name__}")
+        before = self.model_state()
+        self.model.load_state_dict(weights)  # copies into the model's tensors (its device)
+        try:
+            self.load_extra_state(dict(extra))
+        except BaseException:
+            self.model.load_state_dict(before)
+            raise
+
+    def extra_state(self) -> dict[str, Any]:
+        """What the method keeps between rounds beyond the model, for :meth:`checkpoint`
+        (encodable as said there; msgpack holds ints in ``[-2**63, 2**64)``: store a
+        larger one, e.g. a 128-bit RNG state, as a str). Default: nothing (``{}``)."""
+        return {}
+
+    def load_extra_state(self, extra: dict[str, Any]) -> None:
+        """Install :meth:`extra_state`'s output from a checkpoint. Called by :meth:`restore`
+        after the checkpoint's weights are in the model; checks all of ``extra`` before
+        changing anything and raises ``ValueError`` naming what is wrong (a missing or
+        unknown key, a wrong shape). Default: ``extra`` must be empty (a checkpoint with
+        state this method does not keep is foreign)."""
+        check_keys(extra, (), f"{self.name} checkpoint extra")
+
 
 class DecentralizedAlgorithm(Method):
     """One decentralized method. Subclasses set ``name`` and ``Params``.
@@ -158,6 +218,40 @@ class DecentralizedAlgorithm(Method):
     def merge(self, gossip: dict[str, dict[str, Any]], pulled: dict[str, State]) -> dict[str, Any]:
         """Combine the pulled parts (peers whose pull failed are absent) into the local model;
         return facts to log."""
+
+
+def check_keys(value: Any, keys: Sequence[str], what: str) -> dict[str, Any]:
+    """``value`` if it is a map with exactly ``keys``; ``ValueError`` naming ``what`` and the
+    missing or unknown keys otherwise (for :meth:`Method.load_extra_state`)."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{what}: expected a map, got {type(value).__name__}")
+    missing = sorted(set(keys) - set(value))
+    extra = sorted(map(str, set(value) - set(keys)))
+    if missing or extra:
+        raise ValueError(f"{what}: keys differ (missing {missing}, unknown {extra})")
+    return dict(value)
+
+
+def check_tensor(value: Any, like: torch.Tensor, what: str) -> torch.Tensor:
+    """``value`` if it is a tensor of ``like``'s shape and dtype; ``ValueError`` naming
+    ``what`` otherwise (for :meth:`Method.load_extra_state`)."""
+    if not isinstance(value, torch.Tensor):
+        raise ValueError(f"{what}: expected a tensor, got {type(value).__name__}")
+    if value.shape != like.shape or value.dtype != like.dtype:
+        raise ValueError(
+            f"{what}: {value.dtype} of shape {tuple(value.shape)}, "
+            f"expected {like.dtype} of shape {tuple(like.shape)}"
+        )
+    return value
+
+
+def check_state(value: Any, template: State, what: str) -> State:
+    """``value`` if it has ``template``'s layout (keys, shapes, dtypes); ``ValueError``
+    naming ``what`` and the mismatch otherwise (for :meth:`Method.load_extra_state`)."""
+    why = layout_mismatch(value, template)
+    if why is not None:
+        raise ValueError(f"{what}: {why}")
+    return dict(value)
 
 
 def draw_peers(candidates: list[str], k: int | None, rng: np.random.Generator) -> list[str]:

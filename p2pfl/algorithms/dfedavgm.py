@@ -65,6 +65,8 @@ from p2pfl.algorithms.base import (
     Params,
     State,
     WholeModelExchange,
+    check_keys,
+    check_state,
     register,
 )
 from p2pfl.learning.state import layout_mismatch, weighted_mean
@@ -265,3 +267,29 @@ class DFedAvgM(WholeModelExchange):
         if rejected:
             facts["rejected"] = rejected
         return facts
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def extra_state(self) -> dict[str, Any]:
+        """``x_i``, where the next training starts and what ``Δ_i`` and ``delta_norm`` are
+        measured from; None when it equals the model bit for bit (after the merge, i.e. at the
+        end of every round), so a checkpoint holds one copy of the weights. The round's
+        cached ``z_i`` / ``Δ_i`` is not kept: it is recomputed from the model and ``x_i``.
+        Momentum needs nothing: training makes a fresh optimizer every round."""
+        model = self.model.state_dict()
+        same = all(
+            v.dtype == model[k].dtype and torch.equal(v, model[k].detach().cpu())
+            for k, v in self.x.items()
+        )
+        return {
+            "x": None if same else {k: v.detach().to("cpu", copy=True) for k, v in self.x.items()}
+        }
+
+    def load_extra_state(self, extra: dict[str, Any]) -> None:
+        extra = check_keys(extra, ("x",), "dfedavgm checkpoint extra")
+        x = extra["x"]
+        if x is None:
+            self.x = self.model_state()  # the checkpoint's weights, already loaded
+        else:
+            x = check_state(x, self.model.state_dict(), "dfedavgm checkpoint x")
+            self.x = {k: v.to("cpu", copy=True) for k, v in x.items()}  # x_i lives on the CPU
+        self._own = None

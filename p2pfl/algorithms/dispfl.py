@@ -66,6 +66,8 @@ from p2pfl.algorithms.base import (
     State,
     StepHook,
     WholeModelExchange,
+    check_keys,
+    check_tensor,
     register,
 )
 from p2pfl.learning.models import SplitModel
@@ -393,3 +395,54 @@ class DisPFL(WholeModelExchange):
         """The share of active elements over the masked tensors."""
         active = sum(int(m.sum()) for m in self.masks.values())
         return active / max(1, sum(m.numel() for m in self.masks.values()))
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def extra_state(self) -> dict[str, Any]:
+        """The personal masks (bool, CPU), the state of the generator that breaks ties and
+        draws random regrowth (``torch.Generator.get_state()``, a uint8 tensor), the rounds
+        done (the annealing step ``r``) and the gradient sums of a round in progress (empty
+        between rounds)."""
+        return {
+            "masks": {k: m.clone() for k, m in self.masks.items()},
+            "gen": self._gen.get_state(),
+            "round_no": self.round_no,
+            "grad_sum": {k: g.detach().to("cpu", copy=True) for k, g in self._grad_sum.items()},
+        }
+
+    def load_extra_state(self, extra: dict[str, Any]) -> None:
+        extra = check_keys(
+            extra, ("masks", "gen", "round_no", "grad_sum"), "dispfl checkpoint extra"
+        )
+        masks = check_keys(extra["masks"], self.masked, "dispfl checkpoint masks")
+        for k, m in masks.items():
+            check_tensor(m, self.masks[k], f"dispfl checkpoint mask {k!r}")
+            active, expected = int(m.sum()), int(self.masks[k].sum())
+            if active != expected:  # the count is fixed by the density (ERK), whatever r is
+                raise ValueError(
+                    f"dispfl checkpoint mask {k!r}: {active} active elements, expected "
+                    f"{expected} (another density?)"
+                )
+        gen_state = check_tensor(extra["gen"], self._gen.get_state(), "dispfl checkpoint gen")
+        gen = torch.Generator()
+        try:
+            gen.set_state(gen_state)
+        except RuntimeError as exc:
+            raise ValueError(f"dispfl checkpoint gen: {exc}") from None
+        round_no = extra["round_no"]
+        if isinstance(round_no, bool) or not isinstance(round_no, int) or round_no < 0:
+            raise ValueError(f"dispfl checkpoint round_no: {round_no!r} is not an int >= 0")
+        grad_sum = extra["grad_sum"]
+        if not isinstance(grad_sum, dict):
+            raise ValueError("dispfl checkpoint grad_sum: expected a map")
+        params = dict(self.model.named_parameters())
+        for k, g in grad_sum.items():
+            if k not in self.masks:
+                raise ValueError(f"dispfl checkpoint grad_sum: {k!r} is not a masked tensor")
+            check_tensor(g, params[k].detach(), f"dispfl checkpoint grad_sum {k!r}")
+        for k, m in masks.items():  # in place: the maps a step hook holds stay current
+            self.masks[k] = m.clone()
+            self._dev_masks[k] = self.masks[k].to(self.ctx.device)
+        self._gen = gen
+        self.round_no = round_no
+        self._grad_sum.clear()
+        self._grad_sum.update({k: g.to(self.ctx.device, copy=True) for k, g in grad_sum.items()})

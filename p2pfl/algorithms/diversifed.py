@@ -59,6 +59,8 @@ from p2pfl.algorithms.base import (
     Params,
     State,
     Upload,
+    check_keys,
+    check_state,
     register,
 )
 from p2pfl.learning.state import layout_mismatch
@@ -202,6 +204,24 @@ class DiversiFed(CentralizedAlgorithm):
                 for name, p in self.model.named_parameters()
             )
         return {"prox_dist": math.sqrt(sq)}
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def extra_state(self) -> dict[str, Any]:
+        """The proximal target ``z_i`` (CPU copies), or None before the first one: the
+        model holds ``w_i``, not ``z_i``, and a node keeps its previous ``z_i`` in a round
+        it receives none."""
+        if self.target is None:
+            return {"target": None}
+        return {"target": {k: v.detach().to("cpu", copy=True) for k, v in self.target.items()}}
+
+    def load_extra_state(self, extra: dict[str, Any]) -> None:
+        extra = check_keys(extra, ("target",), "diversifed checkpoint extra")
+        if extra["target"] is None:
+            self.target = None
+            return
+        own = self.model.state_dict()
+        target = check_state(extra["target"], own, "diversifed checkpoint target")
+        self.target = {k: target[k].to(own[k].device, copy=True) for k in own}
 
     # -- server side (pure) --------------------------------------------------------------
     def aggregate(

@@ -70,6 +70,8 @@ from p2pfl.algorithms.base import (
     Params,
     PullPlan,
     State,
+    check_keys,
+    check_tensor,
     draw_peers,
     gossiped_count,
     register,
@@ -294,6 +296,44 @@ class UAPDFL(DecentralizedAlgorithm):
             self.drift = symmetric_kl(self._I_pre, self.I, self.params.eps)
             self._I_pre = None
         return {}
+
+    # -- checkpoints ---------------------------------------------------------------------
+    _EXTRA = ("I", "A", "A_avg", "drift", "I_pre", "dropout_peer")
+
+    def extra_state(self) -> dict[str, Any]:
+        """``I_i`` and ``A_i`` as last gossiped (computed on this node's device, so kept
+        rather than recomputed), the drift ``d_i`` gossiped next round, and this round's
+        ``A_avg``, dropout peer and ``I_i^pre`` (set by plan and merge, used until
+        after_train)."""
+        return {
+            "I": self.I.clone(),
+            "A": self.A.clone(),
+            "A_avg": None if self.A_avg is None else self.A_avg.detach().cpu().clone(),
+            "drift": self.drift,
+            "I_pre": None if self._I_pre is None else self._I_pre.clone(),
+            "dropout_peer": self._dropout_peer,
+        }
+
+    def load_extra_state(self, extra: dict[str, Any]) -> None:
+        extra = check_keys(extra, self._EXTRA, "uapdfl checkpoint extra")
+        unit = check_tensor(extra["I"], self.I, "uapdfl checkpoint I")
+        aux = check_tensor(extra["A"], self.A, "uapdfl checkpoint A")
+        A_avg, I_pre = extra["A_avg"], extra["I_pre"]
+        if A_avg is not None:
+            A_avg = check_tensor(A_avg, self.A, "uapdfl checkpoint A_avg")
+        if I_pre is not None:
+            I_pre = check_tensor(I_pre, self.I, "uapdfl checkpoint I_pre")
+        drift = extra["drift"]
+        if drift is not None and (isinstance(drift, bool) or not isinstance(drift, (int, float))):
+            raise ValueError(f"uapdfl checkpoint drift: {drift!r} is not a number")
+        peer = extra["dropout_peer"]
+        if peer is not None and not isinstance(peer, str):
+            raise ValueError(f"uapdfl checkpoint dropout_peer: {peer!r} is not a str")
+        self.I, self.A = unit.clone(), aux.clone()
+        self.A_avg = None if A_avg is None else A_avg.clone()
+        self._I_pre = None if I_pre is None else I_pre.clone()
+        self.drift = None if drift is None else float(drift)
+        self._dropout_peer = peer
 
 
 def _finite_or_none(value: float, digits: int) -> float | None:
