@@ -90,24 +90,28 @@ class TrainOutcome:
 
 
 class RoundMeter:
-    """Time, transport bytes and broker outage since a round started."""
+    """Time and transport bytes since a round started, and the broker outage since
+    ``offline_from`` (the previous round's reading: an outage between two rounds, e.g. while
+    presence waits for the broker, counts in the next round's record)."""
 
-    def __init__(self, transport: Transport):
+    def __init__(self, transport: Transport, offline_from: float | None = None):
         self._transport = transport
         self.t0 = time.monotonic()
         self._sent0 = transport.stats.bytes_sent
         self._recv0 = transport.stats.bytes_recv
-        self._offline0 = transport.offline_seconds()
+        self._offline0 = transport.offline_seconds() if offline_from is None else offline_from
+        self.offline_read: float | None = None  # the outage total at the last fields()
 
     def fields(self) -> dict[str, Any]:
         """``round_s``, ``bytes_sent``, ``bytes_recv`` and ``broker_offline_s`` (seconds
         without a broker) of the round so far."""
         stats = self._transport.stats
+        self.offline_read = self._transport.offline_seconds()
         return {
             "round_s": round(time.monotonic() - self.t0, 4),
             "bytes_sent": stats.bytes_sent - self._sent0,
             "bytes_recv": stats.bytes_recv - self._recv0,
-            "broker_offline_s": round(self._transport.offline_seconds() - self._offline0, 3),
+            "broker_offline_s": round(self.offline_read - self._offline0, 3),
         }
 
 
@@ -145,6 +149,8 @@ class NodeServices:
         # heads), never the wire's whole transfer cap; untrusted metadata cannot claim more
         self.pull_limit = PULL_SLACK * state_nbytes(method.model.state_dict()) + (1 << 20)
         self._changed = asyncio.Event()
+        self._meter: RoundMeter | None = None  # the latest round's
+        self._offline_mark = 0.0  # broker outage seconds already in a record
 
     # ------------------------------------------------------------------ presence view
     def status(self, peer: str) -> str:
@@ -303,8 +309,12 @@ class NodeServices:
 
     # ------------------------------------------------------------------ records
     def meter(self) -> RoundMeter:
-        """Start measuring a round (time and transport bytes)."""
-        return RoundMeter(self.transport)
+        """Start measuring a round (time, transport bytes, broker outage since the last
+        round's record)."""
+        if self._meter is not None and self._meter.offline_read is not None:
+            self._offline_mark = self._meter.offline_read
+        self._meter = RoundMeter(self.transport, self._offline_mark)
+        return self._meter
 
     async def finish_round(self, record: dict[str, Any], summary: str) -> None:
         """Keep the round's record, append it to the node's log in the run directory (whole

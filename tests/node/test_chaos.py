@@ -19,6 +19,7 @@ from swarm_helpers import start_nodes, wait_round
 
 from p2pfl.launch.swarm import spawn_worker, stop_workers
 from p2pfl.metrics import read_records
+from p2pfl.node.services import LAG_ROUNDS
 
 pytestmark = pytest.mark.integration
 
@@ -28,6 +29,15 @@ BASE = [
     "timing.startup_timeout_s=30",
     "timing.linger_s=3",
 ]
+
+
+def _report(drill: str, **facts) -> None:
+    """Append a drill's measurements to ``$P2PFL_DRILL_LOG`` (JSON lines), when it is set:
+    the figures of a closing note come from there."""
+    path = os.environ.get("P2PFL_DRILL_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"drill": drill, **facts}) + "\n")
 
 
 def _records(out: Path, nid: str) -> list[dict]:
@@ -78,8 +88,17 @@ def test_frozen_node_catches_up(tmp_path, broker, freeze_s):
     finally:
         stop_workers(list(workers.values()), grace=2)
     after = [r for r in _records(out, "b") if r["t"] > t_cont]
-    caught = [r for r in after[:2] if "caught_up_from" in r]
-    assert caught and caught[0]["round"] >= swarm_at_cont, (swarm_at_cont, after[:3])
+    logs = {n: _records(out, n) for n in others}
+
+    def swarm_at(t: float) -> int:  # the most advanced node's last recorded round at ``t``
+        return max(max((r["round"] for r in logs[n] if r["t"] <= t), default=0) for n in others)
+
+    # within 2 of its rounds b is in step again: less than LAG_ROUNDS behind the swarm
+    in_step = [r for r in after[:2] if r["round"] >= swarm_at(r["t"]) + 1 - (LAG_ROUNDS - 1)]
+    assert in_step, (swarm_at_cont, [(r["round"], swarm_at(r["t"])) for r in after[:3]])
+    if freeze_s > 30:  # far behind: it skipped to the swarm's round
+        assert any("caught_up_from" in r for r in after[:2]), after[:2]
+    slow = {}
     for nid in others:
         recs = _records(out, nid)
         before = [r["round_s"] for r in recs if r["t"] < t_stop][2:]
@@ -87,6 +106,14 @@ def test_frozen_node_catches_up(tmp_path, broker, freeze_s):
         resumed = [r["round_s"] for r in recs if r["t"] - r["round_s"] > t_cont][:10]
         assert len(resumed) >= 5, nid
         assert statistics.median(resumed) <= 2 * statistics.median(before), (nid, before, resumed)
+        slow[nid] = round(statistics.median(resumed) / statistics.median(before), 2)
+    _report(
+        f"freeze {freeze_s} s",
+        rounds_behind_at_cont=swarm_at_cont + 1 - after[0]["round"],
+        in_step_after_s=round(in_step[0]["t"] - t_cont, 2),
+        in_step_at_record=after.index(in_step[0]) + 1,
+        others_median_ratio=slow,
+    )
 
 
 def test_restarted_node_resumes_from_its_checkpoint(tmp_path, broker):
@@ -104,6 +131,7 @@ def test_restarted_node_resumes_from_its_checkpoint(tmp_path, broker):
         assert (out / "nodes" / "b.ckpt").exists()
         wait_round(out, "a", killed_at + 3, 60)
         workers["b"] = spawn_worker(out / "config.yaml", ["b"], broker.address, out, False)
+        t_restart = time.time()
         for nid, w in workers.items():
             assert w.proc.wait(timeout=180) == 0, (nid, w.log_path.read_text()[-3000:])
     finally:
@@ -115,6 +143,14 @@ def test_restarted_node_resumes_from_its_checkpoint(tmp_path, broker):
     assert rounds_b[:killed_at] == list(range(1, killed_at + 1))
     assert rounds_b[killed_at] > killed_at and rounds_b[-1] == rounds, rounds_b
     assert rounds_b == sorted(set(rounds_b))
+    first_back = recs[killed_at]
+    _report(
+        "kill + restart",
+        killed_after_round=killed_at,
+        resumed_at_round=first_back["round"],
+        rounds_skipped=first_back["round"] - killed_at - 1,
+        first_round_back_s=round(first_back["t"] - t_restart, 2),
+    )
     for nid in ("a", "c", "d"):
         assert [r["round"] for r in _records(out, nid)] == list(range(1, rounds + 1))
 
@@ -139,6 +175,7 @@ def test_broker_killed_for_good_fails_every_node(tmp_path, broker):
     finally:
         stop_workers(list(workers.values()), grace=2)
     assert took < timeout_s + 3 + 15, took  # + a round (3 s) + process exit under load
+    _report("broker killed for good", broker_timeout_s=timeout_s, all_exited_after_s=round(took, 2))
     for nid, w in workers.items():
         text = w.log_path.read_text()
         assert "unreachable" in text and "broker_timeout_s" in text, text[-2000:]
@@ -167,6 +204,78 @@ def test_short_broker_outage_is_ridden_out(tmp_path, broker):
         recs = _lines_whole(out, nid)
         assert [r["round"] for r in recs] == list(range(1, rounds + 1)), nid
         assert sum(r["broker_offline_s"] for r in recs) >= 1.0, nid
+    _report(
+        "broker down 2 s",
+        offline_s={
+            n: round(sum(r["broker_offline_s"] for r in _records(out, n)), 2) for n in cfg.node_ids
+        },
+        max_round_s=max(r["round_s"] for n in cfg.node_ids for r in _records(out, n)),
+    )
+
+
+def test_aggregator_killed_right_after_its_announce(tmp_path, broker):
+    """FedAvg on 5 nodes. Round 1's aggregator is SIGKILLed the moment its announcement
+    reaches the broker (a test client subscribed to its gossip kills it), while members pull
+    its result: their pulls fail on its Last Will, and the next peer in order completes the
+    round in under 3 s (``round_timeout_s`` is 10 s, ``aggregator_timeout_s`` 30 s)."""
+    import paho.mqtt.client as mqtt
+
+    from p2pfl.node.election import aggregator_for
+    from p2pfl.wire.envelope import Envelope
+
+    rounds = 3
+    cfg, out, workers = start_nodes(
+        tmp_path,
+        broker,
+        [
+            "algorithm.name=fedavg",
+            "algorithm.params={}",
+            "nodes=[a, b, c, d, e]",
+            "dataset.synthetic_train=500",
+            "dataset.synthetic_test=250",
+            f"rounds={rounds}",
+            "timing.round_timeout_s=10",
+            "timing.aggregator_timeout_s=30",
+            "timing.linger_s=3",
+        ],
+    )
+    victim = aggregator_for(1, cfg.node_ids)
+    killed: dict[str, float] = {}
+
+    def on_message(client, userdata, msg):
+        env = Envelope.unpack(msg.payload, 1 << 22)
+        if env.kind == "announce" and env.round == 1 and not killed:
+            os.killpg(workers[victim].proc.pid, signal.SIGKILL)
+            killed["t"] = time.time()
+
+    watcher = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
+    watcher.on_message = on_message
+    watcher.connect(broker.host, broker.port)
+    watcher.subscribe(f"p2pfl/{cfg.name}/gossip/{victim}", qos=1)
+    watcher.loop_start()
+    survivors = [n for n in cfg.node_ids if n != victim]
+    try:
+        for nid in survivors:
+            assert workers[nid].proc.wait(timeout=120) == 0, workers[nid].log_path.read_text()
+    finally:
+        watcher.loop_stop()
+        watcher.disconnect()
+        stop_workers(list(workers.values()), grace=2)
+    assert killed, "the aggregator never announced round 1"
+    successor = aggregator_for(1, cfg.node_ids, attempt=1)
+    firsts = {n: _records(out, n)[0] for n in survivors}
+    for nid, rec in firsts.items():
+        assert [r["round"] for r in _records(out, nid)][-1] == rounds, nid
+        if rec["round"] == 1 and rec["attempt"] == 1:  # failed over: the successor's result
+            assert rec["aggregator"] == successor, rec
+            assert rec["t"] - killed["t"] < 3.0, (nid, rec["t"] - killed["t"])
+    failed_over = [n for n, rec in firsts.items() if rec["round"] == 1 and rec["attempt"] == 1]
+    assert failed_over, {n: (r["round"], r["attempt"]) for n, r in firsts.items()}
+    _report(
+        "aggregator killed after announce",
+        failed_over=len(failed_over),
+        completed_after_kill_s=max(round(firsts[n]["t"] - killed["t"], 3) for n in failed_over),
+    )
 
 
 def _mount_tmpfs(path: Path, size_mb: int) -> bool:
@@ -212,6 +321,8 @@ def test_disk_full_for_a_while_loses_nothing(tmp_path, broker):
         for nid in cfg.node_ids:
             recs = _lines_whole(out, nid)
             assert [r["round"] for r in recs] == list(range(1, rounds + 1)), nid
+        held = sum(w.log_path.read_text().count("kept in memory") for w in workers.values())
+        _report("disk full 20 s", full_at_round=full_at, failed_record_writes=held)
     finally:
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
