@@ -93,3 +93,26 @@ def test_ctrl_c_stops_every_process_it_started(tmp_path):
     output = proc.stdout.read().decode()
     assert "interrupted" in output
     assert (out / "summary.json").exists()  # the partial run is still summarized
+
+
+def test_node_without_a_broker_fails_with_a_message(tmp_path, capsys, caplog):
+    """No broker at the address: the node exits non-zero after ``broker_timeout_s`` with a
+    one-line reason, not a traceback."""
+    from p2pfl.launch.broker import free_port
+
+    args = ["node", "topologies/synthetic.yaml", "--id", "a", "--no-rich"]
+    args += ["--broker", f"127.0.0.1:{free_port()}", "--out", str(tmp_path)]
+    args += ["--set", "timing.broker_timeout_s=1"]
+    assert main(args) == 1
+    text = caplog.text + capsys.readouterr().err
+    assert "no MQTT broker reachable" in text, text
+    assert "Traceback" not in text, text
+
+
+def test_node_with_bad_inputs_fails_naming_the_field(tmp_path, capsys):
+    args = ["node", "topologies/synthetic.yaml", "--id", "a", "--no-rich", "--out", str(tmp_path)]
+    args += ["--set", "dataset.input_shape=[1,2,2]"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "topologies/synthetic.yaml: model.name: model 'cnn' cannot take" in err, err
+    assert "Traceback" not in err, err

@@ -75,14 +75,7 @@ def check_model(
             model = build_model(cfg.model, num_classes, shape)
             model.eval()(torch.zeros(1, *shape))
     except (RuntimeError, ValueError, TypeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(
-            source,
-            [
-                (
-                    "model.name",
-                    f"model {cfg.model.name!r} cannot take {cfg.dataset.name} inputs of "
-                    f"shape {list(shape)}: {first}",
-                )
-            ],
-        ) from None
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        why = why.split(": ", 1)[1] if why.startswith("model ") and ": " in why else why
+        what = f"model {cfg.model.name!r} cannot take {cfg.dataset.name} inputs of shape"
+        raise ConfigError(source, [("model.name", f"{what} {list(shape)}: {why}")]) from None

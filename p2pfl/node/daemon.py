@@ -52,7 +52,13 @@ from p2pfl.errors import P2PFLError
 from p2pfl.learning.data import NodeData, load_arrays, load_node_data
 from p2pfl.learning.models import build_model
 from p2pfl.learning.preflight import check_inputs, check_model
-from p2pfl.metrics import node_meta_path, write_json, write_text_atomic
+from p2pfl.metrics import (
+    node_log_path,
+    node_meta_path,
+    read_records,
+    write_json,
+    write_text_atomic,
+)
 from p2pfl.node.centralized import CentralizedRounds
 from p2pfl.node.checkpoint import checkpoint_path, load_checkpoint
 from p2pfl.node.decentralized import DecentralizedRounds
@@ -182,19 +188,27 @@ class Node:
         self.resumed_round = self._resume()
 
     def _resume(self) -> int:
-        """Restore this node's checkpoint from the run directory, if it has one (and
-        ``fresh`` is off); returns its round (0: starting fresh)."""
-        if self.out_dir is None or self.opts.fresh:
+        """Restore this node's checkpoint from the run directory, if it has one (``fresh``
+        removes it and the node's records instead); returns the round to go on after: the
+        checkpoint's, or the last recorded one when the node died between writing a round's
+        record and its checkpoint (that round is not run twice). 0: starting fresh."""
+        if self.out_dir is None:
             return 0
         path = checkpoint_path(self.out_dir, self.id)
+        records = node_log_path(self.out_dir, self.id)
+        if self.opts.fresh:
+            path.unlink(missing_ok=True)
+            records.unlink(missing_ok=True)
+            return 0
+        recorded = max((r.get("round", 0) for r in read_records(records)), default=0)
         ckpt = load_checkpoint(path)
         if ckpt is None:
-            return 0
+            return recorded if isinstance(recorded, int) else 0
         ckpt.check_for(self.cfg, self.id, str(path))
         assert self.method is not None
         ckpt.restore(self.method, self.rng, str(path))
         log.warning("%s: resuming from the checkpoint of round %d (%s)", self.id, ckpt.round, path)
-        return ckpt.round
+        return max(ckpt.round, recorded if isinstance(recorded, int) else 0)
 
     def _write_run_files(self) -> None:
         """This node's data facts, and the resolved config if nobody recorded it yet."""
@@ -283,6 +297,8 @@ class Node:
             max_message_bytes=int(cfg.max_message_mb * 2**20),
             max_transfer_bytes=int(cfg.max_transfer_mb * 2**20),
             broker_timeout=cfg.timing.broker_timeout_s,
+            # no broker at start: fail within the same bound as an outage (30 s at most)
+            connect_timeout=min(30.0, cfg.timing.broker_timeout_s),
             security=signing,
             tls_context=tls,
         )

@@ -116,12 +116,17 @@ def test_frozen_node_catches_up(tmp_path, broker, freeze_s):
     )
 
 
-def test_restarted_node_resumes_from_its_checkpoint(tmp_path, broker):
+@pytest.mark.parametrize("method", ["uapdfl", "fedavg"])
+def test_restarted_node_resumes_from_its_checkpoint(tmp_path, broker, method):
     """SIGKILL ``b``; restart its daemon on the same run directory: it restores its checkpoint,
-    rejoins the swarm's round and finishes with the others."""
+    rejoins the swarm's round (a centralized member: observes one announcement first) and
+    finishes with the others."""
     rounds = 40
+    knobs = (
+        BASE if method == "uapdfl" else ["algorithm.name=fedavg", "algorithm.params={}", *BASE[2:]]
+    )
     cfg, out, workers = start_nodes(
-        tmp_path, broker, [*BASE, f"rounds={rounds}", "timing.round_timeout_s=5"]
+        tmp_path, broker, [*knobs, f"rounds={rounds}", "timing.round_timeout_s=5"]
     )
     try:
         wait_round(out, "b", 5, 120)
@@ -137,7 +142,10 @@ def test_restarted_node_resumes_from_its_checkpoint(tmp_path, broker):
     finally:
         stop_workers(list(workers.values()), grace=2)
     log = workers["b"].log_path.read_text()
-    assert f"resuming from the checkpoint of round {killed_at}" in log
+    # the kill may fall between a round's record and its checkpoint
+    assert any(
+        f"resuming from the checkpoint of round {r}" in log for r in (killed_at, killed_at - 1)
+    )
     recs = _lines_whole(out, "b")
     rounds_b = [r["round"] for r in recs]
     assert rounds_b[:killed_at] == list(range(1, killed_at + 1))
@@ -145,7 +153,7 @@ def test_restarted_node_resumes_from_its_checkpoint(tmp_path, broker):
     assert rounds_b == sorted(set(rounds_b))
     first_back = recs[killed_at]
     _report(
-        "kill + restart",
+        f"kill + restart ({method})",
         killed_after_round=killed_at,
         resumed_at_round=first_back["round"],
         rounds_skipped=first_back["round"] - killed_at - 1,
@@ -184,9 +192,11 @@ def test_broker_killed_for_good_fails_every_node(tmp_path, broker):
         assert [r["round"] for r in recs] == list(range(1, len(recs) + 1)) and len(recs) >= 3
 
 
-def test_short_broker_outage_is_ridden_out(tmp_path, broker):
-    """The broker is down for ~2 s and restarted on the same port: the nodes reconnect,
-    finish every round, and the outage shows in their records (``broker_offline_s``)."""
+@pytest.mark.parametrize("outage_s", [2, 20])
+def test_short_broker_outage_is_ridden_out(tmp_path, broker, outage_s):
+    """The broker is down for 2 s or 20 s (well under ``broker_timeout_s``) and restarted on
+    the same port: the nodes reconnect, finish every round, and the outage shows in their
+    records (``broker_offline_s``)."""
     rounds = 30
     cfg, out, workers = start_nodes(
         tmp_path, broker, [*BASE, f"rounds={rounds}", "timing.round_timeout_s=8"]
@@ -194,7 +204,7 @@ def test_short_broker_outage_is_ridden_out(tmp_path, broker):
     try:
         wait_round(out, "a", 3, 120)
         broker.stop()
-        time.sleep(2)  # the outage itself
+        time.sleep(outage_s)  # the outage itself
         broker.start()
         for nid, w in workers.items():
             assert w.proc.wait(timeout=180) == 0, (nid, w.log_path.read_text()[-3000:])
@@ -203,9 +213,9 @@ def test_short_broker_outage_is_ridden_out(tmp_path, broker):
     for nid in cfg.node_ids:
         recs = _lines_whole(out, nid)
         assert [r["round"] for r in recs] == list(range(1, rounds + 1)), nid
-        assert sum(r["broker_offline_s"] for r in recs) >= 1.0, nid
+        assert sum(r["broker_offline_s"] for r in recs) >= outage_s * 0.8, nid
     _report(
-        "broker down 2 s",
+        f"broker down {outage_s} s",
         offline_s={
             n: round(sum(r["broker_offline_s"] for r in _records(out, n)), 2) for n in cfg.node_ids
         },
