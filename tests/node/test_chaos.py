@@ -31,6 +31,12 @@ BASE = [
 ]
 
 
+def _knobs(method: str) -> list[str]:
+    if method == "uapdfl":
+        return BASE
+    return [f"algorithm.name={method}", "algorithm.params={}", *BASE[2:]]
+
+
 def _report(drill: str, **facts) -> None:
     """Append a drill's measurements to ``$P2PFL_DRILL_LOG`` (JSON lines), when it is set:
     the figures of a closing note come from there."""
@@ -60,13 +66,17 @@ def _wait(pred, timeout: float, what: str, step: float = 0.2) -> None:
     raise AssertionError(f"{what}: not within {timeout} s")
 
 
-@pytest.mark.parametrize("freeze_s", [8, 45], ids=["short-online", "long-offline"])
-def test_frozen_node_catches_up(tmp_path, broker, freeze_s):
+@pytest.mark.parametrize(
+    ("method", "freeze_s"),
+    [("uapdfl", 8), ("uapdfl", 45), ("fedavg", 45)],
+    ids=["short-online", "long-offline", "fedavg-long-offline"],
+)
+def test_frozen_node_catches_up(tmp_path, broker, method, freeze_s):
     """SIGSTOP ``b`` (8 s: it stays online; 45 s: past 1.5 × the 15 s keepalive, so the
     broker publishes its Last Will). After SIGCONT it catches up within 2 of its rounds, and
     the others' rounds after it resumes are no slower than twice their median before."""
     cfg, out, workers = start_nodes(
-        tmp_path, broker, [*BASE, "rounds=2000", "timing.round_timeout_s=5"]
+        tmp_path, broker, [*_knobs(method), "rounds=2000", "timing.round_timeout_s=5"]
     )
     others = [n for n in cfg.node_ids if n != "b"]
     try:
@@ -108,7 +118,7 @@ def test_frozen_node_catches_up(tmp_path, broker, freeze_s):
         assert statistics.median(resumed) <= 2 * statistics.median(before), (nid, before, resumed)
         slow[nid] = round(statistics.median(resumed) / statistics.median(before), 2)
     _report(
-        f"freeze {freeze_s} s",
+        f"freeze {freeze_s} s ({method})",
         rounds_behind_at_cont=swarm_at_cont + 1 - after[0]["round"],
         in_step_after_s=round(in_step[0]["t"] - t_cont, 2),
         in_step_at_record=after.index(in_step[0]) + 1,
@@ -122,11 +132,8 @@ def test_restarted_node_resumes_from_its_checkpoint(tmp_path, broker, method):
     rejoins the swarm's round (a centralized member: observes one announcement first) and
     finishes with the others."""
     rounds = 40
-    knobs = (
-        BASE if method == "uapdfl" else ["algorithm.name=fedavg", "algorithm.params={}", *BASE[2:]]
-    )
     cfg, out, workers = start_nodes(
-        tmp_path, broker, [*knobs, f"rounds={rounds}", "timing.round_timeout_s=5"]
+        tmp_path, broker, [*_knobs(method), f"rounds={rounds}", "timing.round_timeout_s=5"]
     )
     try:
         wait_round(out, "b", 5, 120)
