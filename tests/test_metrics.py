@@ -61,3 +61,24 @@ def test_summary_of_a_partial_run_skips_what_it_cannot_use(tmp_path):
     s = summarize(tmp_path, algorithm="x", expected_nodes=["a", "b", "c"], rounds=2)
     assert s["final"]["acc_mean"] == 0.5 and s["nodes_completed"] == 0
     assert s["nodes_incomplete"] == ["a", "b", "c"] and s["bytes_sent_total"] == 10
+
+
+def test_finish_run_reports_a_summary_it_cannot_write(tmp_path):
+    """A full disk (here: summary.json cannot be created) is reported, never raised: the
+    launcher still prints the summary of what the nodes recorded."""
+    from rich.console import Console
+
+    from p2pfl.config.load import load_topology
+    from p2pfl.launch.swarm import finish_run
+
+    cfg = load_topology("topologies/synthetic.yaml")
+    nodes = tmp_path / "nodes"
+    nodes.mkdir()
+    rec = {"round": 3, "test_acc": 0.75, "bytes_sent": 5, "t": 10.0}
+    (nodes / "a.jsonl").write_text(json.dumps(rec) + "\n")
+    (nodes / "b.meta.json").write_text('{"train_hist": [1')  # torn
+    (tmp_path / "summary.json").mkdir()  # writing it fails with an OSError
+    console = Console(record=True, width=200)
+    summary = finish_run(cfg, tmp_path, 1.0, console)
+    assert summary["final"]["acc_mean"] == 0.75 and summary["nodes_completed"] == 1
+    assert "could not write the summary" in console.export_text()
