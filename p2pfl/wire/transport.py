@@ -125,6 +125,7 @@ class Transport:
         self._lost = asyncio.Event()  # the connection dropped and is not back yet
         self._down_since: float | None = None  # monotonic time the current outage began
         self._offline_total = 0.0  # seconds without a broker in finished outages
+        self._session_end: asyncio.Future | None = None  # done when this connection is lost
         self._closing = False
         self._task: asyncio.Task | None = None
         self.transfers = IncomingTransfers(node_id, max_message_bytes, self.drop, self._spawn)
@@ -209,6 +210,7 @@ class Transport:
                 ) as client:
                     client.pending_calls_threshold = PUBLISH_WINDOW * 4  # windowed on purpose
                     self._client = client
+                    self._session_end = asyncio.get_running_loop().create_future()
                     await client.subscribe(f"{self.prefix}/presence/+", qos=1)
                     await client.subscribe(f"{self.prefix}/gossip/+", qos=1)
                     await client.subscribe(self.topic("inbox", self.node_id), qos=1)
@@ -219,6 +221,7 @@ class Transport:
                     async for message in client.messages:
                         self._dispatch(str(message.topic), message.payload)
             except (aiomqtt.MqttError, TransportError) as exc:
+                self._end_session()
                 self._connected.clear()
                 self._client = None
                 if self._closing:
@@ -229,7 +232,13 @@ class Transport:
                 log.warning("%s: MQTT connection lost (%s); reconnecting", self.node_id, exc)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
+        self._end_session()
         self._client = None
+
+    def _end_session(self) -> None:
+        """The connection is gone: what is still being published on it fails now."""
+        if self._session_end is not None and not self._session_end.done():
+            self._session_end.set_result(None)
 
     # ------------------------------------------------------------------ broker outages
     def _back_online(self) -> None:
@@ -281,8 +290,23 @@ class Transport:
     async def _publish_on(
         self, client: aiomqtt.Client, topic: str, payload: bytes, qos: int, retain: bool
     ) -> None:
+        # a publish on a connection that drops would otherwise wait for its acknowledgement
+        # until aiomqtt's 30 s timeout: it fails as soon as the connection is lost
+        ended = self._session_end
+        publish = asyncio.ensure_future(client.publish(topic, payload, qos=qos, retain=retain))
         try:
-            await client.publish(topic, payload, qos=qos, retain=retain)
+            if ended is not None:
+                await asyncio.wait({publish, ended}, return_when=asyncio.FIRST_COMPLETED)
+            else:
+                await asyncio.wait({publish})
+        finally:
+            unfinished = not publish.done()
+            if unfinished:
+                publish.cancel()
+        if unfinished:
+            raise TransportError(f"{self.node_id}: connection lost while publishing to {topic}")
+        try:
+            publish.result()
         except aiomqtt.MqttError as exc:
             raise TransportError(f"{self.node_id}: publish to {topic} failed: {exc}") from exc
         self.stats.bytes_sent += len(payload)

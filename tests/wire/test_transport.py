@@ -305,3 +305,29 @@ async def test_broker_lost_for_good_raises_after_the_timeout(tmp_path):
         watch.cancel()
         await t.close()
         broker.stop()
+
+
+async def test_publish_in_flight_fails_when_the_connection_drops(tmp_path):
+    """A QoS-1 publish waiting for its acknowledgement fails as soon as the connection is
+    lost, not after aiomqtt's 30 s timeout (a round would otherwise stall that long)."""
+    import os
+    import signal
+
+    from p2pfl.launch.broker import MosquittoBroker
+
+    broker = MosquittoBroker(workdir=tmp_path / "b").start()
+    t = Transport("s", "a", broker.host, broker.port)
+    await t.__aenter__()
+    try:
+        os.kill(broker.proc.pid, signal.SIGSTOP)  # no PUBACK will come
+        publishing = asyncio.ensure_future(t.gossip(1, {"x": 1}))
+        await asyncio.sleep(0.5)
+        assert not publishing.done()
+        broker.proc.kill()  # the connection drops under the waiting publish
+        t0 = asyncio.get_running_loop().time()
+        with pytest.raises(TransportError):
+            await asyncio.wait_for(publishing, 20)
+        assert asyncio.get_running_loop().time() - t0 < 5
+    finally:
+        await t.close(graceful=False)
+        broker.stop()
