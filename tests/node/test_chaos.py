@@ -98,6 +98,7 @@ def test_frozen_node_catches_up(tmp_path, broker, method, freeze_s):
     finally:
         stop_workers(list(workers.values()), grace=2)
     after = [r for r in _records(out, "b") if r["t"] > t_cont]
+    before_freeze = max(r["round"] for r in _records(out, "b") if r["t"] < t_stop)
     logs = {n: _records(out, n) for n in others}
 
     def swarm_at(t: float) -> int:  # the most advanced node's last recorded round at ``t``
@@ -120,7 +121,7 @@ def test_frozen_node_catches_up(tmp_path, broker, method, freeze_s):
         slow[nid] = round(statistics.median(resumed) / statistics.median(before), 2)
     _report(
         f"freeze {freeze_s} s ({method})",
-        rounds_behind_at_cont=swarm_at_cont + 1 - after[0]["round"],
+        rounds_behind_at_cont=swarm_at_cont - before_freeze,
         in_step_after_s=round(in_step[0]["t"] - t_cont, 2),
         in_step_at_record=after.index(in_step[0]) + 1,
         others_median_ratio=slow,
