@@ -91,6 +91,19 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _per_process(text: str) -> int | None:
+    """``--nodes-per-process``: a positive int, or ``auto`` (None)."""
+    if text == "auto":
+        return None
+    try:
+        k = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'auto', got {text!r}") from None
+    if k < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {k}")
+    return k
+
+
 def cmd_swarm(args: argparse.Namespace) -> int:
     from p2pfl.launch.swarm import run_swarm
 
@@ -325,10 +338,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", help="run directory (default runs/<swarm name>)")
     sp.add_argument(
         "--nodes-per-process",
-        type=int,
-        default=1,
+        type=_per_process,
+        default=None,
         metavar="K",
-        help="host K asyncio nodes in each OS process",
+        help="host K asyncio nodes in each OS process (default auto: about one process per "
+        "CPU core)",
     )
     sp.add_argument("--broker", help="use this host:port instead of starting Mosquitto")
     sp.add_argument("--no-progress", action="store_true", help="no live table")

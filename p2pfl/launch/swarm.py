@@ -51,6 +51,14 @@ def group_ids(ids: list[str], per_process: int) -> list[list[str]]:
     return [ids[i : i + per_process] for i in range(0, len(ids), per_process)]
 
 
+def auto_per_process(n_nodes: int, cores: int | None = None) -> int:
+    """Nodes per process for about one process per CPU core (``os.cpu_count()``): each
+    process imports torch once (~0.5 GB, a few seconds) and its nodes share it, while
+    training still spreads over every core."""
+    cores = max(1, cores or os.cpu_count() or 1)
+    return max(1, -(-n_nodes // cores))
+
+
 def spawn_worker(
     config_path: Path, ids: list[str], broker: str, out_dir: Path, verbose: bool
 ) -> Worker:
@@ -197,7 +205,7 @@ def run_swarm(
     cfg: TopologyConfig,
     out_dir: Path,
     *,
-    nodes_per_process: int = 1,
+    nodes_per_process: int | None = None,
     broker: BrokerAddress | None = None,
     progress: bool = True,
     verbose: bool = False,
@@ -236,7 +244,8 @@ def run_swarm(
             cfg = cfg.model_copy(update={"dataset": cfg.dataset.model_copy(update={"root": root})})
         config_path = out_dir / "config.yaml"
         write_text_atomic(config_path, dump_topology(cfg))
-        groups = group_ids(cfg.node_ids, max(1, nodes_per_process))
+        per_process = nodes_per_process or auto_per_process(len(cfg.node_ids))
+        groups = group_ids(cfg.node_ids, max(1, per_process))
         workers = [spawn_worker(config_path, ids, str(broker), out_dir, verbose) for ids in groups]
         console.print(
             f"[bold]swarm[/] {cfg.name}: {len(cfg.node_ids)} nodes in {len(workers)} "
