@@ -75,17 +75,17 @@ def _is_node(pid: int) -> bool:
 class PssSampler(threading.Thread):
     def __init__(self, period: float = 0.2):
         super().__init__(daemon=True)
-        self.period, self.peak, self._stop = period, 0.0, threading.Event()
+        self.period, self.peak, self._halt = period, 0.0, threading.Event()
 
     def run(self) -> None:
         me = os.getpid()
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             total = sum(_pss_mb(p) for p in _children(me) if _is_node(p))
             self.peak = max(self.peak, total)
-            self._stop.wait(self.period)
+            self._halt.wait(self.period)
 
     def stop(self) -> float:
-        self._stop.set()
+        self._halt.set()
         self.join()
         return self.peak
 

@@ -82,7 +82,11 @@ def test_ctrl_c_stops_every_process_it_started(tmp_path):
             assert time.monotonic() < deadline, "no round completed"
             time.sleep(0.2)
         started = _processes_mentioning(str(out))
-        assert len(started) >= 5  # 4 nodes + mosquitto (its config lives in the run dir)
+        # 4 nodes packed about one process per core (the default), + mosquitto (its config
+        # lives in the run dir)
+        from p2pfl.launch.swarm import auto_per_process
+
+        assert len(started) >= -(-4 // auto_per_process(4)) + 1
         os.kill(proc.pid, signal.SIGINT)  # what Ctrl-C sends to the foreground process
         assert proc.wait(timeout=60) == 130
     finally:
@@ -116,3 +120,13 @@ def test_node_with_bad_inputs_fails_naming_the_field(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "topologies/synthetic.yaml: model.name: model 'cnn' cannot take" in err, err
     assert "Traceback" not in err, err
+
+
+def test_nodes_are_packed_about_one_process_per_core():
+    from p2pfl.launch.swarm import auto_per_process
+
+    assert auto_per_process(8, cores=2) == 4 and auto_per_process(100, cores=2) == 50
+    assert auto_per_process(3, cores=16) == 1 and auto_per_process(17, cores=16) == 2
+    with pytest.raises(SystemExit) as exc:  # argparse: a usage error
+        main(["swarm", "topologies/synthetic.yaml", "--nodes-per-process", "0"])
+    assert exc.value.code == 2
