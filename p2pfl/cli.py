@@ -64,7 +64,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     cfg = _load(args)
     graph = build_graph(cfg)
     if not args.no_data:  # the data opens, the partition fits it, the model takes it
-        from p2pfl.learning.preflight import check_inputs
+        from p2pfl.config.preflight import check_inputs
 
         check_inputs(cfg, source=str(args.topology), data_root=args.data_root)
     console.print(

@@ -2,7 +2,7 @@
 
 Lifecycle of :meth:`Node.run` (one asyncio task per node; several may share a process):
 
-1. check the inputs (:mod:`p2pfl.learning.preflight`), load the node's data shard and build
+1. check the inputs (:mod:`p2pfl.config.preflight`), load the node's data shard and build
    its model (in a worker thread); restore the node's checkpoint when its run directory has
    one (:mod:`p2pfl.node.checkpoint`; ``fresh`` ignores it);
 2. connect to the broker (:class:`~p2pfl.wire.transport.Transport`, retained presence + Last Will);
@@ -46,12 +46,12 @@ from p2pfl import PROTOCOL_VERSION
 from p2pfl.algorithms import AlgorithmContext, get_algorithm
 from p2pfl.algorithms.base import Method
 from p2pfl.config.load import ConfigError, dump_topology
+from p2pfl.config.preflight import check_inputs, check_model
 from p2pfl.config.schema import BrokerAddress, TopologyConfig
 from p2pfl.config.topology import neighbours
 from p2pfl.errors import P2PFLError
 from p2pfl.learning.data import NodeData, load_arrays, load_node_data
 from p2pfl.learning.models import build_model
-from p2pfl.learning.preflight import check_inputs, check_model
 from p2pfl.metrics import (
     node_log_path,
     node_meta_path,

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import time
-import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from imagefolder_zip import make_imagefolder_zip
 
 from p2pfl.config.schema import DatasetConfig
 from p2pfl.learning import data as D
@@ -86,30 +86,10 @@ def test_min_samples_in_config_is_used():
 # ----------------------------------------------------------------------------- image folders
 
 
-def _make_imagefolder_zip(path: Path, top: str = "") -> None:
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    classes = {"cat": 40, "dog": 200, "ant": 120}  # gray levels; sorted order: ant, cat, dog
-    with zipfile.ZipFile(path, "w") as zf:
-        for split, n in (("train", 4), ("test", 2)):
-            for cls, level in classes.items():
-                for i in range(n):
-                    arr = np.clip(level + rng.integers(-5, 6, size=(6, 5, 3)), 0, 255)
-                    img = Image.fromarray(arr.astype(np.uint8), "RGB")
-                    buf = zipfile.ZipInfo(f"{top}{split}/{cls}/{i}.png")
-                    import io
-
-                    b = io.BytesIO()
-                    img.save(b, format="PNG")
-                    zf.writestr(buf, b.getvalue())
-        zf.writestr(f"{top}train/README.txt", "not an image")
-
-
 @pytest.mark.parametrize("top", ["", "tiny/"])
 def test_imagefolder_zip(tmp_path, top):
     src = tmp_path / "tiny.zip"
-    _make_imagefolder_zip(src, top)
+    make_imagefolder_zip(src, top)
     cache = tmp_path / "cache"
     cfg = DatasetConfig(name="imagefolder", root=str(src), partition="iid", min_samples=1)
     D.clear_cache()
@@ -153,8 +133,8 @@ def test_imagefolder_directory_and_missing(tmp_path):
 
 def test_cifar10_zip_found_under_root(tmp_path):
     """A cifar10*.zip beside other files is found (and cifar100*.zip is not taken for it)."""
-    _make_imagefolder_zip(tmp_path / "cifar100-other.zip")
-    _make_imagefolder_zip(tmp_path / "cifar10-tiny.zip", "cifar10/")
+    make_imagefolder_zip(tmp_path / "cifar100-other.zip")
+    make_imagefolder_zip(tmp_path / "cifar10-tiny.zip", "cifar10/")
     D.clear_cache()
     arr = D.load_arrays(
         DatasetConfig(name="cifar10", root=str(tmp_path)), seed=0, cache_dir=tmp_path / "c"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import zipfile
 
 import pytest
-from test_data import _make_imagefolder_zip
+from imagefolder_zip import make_imagefolder_zip
 
 from p2pfl.config.load import ConfigError, load_topology
-from p2pfl.learning.preflight import check_inputs
+from p2pfl.config.preflight import check_inputs
 
 
 def _cfg(overrides):
@@ -69,7 +69,7 @@ def _imagefolder(root, cache):
 @pytest.mark.parametrize("damage", ["truncated", "corrupt_member", "not_an_image"])
 def test_a_damaged_zip_names_the_zip_and_the_member(tmp_path, damage):
     src = tmp_path / "ds.zip"
-    _make_imagefolder_zip(src)
+    make_imagefolder_zip(src)
     if damage == "truncated":
         data = src.read_bytes()
         src.write_bytes(data[: len(data) // 2])
