@@ -113,12 +113,19 @@ def test_node_without_a_broker_fails_with_a_message(tmp_path, capsys, caplog):
     assert "Traceback" not in text, text
 
 
-def test_node_with_bad_inputs_fails_naming_the_field(tmp_path, capsys):
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("dataset.input_shape=[1,2,2]", "model.name: model 'cnn' cannot take"),
+        ("dataset.partition=pathological(9)", "dataset.partition: pathological(9): k must be"),
+    ],
+)
+def test_node_with_bad_inputs_fails_naming_the_field(tmp_path, capsys, override, expected):
     args = ["node", "topologies/synthetic.yaml", "--id", "a", "--no-rich", "--out", str(tmp_path)]
-    args += ["--set", "dataset.input_shape=[1,2,2]"]
+    args += ["--set", override]
     assert main(args) == 1
     err = capsys.readouterr().err
-    assert "topologies/synthetic.yaml: model.name: model 'cnn' cannot take" in err, err
+    assert f"topologies/synthetic.yaml: {expected}" in err, err
     assert "Traceback" not in err, err
 
 

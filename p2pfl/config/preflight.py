@@ -40,11 +40,11 @@ def check_inputs(
     source: str = "topology",
     data_root: str | None = None,
     cache_dir=None,
-    model: bool = True,
 ) -> None:
     """Raise :class:`ConfigError` (naming ``source`` and the field) unless the dataset
     (at ``data_root`` when given) opens, its partition over the swarm's nodes can be drawn,
-    and (``model``) the model accepts the dataset's input shape (:func:`check_model`)."""
+    and the model accepts the dataset's input shape (:func:`check_model`). A node runs the
+    same checks as it loads (:mod:`p2pfl.node.daemon`), drawing its partition only once."""
     ds = cfg.dataset if data_root is None else cfg.dataset.model_copy(update={"root": data_root})
     arrays = check_dataset(ds, cfg.seed, source, cache_dir)
     spec = ds.partition.strip().replace(" ", "")
@@ -60,8 +60,7 @@ def check_inputs(
         )
     except ValueError as exc:
         raise ConfigError(source, [("dataset.partition", str(exc))]) from None
-    if model:
-        check_model(cfg, arrays.num_classes, tuple(arrays.input_shape), source)
+    check_model(cfg, arrays.num_classes, tuple(arrays.input_shape), source)
 
 
 def check_model(

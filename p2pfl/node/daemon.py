@@ -46,11 +46,11 @@ from p2pfl import PROTOCOL_VERSION
 from p2pfl.algorithms import AlgorithmContext, get_algorithm
 from p2pfl.algorithms.base import Method
 from p2pfl.config.load import ConfigError, dump_topology
-from p2pfl.config.preflight import check_inputs, check_model
+from p2pfl.config.preflight import check_dataset, check_model
 from p2pfl.config.schema import BrokerAddress, TopologyConfig
 from p2pfl.config.topology import neighbours
 from p2pfl.errors import P2PFLError
-from p2pfl.learning.data import NodeData, load_arrays, load_node_data
+from p2pfl.learning.data import NodeData, load_node_data
 from p2pfl.learning.models import build_model
 from p2pfl.metrics import (
     node_log_path,
@@ -169,19 +169,15 @@ class Node:
             ds = ds.model_copy(update={"root": self.opts.data_root})
         # inputs that cannot work fail here naming the file and the field, not a traceback
         source = self.opts.source
-        check_inputs(
-            self.cfg,
-            source=source,
-            data_root=self.opts.data_root,
-            cache_dir=self.opts.cache_dir,
-            model=False,
-        )
+        arrays = check_dataset(ds, self.cfg.seed, source, self.opts.cache_dir)
         with _MODEL_INIT_LOCK:  # it builds a model: torch's RNG is shared by co-hosted nodes
-            arrays = load_arrays(ds, self.cfg.seed, self.opts.cache_dir)
             check_model(self.cfg, arrays.num_classes, tuple(arrays.input_shape), source)
-        self.data = load_node_data(
-            ds, self.cfg.node_ids, self.id, self.cfg.seed, cache_dir=self.opts.cache_dir
-        )
+        try:
+            self.data = load_node_data(
+                ds, self.cfg.node_ids, self.id, self.cfg.seed, cache_dir=self.opts.cache_dir
+            )
+        except ValueError as exc:  # the dataset opened above: the partition cannot be drawn
+            raise ConfigError(source, [("dataset.partition", str(exc))]) from None
         self.method = build_method(
             self.method_cls, self.cfg, self.id, self.data, self.rng, self.device
         )
@@ -200,15 +196,16 @@ class Node:
             path.unlink(missing_ok=True)
             records.unlink(missing_ok=True)
             return 0
-        recorded = max((r.get("round", 0) for r in read_records(records)), default=0)
+        rounds = (r.get("round") for r in read_records(records))
+        recorded = max((r for r in rounds if isinstance(r, int)), default=0)
         ckpt = load_checkpoint(path)
         if ckpt is None:
-            return recorded if isinstance(recorded, int) else 0
+            return recorded
         ckpt.check_for(self.cfg, self.id, str(path))
         assert self.method is not None
         ckpt.restore(self.method, self.rng, str(path))
         log.warning("%s: resuming from the checkpoint of round %d (%s)", self.id, ckpt.round, path)
-        return max(ckpt.round, recorded if isinstance(recorded, int) else 0)
+        return max(ckpt.round, recorded)
 
     def _write_run_files(self) -> None:
         """This node's data facts, and the resolved config if nobody recorded it yet."""

@@ -143,7 +143,7 @@ class DecentralizedRounds:
             await svc.transport.gossip(round_no, message)
         except TransportError as exc:  # broker gone: peers will not hear from us
             log.warning("%s: round %d: gossip not sent: %s", self.id, round_no, exc)
-        in_step = [p for p in svc.online(svc.neighbours) if svc.in_step(p, round_no)]
+        in_step = [p for p in svc.neighbours if svc.in_step(p, round_no)]  # online ones only
         return self.alg.choose_peers(in_step)
 
     async def run_round(self, round_no: int) -> dict[str, Any]:
