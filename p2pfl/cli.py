@@ -127,6 +127,7 @@ def cmd_swarm(args: argparse.Namespace) -> int:
         out,
         nodes_per_process=args.nodes_per_process,
         broker=BrokerAddress.parse(args.broker) if args.broker else None,
+        broker_kind=args.broker_kind,
         progress=not args.no_progress,
         verbose=args.verbose,
         console=console,
@@ -218,8 +219,9 @@ def cmd_summarize(args: argparse.Namespace) -> int:
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
-    """Run a Mosquitto for a swarm on this host and announce it by mDNS until stopped."""
-    from p2pfl.launch.broker import BrokerTLS, MosquittoBroker
+    """Run a broker for a swarm on this host (Mosquitto, or the embedded one where Mosquitto
+    is missing) and announce it by mDNS until stopped."""
+    from p2pfl.launch.broker import BrokerTLS, make_broker
     from p2pfl.wire.discovery import Announcer
 
     async def main() -> int:
@@ -230,10 +232,11 @@ def cmd_broker(args: argparse.Namespace) -> int:
         workdir = Path(args.workdir) if args.workdir else None
         swarm = None if args.swarm == "*" else args.swarm
         tls = BrokerTLS(Path(args.certs), swarm) if args.certs else None
-        with MosquittoBroker(args.host, args.port, workdir=workdir, tls=tls) as broker:
+        made = make_broker(args.broker_kind, args.host, args.port, workdir=workdir, tls=tls)
+        with made as broker:
             async with Announcer.broker(args.swarm, args.host, broker.port):
                 print(
-                    f"broker {broker.address} announced for swarm {args.swarm}"
+                    f"broker {broker.name} on {broker.address} announced for swarm {args.swarm}"
                     + (" (TLS, client certificates, per-node ACL)" if tls else ""),
                     flush=True,
                 )
@@ -315,6 +318,7 @@ def cmd_discover(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="p2pfl", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
+    from p2pfl.launch.broker import BROKER_KINDS
 
     def common(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("topology", help="topology YAML (see topologies/)")
@@ -331,6 +335,15 @@ def build_parser() -> argparse.ArgumentParser:
         )
         sp.add_argument("-v", "--verbose", action="store_true")
 
+    def broker_kind(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument(
+            "--broker-kind",
+            choices=BROKER_KINDS,
+            default="auto",
+            help="the broker to start: auto (default: Mosquitto where installed, else the "
+            "embedded pure-Python one), mosquitto, or embedded",
+        )
+
     sp = sub.add_parser("swarm", help="run a local swarm: broker + node processes")
     common(sp)
     sp.add_argument("--data-root", help="sets dataset.root")
@@ -344,7 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="host K asyncio nodes in each OS process (default auto: about one process per "
         "CPU core)",
     )
-    sp.add_argument("--broker", help="use this host:port instead of starting Mosquitto")
+    sp.add_argument("--broker", help="use this host:port instead of starting a broker")
+    broker_kind(sp)
     sp.add_argument("--no-progress", action="store_true", help="no live table")
     sp.add_argument("--timeout", type=float, help="stop the swarm after this many seconds")
     sp.set_defaults(func=cmd_swarm)
@@ -381,12 +395,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.set_defaults(func=cmd_validate)
 
-    sp = sub.add_parser("broker", help="run Mosquitto for a swarm and announce it by mDNS")
+    sp = sub.add_parser("broker", help="run a broker for a swarm and announce it by mDNS")
     sp.add_argument("--swarm", default="*", help="the swarm it serves (default *: any)")
     sp.add_argument(
         "--host", default="127.0.0.1", help="address to listen on and announce (a LAN address)"
     )
     sp.add_argument("--port", type=int, default=0, help="port (default: a free one)")
+    broker_kind(sp)
     sp.add_argument("--workdir", help="where its config and log go (default: a temp dir)")
     sp.add_argument(
         "--certs",

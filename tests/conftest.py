@@ -1,10 +1,10 @@
-"""Shared fixtures: a real Mosquitto broker on a free loopback port; the scripts in
+"""Shared fixtures: a real broker on a free loopback port (Mosquitto and the embedded one,
+each test that takes ``broker`` runs on both); the scripts in
 ``scripts/`` loaded as modules; a method instance on a small model (``make_method``)."""
 
 from __future__ import annotations
 
 import importlib.util
-import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,20 +17,54 @@ import torch
 
 from p2pfl.algorithms import AlgorithmContext, Method, get_algorithm
 from p2pfl.config.schema import ModelConfig
-from p2pfl.launch.broker import MosquittoBroker
+from p2pfl.launch.broker import BROKER_KINDS, have_mosquitto, make_broker
 from p2pfl.learning.models import build_model
 
+BROKERS = [k for k in BROKER_KINDS if k != "auto"]
 
-def _have_mosquitto() -> bool:
-    return shutil.which("mosquitto") is not None or shutil.os.path.exists("/usr/sbin/mosquitto")
+
+@pytest.fixture(params=BROKERS)
+def broker_kind(request) -> str:
+    """Each broker p2pfl can start: ``mosquitto`` (which must be installed: CI installs it)
+    and ``embedded``. A test taking it (or ``broker``) runs once on each."""
+    if request.param == "mosquitto" and not have_mosquitto():
+        pytest.fail("mosquitto is not installed: apt-get install -y mosquitto")
+    return request.param
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test marked ``one_broker`` runs on Mosquitto only: what it exercises is the node's
+    own (its disk, its checkpoint), or a sibling parametrisation already runs the same broker
+    path on both brokers. The mark keeps the suite short; it never hides a failure on the
+    embedded broker of a broker-facing behaviour."""
+    keep, drop = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        kind = callspec.params.get("broker_kind") if callspec else None
+        (drop if kind == "embedded" and item.get_closest_marker("one_broker") else keep).append(
+            item
+        )
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 @pytest.fixture
-def broker(tmp_path):
-    """A private Mosquitto instance for one test (never a system service)."""
-    if not _have_mosquitto():
+def broker(tmp_path, broker_kind):
+    """A private broker of ``broker_kind`` for one test (never a system service)."""
+    b = make_broker(broker_kind, workdir=tmp_path / "broker").start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+@pytest.fixture
+def mosquitto(tmp_path):
+    """A private Mosquitto for a test of what only Mosquitto does (TLS, ACL)."""
+    if not have_mosquitto():
         pytest.fail("mosquitto is not installed: apt-get install -y mosquitto")
-    b = MosquittoBroker(workdir=tmp_path / "broker").start()
+    b = make_broker("mosquitto", workdir=tmp_path / "broker").start()
     try:
         yield b
     finally:

@@ -1,4 +1,10 @@
-"""A Mosquitto broker owned by the caller: free loopback port, generated config, clean stop.
+"""A broker owned by the caller: free loopback port, a child process, clean stop.
+
+Two brokers share one lifecycle (:class:`ChildBroker`): :class:`MosquittoBroker`, the
+default wherever its binary is found, and :class:`EmbeddedBroker`, the pure-Python fallback
+(amqtt, :mod:`p2pfl.launch.amqtt_broker`) for machines without Mosquitto.
+:func:`make_broker` picks one (``auto``) and says which; docs/wire.md, "Brokers", compares
+them.
 
 ``async with MosquittoBroker() as broker:`` (or the blocking :meth:`start` / :meth:`stop`)
 starts ``mosquitto -c <generated.conf>`` and waits until the port accepts connections.
@@ -17,11 +23,13 @@ Certificates in the directory's ``crl.pem`` are refused at the handshake (read a
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import pwd
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -29,6 +37,8 @@ from pathlib import Path
 
 from p2pfl.errors import P2PFLError
 from p2pfl.security.certs import SwarmCerts, mosquitto_acl
+
+log = logging.getLogger("p2pfl.broker")
 
 
 class BrokerError(P2PFLError, RuntimeError):
@@ -97,8 +107,13 @@ def mosquitto_config(
     )
 
 
-class MosquittoBroker:
-    """A private Mosquitto instance on ``host:port`` (port 0: a free one)."""
+class ChildBroker:
+    """A broker run as a child process on ``host:port`` (port 0: a free one), owned by the
+    caller: :meth:`start` waits until the port accepts connections, :meth:`stop` ends it
+    and removes its work directory when it made one. ``proc`` is the child (the broker-loss
+    drills kill and freeze it). Subclasses give the command line and the broker's name."""
+
+    name = "broker"
 
     def __init__(
         self,
@@ -108,31 +123,30 @@ class MosquittoBroker:
         workdir: Path | None = None,
         max_packet_mb: float = 8.0,
         log_path: Path | None = None,
-        tls: BrokerTLS | None = None,
     ):
         self.host = host
         self.port = port or free_port(host)
         self.max_packet_mb = max_packet_mb
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="p2pfl-broker-"))
-        self.log_path = log_path or self.workdir / "mosquitto.log"
+        self.log_path = log_path or self.workdir / f"{self.name}.log"
         self.proc: subprocess.Popen | None = None
-        self.tls = tls
-        self._tls_tmp: Path | None = None
+        self._log = None
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def start(self, timeout: float = 10.0) -> MosquittoBroker:
-        exe = find_mosquitto()
+    def command(self) -> list[str]:
+        """The child's command line (after the work directory exists)."""
+        raise NotImplementedError
+
+    def start(self, timeout: float = 10.0) -> ChildBroker:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        conf = self.workdir / "mosquitto.conf"
-        tls_dir = self._stage_tls() if self.tls is not None else None
-        conf.write_text(mosquitto_config(self.host, self.port, self.max_packet_mb, tls_dir))
+        cmd = self.command()
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [exe, "-c", str(conf)],
+            cmd,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -142,14 +156,63 @@ class MosquittoBroker:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 tail = Path(self.log_path).read_text(errors="replace")[-2000:]
-                raise BrokerError(f"mosquitto exited with {self.proc.returncode}:\n{tail}")
+                code = self.proc.returncode
+                self.stop()
+                raise BrokerError(f"{self.name} exited with {code}:\n{tail}")
             try:
                 with socket.create_connection((self.host, self.port), timeout=0.5):
                     return self
             except OSError:
                 time.sleep(0.05)
         self.stop()
-        raise BrokerError(f"mosquitto did not accept connections on {self.address}")
+        raise BrokerError(f"{self.name} did not accept connections on {self.address}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> ChildBroker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> ChildBroker:
+        return self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class MosquittoBroker(ChildBroker):
+    """A private Mosquitto instance with a generated config (see the module docstring)."""
+
+    name = "mosquitto"
+
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, *, tls: BrokerTLS | None = None, **kw
+    ):
+        super().__init__(host, port, **kw)
+        self.tls = tls
+        self._tls_tmp: Path | None = None
+
+    def command(self) -> list[str]:
+        exe = find_mosquitto()
+        conf = self.workdir / "mosquitto.conf"
+        tls_dir = self._stage_tls() if self.tls is not None else None
+        conf.write_text(mosquitto_config(self.host, self.port, self.max_packet_mb, tls_dir))
+        return [exe, "-c", str(conf)]
 
     def _stage_tls(self) -> Path:
         """Copy the broker's certificate, key, CA and ACL where Mosquitto can read them.
@@ -191,31 +254,73 @@ class MosquittoBroker:
         return dst
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-        if getattr(self, "_log", None) is not None:
-            self._log.close()
-            self._log = None
-        if self._own_workdir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+        super().stop()
         if self._tls_tmp is not None:
             shutil.rmtree(self._tls_tmp, ignore_errors=True)
             self._tls_tmp = None
 
-    def __enter__(self) -> MosquittoBroker:
-        return self.start()
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+class EmbeddedBroker(ChildBroker):
+    """The pure-Python broker (amqtt with p2pfl's fixes, :mod:`p2pfl.launch.amqtt_broker`)
+    in a child process: retained presence, Last Will, QoS 1 and the packet size limit work
+    as on Mosquitto; several times slower on weight transfers; no TLS and no ACL."""
 
-    async def __aenter__(self) -> MosquittoBroker:
-        return self.start()
+    name = "embedded"
 
-    async def __aexit__(self, *exc: object) -> None:
-        self.stop()
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "p2pfl.launch.amqtt_broker",
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--max-packet-mb",
+            str(self.max_packet_mb),
+        ]
+
+
+BROKER_KINDS = ("auto", "mosquitto", "embedded")
+EMBEDDED_NOTE = (
+    "Mosquitto not found: using the embedded pure-Python broker (amqtt), about 7x slower "
+    "than Mosquitto on weight transfers (scripts/bench_transport.py); TLS and ACLs need "
+    "Mosquitto (Debian/Ubuntu: apt-get install -y mosquitto)"
+)
+
+
+def have_mosquitto() -> bool:
+    try:
+        find_mosquitto()
+    except BrokerError:
+        return False
+    return True
+
+
+def make_broker(
+    kind: str = "auto",
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    tls: BrokerTLS | None = None,
+    **kw,
+) -> ChildBroker:
+    """The broker to run (not started): ``mosquitto``, ``embedded``, or ``auto`` (Mosquitto
+    where its binary is found, else the embedded one, with a warning that says how much
+    slower it is). A TLS broker must be Mosquitto: asking the embedded one for TLS, or
+    ``auto`` without Mosquitto, is a :class:`BrokerError` before anything starts."""
+    if kind not in BROKER_KINDS:
+        raise BrokerError(f"unknown broker {kind!r}: choose one of {', '.join(BROKER_KINDS)}")
+    if kind == "auto":
+        kind = "mosquitto" if have_mosquitto() else "embedded"
+        if kind == "embedded":
+            log.warning(EMBEDDED_NOTE)
+    if kind == "embedded":
+        if tls is not None:
+            raise BrokerError(
+                "security.tls needs Mosquitto: the embedded broker has no TLS and no ACL "
+                "(install mosquitto, or run without TLS)"
+            )
+        return EmbeddedBroker(host, port, **kw)
+    find_mosquitto()  # a clear error now rather than at start
+    return MosquittoBroker(host, port, tls=tls, **kw)

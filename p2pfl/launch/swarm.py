@@ -27,7 +27,7 @@ from rich.table import Table
 
 from p2pfl.config.load import dump_topology
 from p2pfl.config.schema import BrokerAddress, TopologyConfig
-from p2pfl.launch.broker import BrokerTLS, MosquittoBroker
+from p2pfl.launch.broker import EMBEDDED_NOTE, BrokerTLS, have_mosquitto, make_broker
 from p2pfl.metrics import (
     node_log_path,
     node_meta_path,
@@ -207,12 +207,14 @@ def run_swarm(
     *,
     nodes_per_process: int | None = None,
     broker: BrokerAddress | None = None,
+    broker_kind: str = "auto",
     progress: bool = True,
     verbose: bool = False,
     console: Console | None = None,
     timeout_s: float | None = None,
 ) -> tuple[int, dict[str, Any]]:
-    """Run a whole swarm to completion; returns (exit code, summary)."""
+    """Run a whole swarm to completion; returns (exit code, summary). Without ``broker`` it
+    starts its own, of ``broker_kind`` (:func:`p2pfl.launch.broker.make_broker`)."""
     console = console or Console()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -227,14 +229,18 @@ def run_swarm(
         cfg = ensure_certs(cfg, out_dir, console)
         if broker is None:
             tls = BrokerTLS(Path(cfg.security.certs), cfg.name) if cfg.security.tls else None
-            own_broker = MosquittoBroker(
+            if broker_kind == "auto" and not have_mosquitto():
+                console.print(f"[yellow]{EMBEDDED_NOTE}[/]")
+                broker_kind = "embedded"
+            own_broker = make_broker(
+                broker_kind,
                 workdir=out_dir / "broker",
                 max_packet_mb=cfg.max_message_mb * 2,
                 tls=tls,
             ).start()
             broker = BrokerAddress(host=own_broker.host, port=own_broker.port)
             console.print(
-                f"[bold]broker[/] mosquitto on {own_broker.address}"
+                f"[bold]broker[/] {own_broker.name} on {own_broker.address}"
                 + (" (TLS, client certificates, per-node ACL)" if tls else "")
             )
         cfg = cfg.model_copy(update={"broker": broker})

@@ -68,7 +68,8 @@ def _wait(pred, timeout: float, what: str, step: float = 0.2) -> None:
 
 @pytest.mark.parametrize(
     ("method", "freeze_s"),
-    [("uapdfl", 8), ("uapdfl", 30), ("fedavg", 30)],
+    # the Will of a frozen client (keep-alive) on both brokers: uapdfl; fedavg on Mosquitto
+    [("uapdfl", 8), ("uapdfl", 30), pytest.param("fedavg", 30, marks=pytest.mark.one_broker)],
     ids=["short-online", "long-offline", "fedavg-long-offline"],
 )
 def test_frozen_node_catches_up(tmp_path, broker, method, freeze_s):
@@ -128,6 +129,7 @@ def test_frozen_node_catches_up(tmp_path, broker, method, freeze_s):
     )
 
 
+@pytest.mark.one_broker
 @pytest.mark.parametrize("method", ["uapdfl", "fedavg"])
 def test_restarted_node_resumes_from_its_checkpoint(tmp_path, broker, method):
     """SIGKILL ``b``; restart its daemon on the same run directory: it restores its checkpoint,
@@ -201,7 +203,7 @@ def test_broker_killed_for_good_fails_every_node(tmp_path, broker):
         assert [r["round"] for r in recs] == list(range(1, len(recs) + 1)) and len(recs) >= 3
 
 
-@pytest.mark.parametrize("outage_s", [2, 20])
+@pytest.mark.parametrize("outage_s", [2, pytest.param(20, marks=pytest.mark.one_broker)])
 def test_short_broker_outage_is_ridden_out(tmp_path, broker, outage_s):
     """The broker is down for 2 s or 20 s (well under ``broker_timeout_s``) and restarted on
     the same port: the nodes reconnect, finish every round, and the outage shows in their
@@ -308,6 +310,7 @@ def _mount_tmpfs(path: Path, size_mb: int) -> bool:
     return res.returncode == 0
 
 
+@pytest.mark.one_broker
 def test_disk_full_for_a_while_loses_nothing(tmp_path, broker):
     """The disk of the nodes' records and checkpoints fills up for ~20 s: no node dies, no
     record is torn, and every round ends up on disk once there is room again."""

@@ -215,12 +215,12 @@ async def test_corrupt_transfer_is_rejected(broker, digest, match):
         await b.close()
 
 
-async def test_reconnects_and_resubscribes_after_broker_restart(tmp_path):
+async def test_reconnects_and_resubscribes_after_broker_restart(tmp_path, broker_kind):
     """The broker goes away and comes back on the same port: both nodes reconnect,
     re-announce presence, resubscribe, and a pull works again."""
-    from p2pfl.launch.broker import MosquittoBroker
+    from p2pfl.launch.broker import make_broker
 
-    broker = MosquittoBroker(workdir=tmp_path / "b1").start()
+    broker = make_broker(broker_kind, workdir=tmp_path / "b1").start()
     port = broker.port
     a, b = await pair(broker)
     state = {"g.w": torch.randn(50, 50)}
@@ -231,7 +231,7 @@ async def test_reconnects_and_resubscribes_after_broker_restart(tmp_path):
             if not a._connected.is_set() and not b._connected.is_set():
                 break
             await asyncio.sleep(0.05)
-        broker = MosquittoBroker(port=port, workdir=tmp_path / "b2").start()
+        broker = make_broker(broker_kind, port=port, workdir=tmp_path / "b2").start()
         for _ in range(200):
             if a._connected.is_set() and b._connected.is_set() and "b" in a.peers:
                 break
@@ -281,13 +281,11 @@ async def test_pull_refuses_a_transfer_over_its_limit(broker):
         await b.close()
 
 
-async def test_broker_lost_for_good_raises_after_the_timeout(tmp_path):
+async def test_broker_lost_for_good_raises_after_the_timeout(broker):
     """``watch_broker`` rides out nothing longer than ``broker_timeout``; the outage is
     counted in ``offline_seconds``."""
-    from p2pfl.launch.broker import MosquittoBroker
     from p2pfl.wire.transport import BrokerLostError
 
-    broker = MosquittoBroker(workdir=tmp_path / "b").start()
     t = Transport("s", "a", broker.host, broker.port, broker_timeout=1.5)
     await t.__aenter__()
     watch = asyncio.ensure_future(t.watch_broker())
@@ -307,15 +305,12 @@ async def test_broker_lost_for_good_raises_after_the_timeout(tmp_path):
         broker.stop()
 
 
-async def test_publish_in_flight_fails_when_the_connection_drops(tmp_path):
+async def test_publish_in_flight_fails_when_the_connection_drops(broker):
     """A QoS-1 publish waiting for its acknowledgement fails as soon as the connection is
     lost, not after aiomqtt's 30 s timeout (a round would otherwise stall that long)."""
     import os
     import signal
 
-    from p2pfl.launch.broker import MosquittoBroker
-
-    broker = MosquittoBroker(workdir=tmp_path / "b").start()
     t = Transport("s", "a", broker.host, broker.port)
     await t.__aenter__()
     try:
