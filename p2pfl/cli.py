@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from p2pfl.config.load import ConfigError, load_node_overrides, load_topology
 from p2pfl.config.schema import BrokerAddress, TopologyConfig
@@ -469,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
         _print_config_error(exc)
         return 2
     except P2PFLError as exc:  # a certificate, the broker, the wire: a message, not a trace
-        console.print(f"[red]error[/] {exc}", highlight=False, soft_wrap=True)
+        console.print(f"[red]error[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         return 2
 
 

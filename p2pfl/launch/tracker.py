@@ -30,7 +30,7 @@ made, before any node starts):
 - ``mlflow`` (``pip install 'p2pfl[mlflow]'``): one MLflow run per swarm run in the
   experiment named after the swarm, with the configuration's method, rounds, nodes, seed,
   dataset, partition, model and ``algorithm.<knob>`` as params; the tracking URI is
-  ``MLFLOW_TRACKING_URI`` when set, else a file store in ``RUN_DIR/mlruns``.
+  ``MLFLOW_TRACKING_URI`` when set, else a SQLite store ``RUN_DIR/mlflow.db``.
 
 Once started, a tracker never fails a run: an error while logging is reported and the swarm
 goes on.
@@ -49,6 +49,8 @@ from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from rich.markup import escape
+
 from p2pfl.config.schema import TopologyConfig
 from p2pfl.errors import P2PFLError
 
@@ -57,7 +59,8 @@ log = logging.getLogger(__name__)
 TRACKERS = ("tensorboard", "mlflow")
 SKIPPED_FIELDS = ("round", "t")
 TB_DIR = "tensorboard"
-MLFLOW_DIR = "mlruns"
+MLFLOW_DB = "mlflow.db"
+MLFLOW_ARTIFACTS = "mlartifacts"
 
 
 class TrackerError(P2PFLError, RuntimeError):
@@ -268,8 +271,10 @@ class TensorBoardTracker:
 
 
 class MLflowTracker:
-    """One MLflow run per swarm run, in the experiment ``experiment``; the tracking URI is
-    ``MLFLOW_TRACKING_URI`` when set, else a file store in ``RUN_DIR/mlruns``."""
+    """One MLflow run per swarm run (named after the run directory), in the experiment
+    ``experiment``. The tracking URI is ``MLFLOW_TRACKING_URI`` when set, else a SQLite
+    store ``RUN_DIR/mlflow.db`` (artifacts, if any, in ``RUN_DIR/mlartifacts``): MLflow 3
+    refuses a file store (``mlruns/``) unless ``MLFLOW_ALLOW_FILE_STORE`` is set."""
 
     name = "mlflow"
 
@@ -278,7 +283,7 @@ class MLflowTracker:
         self.run_dir = Path(run_dir).absolute()
         self.experiment = experiment
         self.env_uri = os.environ.get("MLFLOW_TRACKING_URI")
-        self.uri = self.env_uri or (self.run_dir / MLFLOW_DIR).as_uri()
+        self.uri = self.env_uri or f"sqlite:///{self.run_dir / MLFLOW_DB}"
         self.run_id: str | None = None
         self._client: Any = None
 
@@ -289,7 +294,11 @@ class MLflowTracker:
         try:
             client = MlflowClient(tracking_uri=self.uri)
             exp = client.get_experiment_by_name(self.experiment)
-            exp_id = exp.experiment_id if exp else client.create_experiment(self.experiment)
+            if exp is not None:
+                exp_id = exp.experiment_id
+            else:  # in a store of its own, the artifacts stay in the run directory too
+                where = None if self.env_uri else (self.run_dir / MLFLOW_ARTIFACTS).as_uri()
+                exp_id = client.create_experiment(self.experiment, artifact_location=where)
             run = client.create_run(
                 exp_id, run_name=self.run_dir.name, tags={"p2pfl.run_dir": str(self.run_dir)}
             )
@@ -314,7 +323,9 @@ class MLflowTracker:
 
     def where(self) -> str:
         if self.env_uri:
-            return f"MLflow at {self.uri}: experiment {self.experiment!r}, run {self.run_id}"
+            return (
+                f"MLflow at {self.uri}, experiment {self.experiment!r}, run {self.run_dir.name!r}"
+            )
         return f"mlflow ui --backend-store-uri {self.uri}"
 
 
@@ -353,9 +364,11 @@ def _status(code: int) -> str:
 
 class TrackedRun:
     """A run's records fed to a tracker: :meth:`follow` while the nodes run (a background
-    thread that polls every ``interval`` seconds), :meth:`finish` at the end (the records
-    left, the means of the rounds left, then the tracker closed). With no tracker every
-    method does nothing. Errors while logging are logged, never raised."""
+    thread that starts the tracker, then polls every ``interval`` seconds, so a slow start,
+    such as MLflow creating its database, does not hold the swarm back), :meth:`finish` at
+    the end (the records left, the means of the rounds left, then the tracker closed). With
+    no tracker every method does nothing. Once the run is under way, an error of the
+    tracker is reported (once) and tracking stops; it is never raised."""
 
     def __init__(
         self,
@@ -370,29 +383,29 @@ class TrackedRun:
         self.follower = RecordFollower(run_dir)
         self.means = RoundMeans()
         self.console = console
-        self.failed = False  # the tracker raised; reported once
+        self.started = False
+        self.failed = False  # the tracker raised: reported, and nothing more is logged
         self._live: Callable[[], Collection[str] | None] = lambda: None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._started = False
 
     def start(self) -> TrackedRun:
-        """Open the tracker (raises :class:`TrackerError` when it cannot start)."""
-        if self.tracker is not None and not self._started:
-            self.tracker.start(self.params)
-            self._started = True
-            self._say(f"[bold]tracking[/] {self.tracker.name}: {self.tracker.where()}")
+        """Start the tracker now (raises :class:`TrackerError` when it cannot start)."""
+        with self._lock:
+            if self.tracker is not None and not self.started and not self.failed:
+                self.tracker.start(self.params)
+                self.started = True
         return self
 
     def follow(
         self, live: Callable[[], Collection[str] | None] | None = None, interval: float = 1.0
     ) -> None:
-        """Poll in a background thread every ``interval`` seconds; ``live()`` gives the ids
-        of the nodes still running (None: all of them), whose rounds hold a mean back."""
+        """Start the tracker and poll, in a background thread, every ``interval`` seconds;
+        ``live()`` gives the ids of the nodes still running (None: all of them), whose
+        rounds hold a mean back."""
         if self.tracker is None or self._thread is not None:
             return
-        self.start()
         self._live = live or (lambda: None)
         self._thread = threading.Thread(
             target=self._loop, args=(interval,), name="p2pfl-tracker", daemon=True
@@ -400,15 +413,20 @@ class TrackedRun:
         self._thread.start()
 
     def _loop(self, interval: float) -> None:
+        try:
+            self.start()
+        except Exception as exc:
+            self._failed(exc)
+            return
         while not self._stop.wait(interval):
             self.poll()
 
     def poll(self, final: bool = False) -> int:
         """Log the records completed since the last poll and the means of the rounds now
         complete (every round left, when ``final``); returns how many scalars it logged."""
-        if self.tracker is None:
-            return 0
         with self._lock:
+            if not self.started or self.failed:
+                return 0
             try:
                 # who is running is asked before the files are read: a node that writes
                 # its last record and exits in between is then still waited for
@@ -427,27 +445,34 @@ class TrackedRun:
                     self.tracker.flush()
                 return sum(len(m) for _, m, _ in steps)
             except Exception as exc:  # a tracker never fails a run
-                if not self.failed:
-                    self._say(f"[red]tracking ({self.tracker.name}) failed: {exc}[/]")
-                    log.debug("tracking failed", exc_info=True)
-                self.failed = True
+                self._failed(exc)
                 return 0
 
-    def finish(self, code: int = 0) -> None:
+    def finish(self, code: int = 0, wait_s: float = 120.0) -> None:
         """Stop following, log what is left and close the tracker (status from the exit
-        ``code``: 0 FINISHED, 130 KILLED, else FAILED)."""
+        ``code``: 0 FINISHED, 130 KILLED, else FAILED). Waits up to ``wait_s`` for a
+        tracker still starting or logging."""
         if self.tracker is None:
             return
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=30)
-        if not self._started:
-            return
+            self._thread.join(timeout=wait_s)
+            if self._thread.is_alive():
+                self._say(f"[red]tracking ({self.tracker.name}): no answer in {wait_s:.0f} s[/]")
+                return
         self.poll(final=True)
+        if not self.started:
+            return
         try:
-            self.tracker.close(_status(code))
+            self.tracker.close("FAILED" if self.failed else _status(code))
         except Exception as exc:
-            self._say(f"[red]tracking ({self.tracker.name}): could not close: {exc}[/]")
+            self._failed(exc)
+
+    def _failed(self, exc: BaseException) -> None:
+        if not self.failed:
+            self._say(f"[red]tracking ({self.tracker.name}) failed: {escape(str(exc))}[/]")
+            log.debug("tracking failed", exc_info=exc)
+        self.failed = True
 
     def _say(self, text: str) -> None:
         if self.console is not None:
@@ -459,20 +484,25 @@ class TrackedRun:
 def open_tracking(
     name: str | None, cfg: TopologyConfig, run_dir: Path, console: Any = None
 ) -> TrackedRun:
-    """The launcher's tracking for a run: with ``name`` None, one that does nothing; else
-    the tracker made and started now, before any node starts (a missing extra or an MLflow
-    server out of reach is a :class:`TrackerError` here)."""
+    """The launcher's tracking of a run: with ``name`` None, one that does nothing; else
+    the tracker made now, before any node starts (a missing extra is a
+    :class:`TrackerError` here), and started by :meth:`TrackedRun.follow`."""
     tracker = make_tracker(name, run_dir, cfg) if name else None
-    return TrackedRun(tracker, cfg, run_dir, console).start()
+    run = TrackedRun(tracker, cfg, run_dir, console)
+    if tracker is not None:
+        run._say(f"[bold]tracking[/] {tracker.name}: {escape(tracker.where())}")
+    return run
 
 
 def export_run(run_dir: Path, name: str, console: Any = None) -> TrackedRun:
     """Feed a finished run directory's records to the tracker ``name`` (``p2pfl track``):
-    its ``config.yaml`` gives the nodes and the params. Returns the finished tracking."""
+    its ``config.yaml`` gives the nodes and the params. Raises :class:`TrackerError` when
+    the tracker cannot start. Returns the finished tracking."""
     from p2pfl.config.load import load_topology
 
     run_dir = Path(run_dir)
     cfg = load_topology(run_dir / "config.yaml")
     tracking = open_tracking(name, cfg, run_dir, console)
+    tracking.start()
     tracking.finish()
     return tracking
