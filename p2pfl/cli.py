@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from p2pfl.config.load import ConfigError, load_node_overrides, load_topology
 from p2pfl.config.schema import BrokerAddress, TopologyConfig
@@ -132,6 +133,7 @@ def cmd_swarm(args: argparse.Namespace) -> int:
         verbose=args.verbose,
         console=console,
         timeout_s=args.timeout,
+        tracker=args.tracker,
     )
     return code
 
@@ -202,6 +204,14 @@ def cmd_node(args: argparse.Namespace) -> int:
         return 1 if failed else 0
 
     return _run_async(main())
+
+
+def cmd_track(args: argparse.Namespace) -> int:
+    """Export a run directory's records to a tracker."""
+    from p2pfl.launch.tracker import export_run
+
+    export_run(Path(args.run_dir), args.tracker, console)
+    return 0
 
 
 def cmd_summarize(args: argparse.Namespace) -> int:
@@ -361,6 +371,13 @@ def build_parser() -> argparse.ArgumentParser:
     broker_kind(sp)
     sp.add_argument("--no-progress", action="store_true", help="no live table")
     sp.add_argument("--timeout", type=float, help="stop the swarm after this many seconds")
+    from p2pfl.launch.tracker import TRACKERS
+
+    sp.add_argument(
+        "--tracker",
+        choices=TRACKERS,
+        help="also log per-node and mean metrics to TensorBoard or MLflow (optional extras)",
+    )
     sp.set_defaults(func=cmd_swarm)
 
     sp = sub.add_parser("node", help="run one node daemon (or several) in the foreground")
@@ -442,6 +459,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("-v", "--verbose", action="store_true")
     sp.set_defaults(func=cmd_discover)
 
+    sp = sub.add_parser("track", help="export a run directory's records to TensorBoard or MLflow")
+    sp.add_argument("run_dir")
+    sp.add_argument("--tracker", choices=TRACKERS, required=True)
+    sp.add_argument("-v", "--verbose", action="store_true")
+    sp.set_defaults(func=cmd_track)
+
     sp = sub.add_parser("summarize", help="(re)write summary.json of a run directory")
     sp.add_argument("run_dir")
     sp.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -462,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         _print_config_error(exc)
         return 2
     except P2PFLError as exc:  # a certificate, the broker, the wire: a message, not a trace
-        console.print(f"[red]error[/] {exc}", highlight=False, soft_wrap=True)
+        console.print(f"[red]error[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         return 2
 
 

@@ -4,7 +4,8 @@ Each error class lives in the module that raises it and derives from :class:`P2P
 and, where it always did, from ``ValueError`` or ``RuntimeError``, so existing
 ``except ValueError`` code keeps working: ``ConfigError`` (:mod:`p2pfl.config.load`),
 ``CodecError`` (:mod:`p2pfl.wire.codec`), ``TransportError`` (:mod:`p2pfl.wire.transport`),
-``BrokerError`` (:mod:`p2pfl.launch.broker`), ``CertError`` (:mod:`p2pfl.security.certs`).
+``BrokerError`` (:mod:`p2pfl.launch.broker`), ``CertError`` (:mod:`p2pfl.security.certs`),
+``TrackerError`` (:mod:`p2pfl.launch.tracker`).
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from rich.table import Table
 from p2pfl.config.load import dump_topology
 from p2pfl.config.schema import BrokerAddress, TopologyConfig
 from p2pfl.launch.broker import EMBEDDED_NOTE, BrokerTLS, have_mosquitto, make_broker
+from p2pfl.launch.tracker import open_tracking
 from p2pfl.metrics import (
     node_log_path,
     node_meta_path,
@@ -212,11 +213,14 @@ def run_swarm(
     verbose: bool = False,
     console: Console | None = None,
     timeout_s: float | None = None,
+    tracker: str | None = None,
 ) -> tuple[int, dict[str, Any]]:
     """Run a whole swarm to completion; returns (exit code, summary). Without ``broker`` it
-    starts its own, of ``broker_kind`` (:func:`p2pfl.launch.broker.make_broker`)."""
+    starts its own, of ``broker_kind`` (:func:`p2pfl.launch.broker.make_broker`).
+    ``tracker``: feed the records to it as they come (:mod:`p2pfl.launch.tracker`)."""
     console = console or Console()
     out_dir = Path(out_dir)
+    tracking = open_tracking(tracker, cfg, out_dir, console)  # before anything starts
     out_dir.mkdir(parents=True, exist_ok=True)
     for pattern in ("*.jsonl", "*.ckpt"):  # a rerun into the same directory starts afresh
         for old in (out_dir / "nodes").glob(pattern):
@@ -253,6 +257,7 @@ def run_swarm(
         per_process = nodes_per_process or auto_per_process(len(cfg.node_ids))
         groups = group_ids(cfg.node_ids, max(1, per_process))
         workers = [spawn_worker(config_path, ids, str(broker), out_dir, verbose) for ids in groups]
+        tracking.follow(lambda: {n for w in workers if w.proc.poll() is None for n in w.ids})
         console.print(
             f"[bold]swarm[/] {cfg.name}: {len(cfg.node_ids)} nodes in {len(workers)} "
             f"processes, {cfg.rounds} rounds of {cfg.algorithm.name} → {out_dir}"
@@ -289,6 +294,7 @@ def run_swarm(
         stop_workers(workers)
         if own_broker is not None:
             own_broker.stop()
+        tracking.finish(code)
     summary = finish_run(cfg, out_dir, time.monotonic() - t0, console)
     if summary["nodes_completed"] < summary["nodes"] and code == 0:
         code = 1
