@@ -14,6 +14,10 @@ Prints a table and writes ``raw_MBps``, ``p2pfl_MBps`` and ``ratio`` (plus detai
 same run: a second, TLS-only Mosquitto (client certificates, per-node ACL) from a throwaway
 swarm CA, raw MQTT over TLS, and the p2pfl pull with signatures only, TLS only, and both
 (``security`` in the JSON, MB/s and the ratio to the unprotected pull).
+
+``--embedded`` compares the two brokers p2pfl can start (docs/wire.md, "Brokers"): raw MQTT
+and the p2pfl pull on Mosquitto and on the embedded amqtt broker, interleaved run by run
+(``brokers`` in the JSON: each broker's medians, and embedded / Mosquitto ratios).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import aiomqtt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from p2pfl.launch.broker import MosquittoBroker  # noqa: E402
+from p2pfl.launch.broker import EmbeddedBroker, MosquittoBroker  # noqa: E402
 
 MiB = 1 << 20
 WINDOW = 16
@@ -225,13 +229,48 @@ async def bench_security(repeats: int, raw_mb: int) -> dict:
     return out
 
 
-async def bench(repeats: int, raw_mb: int, security: bool = False) -> dict:
+async def bench_brokers(repeats: int, raw_mb: int) -> dict:
+    """Raw MQTT and the pull on Mosquitto and on the embedded broker, alternating brokers
+    run by run (one warm-up of each discarded), so machine noise hits both alike."""
+    names = ("mosquitto", "embedded")
+    raw: dict[str, list[float]] = {n: [] for n in names}
+    pulls: dict[str, list[float]] = {n: [] for n in names}
+    with MosquittoBroker(max_packet_mb=8) as mosq, EmbeddedBroker(max_packet_mb=8) as emb:
+        brokers = {"mosquitto": mosq, "embedded": emb}
+        for i in range(repeats + 1):
+            for name, b in brokers.items():
+                speed = await raw_once(b.host, b.port, raw_mb)
+                if i:
+                    raw[name].append(speed)
+        for i in range(repeats + 1):
+            for name, b in brokers.items():
+                speeds, _ = await p2pfl_pulls(b.host, b.port, 1)
+                if i:
+                    pulls[name] += speeds
+    out: dict = {
+        n: {
+            "raw_MBps": statistics.median(raw[n]),
+            "p2pfl_MBps": statistics.median(pulls[n]),
+            "raw_runs_MBps": raw[n],
+            "p2pfl_runs_MBps": pulls[n],
+        }
+        for n in names
+    }
+    for key in ("raw", "p2pfl"):
+        out[f"embedded_over_mosquitto_{key}"] = (
+            out["embedded"][f"{key}_MBps"] / out["mosquitto"][f"{key}_MBps"]
+        )
+    return out
+
+
+async def bench(repeats: int, raw_mb: int, security: bool = False, embedded: bool = False) -> dict:
     with MosquittoBroker(max_packet_mb=8) as broker:
         # one warm-up run of each (discarded), so neither side pays first-touch costs
         raw = [await raw_once(broker.host, broker.port, raw_mb) for _ in range(repeats + 1)][1:]
         pulls, nbytes = await p2pfl_pulls(broker.host, broker.port, repeats + 1)
         pulls = pulls[1:]
         secure = await bench_security(repeats, raw_mb) if security else None
+    brokers = await bench_brokers(repeats, raw_mb) if embedded else None
     raw_mbps = statistics.median(raw)
     p2p_mbps = statistics.median(pulls)
     if secure is not None:
@@ -249,6 +288,7 @@ async def bench(repeats: int, raw_mb: int, security: bool = False) -> dict:
         "repeats": repeats,
         "warmup_runs_discarded": 1,
         **({"security": secure} if secure is not None else {}),
+        **({"brokers": brokers} if brokers is not None else {}),
     }
 
 
@@ -265,8 +305,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also measure TLS (client certificates, ACL) and Ed25519 signatures",
     )
+    ap.add_argument(
+        "--embedded",
+        action="store_true",
+        help="also compare Mosquitto with the embedded broker (interleaved runs)",
+    )
     args = ap.parse_args(argv)
-    res = _run(bench(args.repeats, args.raw_mb, args.security))
+    res = _run(bench(args.repeats, args.raw_mb, args.security, args.embedded))
     from rich.console import Console
     from rich.table import Table
 
@@ -300,6 +345,27 @@ def main(argv: list[str] | None = None) -> int:
                 f"{row['MBps']:.0f}",
                 ", ".join(f"{x:.0f}" for x in row["runs_MBps"]),
             )
+    brokers = res.get("brokers")
+    if brokers is not None:
+        t.add_section()
+        for name in ("mosquitto", "embedded"):
+            row = brokers[name]
+            t.add_row(
+                f"{name}: raw MQTT",
+                f"{row['raw_MBps']:.0f}",
+                ", ".join(f"{x:.0f}" for x in row["raw_runs_MBps"]),
+            )
+            t.add_row(
+                f"{name}: p2pfl pull",
+                f"{row['p2pfl_MBps']:.0f}",
+                ", ".join(f"{x:.0f}" for x in row["p2pfl_runs_MBps"]),
+            )
+        t.add_row(
+            "embedded / mosquitto (raw, pull)",
+            f"{brokers['embedded_over_mosquitto_raw']:.2f}, "
+            f"{brokers['embedded_over_mosquitto_p2pfl']:.2f}",
+            "interleaved runs",
+        )
     Console().print(t)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

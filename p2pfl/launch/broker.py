@@ -283,9 +283,9 @@ class EmbeddedBroker(ChildBroker):
 
 BROKER_KINDS = ("auto", "mosquitto", "embedded")
 EMBEDDED_NOTE = (
-    "Mosquitto not found: using the embedded pure-Python broker (amqtt), about 7x slower "
-    "than Mosquitto on weight transfers (scripts/bench_transport.py); TLS and ACLs need "
-    "Mosquitto (Debian/Ubuntu: apt-get install -y mosquitto)"
+    "Mosquitto not found: using the embedded pure-Python broker (amqtt), about 5x slower "
+    "than Mosquitto on weight transfers (scripts/bench_transport.py --embedded); TLS and "
+    "ACLs need Mosquitto (Debian/Ubuntu: apt-get install -y mosquitto)"
 )
 
 
