@@ -258,7 +258,7 @@ def test_swarm_across_three_network_namespaces(tmp_path):
         )
         procs.append(broker)
         ready = broker.wait_for(
-            rf"broker ({re.escape(h0)}:\d+) announced for swarm {swarm}", BROKER_READY_S
+            rf"broker \w+ on ({re.escape(h0)}:\d+) announced for swarm {swarm}", BROKER_READY_S
         )
         assert ready, f"the broker did not come up in {BROKER_READY_S:g} s\n{broker.tail()}"
         broker_address = ready.group(1)
