@@ -199,13 +199,13 @@ class Dashboard:
         return _Target(cfg.name, address.host, address.port, tuple(cfg.node_ids)), ""
 
     def _retarget(self) -> None:
-        target, note = self._wanted()
+        target, self.broker_note = self._wanted()
         if target == self._target:
             return
         if self._observer is not None:
             self._observer.cancel()
             self._observer = None
-        self._target, self.broker_note, self.live = target, note, None
+        self._target, self.live = target, None
         if target is not None:
             self.live = LiveState(target.swarm, target.node_ids)
             self._observer = asyncio.create_task(

@@ -5,7 +5,8 @@
 
 (() => {
   const SVGNS = "http://www.w3.org/2000/svg";
-  const POLL_MS = 1000;
+  // ?poll=MS polls faster or slower (at least every 100 ms)
+  const POLL_MS = Math.max(100, Number(new URLSearchParams(location.search).get("poll")) || 1000);
   const GRAPH_SIZE = 600;
   const PULL_LIT_S = 3.0; // a pull event younger than this is animated when first seen
   const KNOWN_PARTS = new Set(["all", "g", "h"]);
