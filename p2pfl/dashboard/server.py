@@ -28,6 +28,7 @@ import contextlib
 import ipaddress
 import json
 import logging
+import os
 import signal
 import threading
 from collections.abc import Callable
@@ -147,8 +148,9 @@ class Dashboard:
                 self._client, self.host, self.port, limit=MAX_REQUEST_BYTES
             )
         except OSError as exc:
+            why = os.strerror(exc.errno) if exc.errno else str(exc)
             raise DashboardError(
-                f"dashboard: cannot listen on {self.host}:{self.port}: {exc.strerror or exc}"
+                f"dashboard: cannot listen on {self.host}:{self.port}: {why}"
             ) from None
         self.port = self._server.sockets[0].getsockname()[1]
         self._watcher = asyncio.create_task(self._watch(), name="dashboard-watch")

@@ -3,7 +3,8 @@ merged into the JSON object ``/api/state`` returns (and the page draws).
 
 A node's state, first match wins:
 
-1. its presence is ``done``, or ``offline`` after recording the last round: ``done``;
+1. its presence is ``done``, or ``offline`` after the last round (its records or its
+   presence's ``round`` say so): ``done``;
 2. its presence is ``offline``: ``offline``;
 3. its presence is ``online``: its latest phase (``training``, ``waiting``,
    ``aggregating``, ``evaluating``), or ``online`` before the first;
@@ -67,7 +68,8 @@ def node_state(run: RunState, live: LiveState | None, node_id: str) -> str:
     complete = rounds > 0 and run.last_round(node_id) >= rounds
     pres = live.presence.get(node_id) if live is not None else None
     if pres is not None:
-        if pres.status == "done" or (pres.status == "offline" and complete):
+        finished = complete or (rounds > 0 and (pres.round or 0) >= rounds)
+        if pres.status == "done" or (pres.status == "offline" and finished):
             return "done"
         if pres.status == "offline":
             return "offline"

@@ -64,7 +64,7 @@ def test_page_follows_a_running_swarm(tmp_path):
         "--no-progress",
         "--dashboard-keep",
         "--set",
-        "dataset.synthetic_train=4000",  # rounds long enough to watch the curve grow
+        "dataset.synthetic_train=1600",  # rounds long enough to watch the curve grow
         "--set",
         "timing.linger_s=2",
     ]

@@ -158,6 +158,9 @@ def test_snapshot_states_from_presence_and_phases(tmp_path):
     }
     live.phases = {"b": Phase("aggregating", 2, 0.0)}
     assert [node_state(state, live, n) for n in ids] == ["done", "aggregating", "online", "offline"]
+    # gone after announcing its last round, before its record was read: done as well
+    live.presence["d"] = Presence("offline", 2, 0.0)
+    assert node_state(state, live, "d") == "done"
 
 
 def test_centralized_aggregators_and_uapdfl_decisions(tmp_path):

@@ -97,6 +97,7 @@
     const aggs = state.aggregators || [];
     const aggLast = aggs.length ? aggs[aggs.length - 1].node : null;
     const agg = state.kind === "centralized" ? aggNow || aggLast : null;
+    $("legend-agg").hidden = state.kind !== "centralized";
     for (const n of state.nodes) {
       const g = document.querySelector(`#g-nodes [data-node="${CSS.escape(n.id)}"]`);
       if (!g) continue;
