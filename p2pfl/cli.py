@@ -123,6 +123,7 @@ def cmd_swarm(args: argparse.Namespace) -> int:
     # also when started with SIGINT ignored (a background job of a script): Ctrl-C, or a
     # SIGINT from a supervisor, must still stop everything this launcher started
     signal.signal(signal.SIGINT, on_term)
+    dash = _swarm_dashboard(args, out)  # --dashboard: run_swarm's on_start starts it
     code, _ = run_swarm(
         cfg,
         out,
@@ -134,8 +135,50 @@ def cmd_swarm(args: argparse.Namespace) -> int:
         console=console,
         timeout_s=args.timeout,
         tracker=args.tracker,
+        on_start=dash.start if dash is not None else None,
     )
+    if dash is not None:
+        dash.finish(code)  # stops it; --dashboard-keep: serves until Ctrl-C first
     return code
+
+
+def _swarm_dashboard(args: argparse.Namespace, out: Path):
+    """The dashboard ``p2pfl swarm --dashboard`` asks for (None without the flag)."""
+    if not (args.dashboard or args.dashboard_keep):
+        return None
+    from p2pfl.dashboard.server import SwarmDashboard
+
+    return SwarmDashboard(
+        out, args.dashboard_host, args.dashboard_port, keep=args.dashboard_keep, console=console
+    )
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    """Serve a run directory's live dashboard until Ctrl-C."""
+    from p2pfl.dashboard.server import AUTO, run_dashboard
+
+    run = Path(args.run_dir)
+    if not run.is_dir():
+        console.print(f"[red]error[/] {run}: not a directory", highlight=False)
+        return 2
+    return run_dashboard(
+        run,
+        host=args.host,
+        port=args.port,
+        broker=None if args.no_broker else (args.broker or AUTO),
+        announce=lambda url: console.print(f"dashboard {url} (Ctrl-C to stop)", highlight=False),
+    )
+
+
+def _broker_address(text: str) -> BrokerAddress:
+    """``--broker HOST:PORT`` of ``p2pfl dashboard``."""
+    try:
+        address = BrokerAddress.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if address.mdns:
+        raise argparse.ArgumentTypeError("give HOST:PORT (the dashboard does not browse mDNS)")
+    return address
 
 
 def cmd_node(args: argparse.Namespace) -> int:
@@ -378,6 +421,20 @@ def build_parser() -> argparse.ArgumentParser:
         choices=TRACKERS,
         help="also log per-node and mean metrics to TensorBoard or MLflow (optional extras)",
     )
+    sp.add_argument(
+        "--dashboard",
+        action="store_true",
+        help="serve a live web dashboard of the run while it runs (it stops with the swarm)",
+    )
+    sp.add_argument(
+        "--dashboard-keep",
+        action="store_true",
+        help="--dashboard, and keep serving after the swarm finished, until Ctrl-C",
+    )
+    sp.add_argument("--dashboard-host", default="127.0.0.1", help="dashboard address (127.0.0.1)")
+    sp.add_argument(
+        "--dashboard-port", type=int, default=0, help="dashboard port (default 0: a free one)"
+    )
     sp.set_defaults(func=cmd_swarm)
 
     sp = sub.add_parser("node", help="run one node daemon (or several) in the foreground")
@@ -464,6 +521,21 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--tracker", choices=TRACKERS, required=True)
     sp.add_argument("-v", "--verbose", action="store_true")
     sp.set_defaults(func=cmd_track)
+
+    sp = sub.add_parser(
+        "dashboard", help="serve the live web dashboard of a run directory (running or finished)"
+    )
+    sp.add_argument("run_dir")
+    sp.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    sp.add_argument("--port", type=int, default=0, help="port (default 0: a free one)")
+    sp.add_argument(
+        "--broker",
+        type=_broker_address,
+        help="observe this broker (default: the one the run's config.yaml records)",
+    )
+    sp.add_argument("--no-broker", action="store_true", help="show the records only")
+    sp.add_argument("-v", "--verbose", action="store_true")
+    sp.set_defaults(func=cmd_dashboard)
 
     sp = sub.add_parser("summarize", help="(re)write summary.json of a run directory")
     sp.add_argument("run_dir")

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -214,10 +215,13 @@ def run_swarm(
     console: Console | None = None,
     timeout_s: float | None = None,
     tracker: str | None = None,
+    on_start: Callable[[TopologyConfig], None] | None = None,
 ) -> tuple[int, dict[str, Any]]:
     """Run a whole swarm to completion; returns (exit code, summary). Without ``broker`` it
     starts its own, of ``broker_kind`` (:func:`p2pfl.launch.broker.make_broker`).
-    ``tracker``: feed the records to it as they come (:mod:`p2pfl.launch.tracker`)."""
+    ``tracker``: feed the records to it as they come (:mod:`p2pfl.launch.tracker`).
+    ``on_start`` is called with the resolved config once the run's ``config.yaml`` is
+    written, before the nodes start (``--dashboard`` starts there)."""
     console = console or Console()
     out_dir = Path(out_dir)
     tracking = open_tracking(tracker, cfg, out_dir, console)  # before anything starts
@@ -254,6 +258,8 @@ def run_swarm(
             cfg = cfg.model_copy(update={"dataset": cfg.dataset.model_copy(update={"root": root})})
         config_path = out_dir / "config.yaml"
         write_text_atomic(config_path, dump_topology(cfg))
+        if on_start is not None:
+            on_start(cfg)
         per_process = nodes_per_process or auto_per_process(len(cfg.node_ids))
         groups = group_ids(cfg.node_ids, max(1, per_process))
         workers = [spawn_worker(config_path, ids, str(broker), out_dir, verbose) for ids in groups]

@@ -37,6 +37,10 @@ A member that starts while the swarm is past round 1 (its peers' presence says s
 an announcement left out of the next roster, *observes*: it waits for the next announcement,
 pulls what any non-uploader receives (:attr:`Aggregate.common`) from that aggregator, and is
 in the roster of the round after.
+
+Each step is told to observers (:meth:`NodeServices.publish_status`): ``training``,
+``waiting`` (for an aggregator or an announcement), ``aggregating`` (the aggregator's side),
+``evaluating``, and each pull that arrived.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ from p2pfl.learning.state import State, layout_mismatch
 from p2pfl.learning.train import round_lr
 from p2pfl.node.election import succession
 from p2pfl.node.services import NodeServices
+from p2pfl.wire.codec import state_nbytes
 from p2pfl.wire.envelope import Envelope
 from p2pfl.wire.transfers import PreparedState
 from p2pfl.wire.transport import TransportError
@@ -317,6 +322,7 @@ class CentralizedRounds:
         t0 = time.monotonic()
         expected = [p for p in plan.participants if p != self.id]
         log.info("%s: aggregating round %d attempt %d", self.id, r, attempt)
+        svc.publish_status(r, "aggregating")
 
         def ready() -> bool:
             got = self._reports.get((r, attempt), {})
@@ -418,6 +424,7 @@ class CentralizedRounds:
             )
         except TransportError as exc:
             return None, str(exc)
+        self.services.publish_status(round_no, pull=(aggregator, "result", state_nbytes(state)))
         return state, None
 
     async def _settle(
@@ -475,6 +482,7 @@ class CentralizedRounds:
                 failovers.append({"attempt": attempt, "aggregator": agg, "why": "offline"})
                 attempt += 1
                 continue
+            svc.publish_status(r, "waiting")  # for this attempt's aggregator
             if own is not None:
                 try:
                     await self.tr.send(agg, "report", r, own, attempt=attempt)
@@ -565,6 +573,7 @@ class CentralizedRounds:
             participated = self.id in plan.participants
             own = None
             if participated:
+                svc.publish_status(r, "training")
                 result = (await svc.train(r)).result  # after_train's facts are not recorded
                 train_s = result.seconds
                 self._uploads[r] = await asyncio.to_thread(alg.upload)
@@ -574,6 +583,7 @@ class CentralizedRounds:
             settled = await self._settle(plan, participated, own)
         else:
             t_comm = time.monotonic()
+            svc.publish_status(after + 1, "waiting")  # for the next announcement
             settled = await self._observe(after)
             if settled is None:
                 raise TimeoutError(f"no announcement heard after round {after}")
@@ -590,6 +600,7 @@ class CentralizedRounds:
                 settled["received"] = None
                 facts = {"apply_error": str(exc)}
         self.applied = r
+        svc.publish_status(r, "evaluating")
         acc, test_loss = await svc.evaluate()
         announcement = settled.pop("announcement")
         received = settled.pop("received")

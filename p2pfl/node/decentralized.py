@@ -13,6 +13,9 @@ One round ``r`` of node ``i``:
    once, and merge what arrived (:meth:`DecentralizedAlgorithm.merge`);
 5. (the other methods) train; then evaluate and record.
 
+Each step is told to observers (:meth:`NodeServices.publish_status`): ``training``,
+``waiting`` (gossip), ``aggregating`` (pulls and merge), ``evaluating``.
+
 Peers serve pulls from their snapshot of the round named in the request (the last
 ``SNAPSHOTS_KEPT`` rounds are kept). A neighbour that comes online after this round's gossip
 went out is sent it again. A node whose neighbours are already under way when it starts
@@ -155,8 +158,10 @@ class DecentralizedRounds:
             del self._gossip[old]
         trained: TrainOutcome | None = None
         if alg.exchange_after_training:  # peers pull what this node just trained
+            svc.publish_status(round_no, "training")
             trained = await svc.train(round_no)
         t_comm = time.monotonic()
+        svc.publish_status(round_no, "waiting")
         self._keep_snapshot(round_no, alg.snapshot())
         chosen = await self._publish_gossip(round_no)
         deadline = t_comm + svc.cfg.timing.round_timeout_s
@@ -169,12 +174,15 @@ class DecentralizedRounds:
         heard = self._gossip.get(round_no, {})
         got = {p: heard[p] for p in chosen if p in heard}
         plan, facts = alg.plan(got)
+        svc.publish_status(round_no, "aggregating")
         timeout = max(0.1, deadline - time.monotonic())
         pulled, failed = await svc.pull_many(plan, round_no, timeout)
         comm_s = time.monotonic() - t_comm
         merged = await asyncio.to_thread(alg.merge, got, pulled)
         if trained is None:
+            svc.publish_status(round_no, "training")
             trained = await svc.train(round_no)
+        svc.publish_status(round_no, "evaluating")
         acc, test_loss = await svc.evaluate()
         result = trained.result
         return {

@@ -15,7 +15,9 @@ the parts every round has (docs/architecture.md, "Node services"):
   once, refusing a pull, counting a dropped message;
 - **learning**: one round of local training and one evaluation, in worker threads;
 - **records**: the byte, time and outage meter of a round, and writing the round's record
-  and the node's checkpoint (docs/architecture.md, "Checkpoints and resume").
+  and the node's checkpoint (docs/architecture.md, "Checkpoints and resume");
+- **live status**: :meth:`NodeServices.publish_status`, the phase a round is in and each
+  pull that arrived, for observers such as the dashboard (docs/wire.md, "Status telemetry").
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from p2pfl.metrics import RecordLog, node_log_path
 from p2pfl.node.checkpoint import Checkpoint, checkpoint_path, save_checkpoint
 from p2pfl.wire.codec import state_nbytes
 from p2pfl.wire.envelope import Envelope
+from p2pfl.wire.status import phase_body, pull_body
 from p2pfl.wire.transfers import PreparedState
 from p2pfl.wire.transport import Transport, TransportError
 
@@ -151,6 +154,7 @@ class NodeServices:
         self._changed = asyncio.Event()
         self._meter: RoundMeter | None = None  # the latest round's
         self._offline_mark = 0.0  # broker outage seconds already in a record
+        self._status_tasks: set[asyncio.Task] = set()  # status publishes in flight
 
     # ------------------------------------------------------------------ presence view
     def status(self, peer: str) -> str:
@@ -227,12 +231,15 @@ class NodeServices:
         self, parts: dict[str, str], round_no: int, timeout: float, *, attempt: int = 0
     ) -> tuple[dict[str, State], dict[str, str]]:
         """Pull ``parts[peer]`` of round ``round_no`` from every peer at once; returns the
-        states that arrived and, for the others, why not."""
+        states that arrived and, for the others, why not. Each pull that arrives is told to
+        observers (:meth:`publish_status`)."""
 
         async def one(peer: str) -> State:
-            return await self.transport.pull(
+            state = await self.transport.pull(
                 peer, round_no, parts[peer], timeout, attempt=attempt, max_bytes=self.pull_limit
             )
+            self.publish_status(round_no, pull=(peer, parts[peer], state_nbytes(state)))
+            return state
 
         peers = sorted(parts)
         results = await asyncio.gather(*(one(p) for p in peers), return_exceptions=True)
@@ -264,6 +271,38 @@ class NodeServices:
     def dropped_total(self) -> int:
         """Messages dropped so far, for every reason."""
         return sum(self.transport.dropped.values())
+
+    # ------------------------------------------------------------------ live status
+    def publish_status(
+        self,
+        round_no: int,
+        phase: str | None = None,
+        *,
+        pull: tuple[str, str, int] | None = None,
+    ) -> None:
+        """Tell observers (docs/wire.md, "Status telemetry") that round ``round_no`` enters
+        ``phase`` (``training``, ``waiting``, ``aggregating``, ``evaluating``), or that a
+        pull ``(peer, part, bytes)`` arrived. Fire and forget: the publish runs in the
+        background, QoS 0, and is skipped while the broker is away; a failure is logged at
+        debug level and never reaches the round."""
+        try:
+            if pull is not None:
+                body = pull_body(*pull)
+            elif phase is not None:
+                body = phase_body(phase)
+            else:
+                return
+            task = asyncio.ensure_future(self.transport.publish_status(round_no, body))
+        except Exception as exc:  # telemetry must never break a round
+            log.debug("%s: status not published: %r", self.id, exc)
+            return
+        self._status_tasks.add(task)
+        task.add_done_callback(self._status_done)
+
+    def _status_done(self, task: asyncio.Task) -> None:
+        self._status_tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.debug("%s: status not published: %r", self.id, task.exception())
 
     # ------------------------------------------------------------------ learning
     async def train(self, round_no: int) -> TrainOutcome:

@@ -154,9 +154,11 @@ def _san(host: str) -> x509.GeneralName:
 
 def mosquitto_acl(swarm: str | None) -> str:
     """ACL for a TLS listener with ``use_identity_as_username``: ``%u`` is the client's
-    certificate CN, i.e. its node id. Each node writes only its own presence and gossip
-    topics and reads only its own inbox; any member may write any inbox (requests and
-    replies), where signatures say who really sent what. ``swarm=None``: every swarm."""
+    certificate CN, i.e. its node id. Each node writes only its own presence, gossip and
+    status topics and reads only its own inbox; any member may write any inbox (requests
+    and replies), where signatures say who really sent what. Status telemetry (docs/wire.md,
+    "Status telemetry") is readable by any client with a swarm certificate, for observers.
+    ``swarm=None``: every swarm."""
     s = swarm or "+"
     return "\n".join(
         [
@@ -167,6 +169,8 @@ def mosquitto_acl(swarm: str | None) -> str:
             f"pattern read p2pfl/{s}/gossip/+",
             f"pattern read p2pfl/{s}/inbox/%u",
             f"pattern write p2pfl/{s}/inbox/+",
+            f"pattern write p2pfl/{s}/status/%u",
+            f"pattern read p2pfl/{s}/status/+",
             "",
         ]
     )

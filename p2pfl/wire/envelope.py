@@ -19,7 +19,17 @@ from p2pfl import PROTOCOL_VERSION
 from p2pfl.wire.codec import CodecError, decode, encode
 
 KINDS = frozenset(
-    {"presence", "gossip", "announce", "pull", "report", "xfer_meta", "xfer_chunk", "pull_error"}
+    {
+        "presence",
+        "gossip",
+        "announce",
+        "pull",
+        "report",
+        "xfer_meta",
+        "xfer_chunk",
+        "pull_error",
+        "status",  # telemetry for observers (p2pfl.wire.status); no node handles it
+    }
 )
 GOSSIP_KINDS = frozenset({"gossip", "announce"})  # broadcast on a node's gossip topic
 INBOX_KINDS = frozenset({"report"})  # small messages handed to ``on_inbox``

@@ -5,7 +5,9 @@ Topics live under ``p2pfl/<swarm>/`` (docs/wire.md, "Topics"):
 - ``presence/<id>``: retained ``{status, ...}``; the MQTT Last Will sets ``offline``;
 - ``gossip/<id>``: small per-round messages (representations) for the neighbours;
 - ``inbox/<id>``: requests (``pull``) and replies (``xfer_meta``, ``xfer_chunk``,
-  ``pull_error``) addressed to one node.
+  ``pull_error``) addressed to one node;
+- ``status/<id>``: live telemetry for observers (:meth:`Transport.publish_status`), which
+  no node subscribes to.
 
 Every message is an :class:`~p2pfl.wire.envelope.Envelope` — swarm, sender, round, kind, id,
 body — packed with :mod:`p2pfl.wire.codec`. Anything oversized, undecodable, from another swarm, of an unknown kind,
@@ -325,6 +327,21 @@ class Transport:
         self.status = status
         self.presence_info.update(info)
         await self._publish_presence()
+
+    async def publish_status(self, round_no: int, body: dict[str, Any]) -> None:
+        """Publish a telemetry ``status`` (:mod:`p2pfl.wire.status`) on this node's status
+        topic: QoS 0, not retained, and only when connected (it never waits for the broker;
+        disconnected, it is dropped). It is not counted in :attr:`stats`: records measure
+        the protocol's cost, and observers are not part of it."""
+        client = self._client
+        if client is None or not self._connected.is_set():
+            return
+        topic = self.topic("status", self.node_id)
+        payload = self._envelope("status", round_no, body).pack(self._signer(topic))
+        try:
+            await client.publish(topic, payload, qos=0)
+        except aiomqtt.MqttError as exc:
+            raise TransportError(f"{self.node_id}: status not published: {exc}") from exc
 
     def _envelope(
         self, kind: str, round_no: int, body: Any, mid: str | None = None, attempt: int = 0

@@ -68,6 +68,7 @@ def test_certs_layout_private_keys_and_extension(certs, tmp_path):
     for nid in MEMBERS:
         assert stat.S_IMODE(os.stat(certs.node_key(nid)).st_mode) == 0o600
     assert "pattern write p2pfl/sec/gossip/%u" in certs.acl.read_text()
+    assert "pattern write p2pfl/sec/status/%u" in certs.acl.read_text()
     # extending signs the newcomer with the same CA and keeps existing identities
     before = certs.node_cert("n0").read_bytes()
     ca_before = certs.ca_cert.read_bytes()

@@ -1,0 +1,280 @@
+"""The run directory as the dashboard reads it, while the run writes it (layout:
+:mod:`p2pfl.metrics`).
+
+:class:`JsonlTail` reads one node's ``nodes/<id>.jsonl`` incrementally: each poll reads only
+the bytes appended since the last one, keeps a last line without its newline until it is
+complete (a record being written), skips and counts a malformed line, and starts over when
+the file is truncated or replaced (a new run into the same directory).
+
+:class:`RunState` holds the run: the topology from ``config.yaml`` (reloaded when the file
+changes), every node's records (only the fields the page shows, :data:`KEPT_FIELDS`) and
+``summary.json``. The files are the run's own but may be hand-edited or from another
+version: nothing in them is assumed well-formed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from p2pfl.config.load import load_yaml
+from p2pfl.config.schema import BrokerAddress, TopologyConfig
+from p2pfl.errors import P2PFLError
+
+log = logging.getLogger(__name__)
+
+# what the dashboard shows of a round record (p2pfl/node/decentralized.py and
+# p2pfl/node/centralized.py write them); the rest is dropped to bound memory
+KEPT_FIELDS = (
+    "round",
+    "test_acc",
+    "bytes_sent",
+    "bytes_recv",
+    "round_s",
+    "t",
+    "peers",
+    "chosen",
+    "pulled",
+    "dropout",
+    "dropout_peer",
+    "h_peers",
+    "merged_from",
+    "aggregator",
+    "attempt",
+    "observer",
+    "caught_up_from",
+)
+MAX_LINE_BYTES = 1 << 20  # a longer "line" is not a record of ours: skipped
+READ_CHUNK = 8 << 20  # at most this much of one file per poll
+
+
+@dataclass
+class JsonlTail:
+    """The complete JSON-object lines appended to ``path`` since the last :meth:`poll`."""
+
+    path: Path
+    max_line: int = MAX_LINE_BYTES
+    offset: int = 0
+    malformed: int = 0  # complete lines that were not a JSON object, skipped
+    _inode: int | None = None
+    _partial: bytes = b""
+    _skipping: bool = False  # inside an overlong line: drop bytes up to its newline
+
+    def _restart(self, inode: int | None) -> None:
+        self.offset, self._partial, self._skipping, self._inode = 0, b"", False, inode
+
+    def poll(self) -> tuple[list[dict[str, Any]], bool]:
+        """``(new records, reset)``: ``reset`` is True when the file was truncated, replaced
+        or removed since the last poll, and the records start from its beginning again."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            reset = self._inode is not None
+            self._restart(None)
+            return [], reset
+        reset = False
+        if self._inode is not None and (st.st_ino != self._inode or st.st_size < self.offset):
+            reset = True
+        if reset or self._inode is None:
+            self._restart(st.st_ino)
+        if st.st_size == self.offset:
+            return [], reset
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read(min(st.st_size - self.offset, READ_CHUNK))
+        except OSError as exc:
+            log.debug("%s: not read: %s", self.path, exc)
+            return [], reset
+        self.offset += len(data)
+        return self._lines(data), reset
+
+    def _lines(self, data: bytes) -> list[dict[str, Any]]:
+        out = []
+        *complete, rest = (self._partial + data).split(b"\n")
+        for line in complete:
+            if self._skipping:  # the end of an overlong line
+                self._skipping = False
+                continue
+            if not line.strip():
+                continue
+            rec = _parse(line) if len(line) <= self.max_line else None
+            if rec is None:
+                self.malformed += 1
+            else:
+                out.append(rec)
+        if len(rest) > self.max_line:
+            if not self._skipping:
+                self.malformed += 1
+            self._skipping, rest = True, b""
+        self._partial = rest
+        return out
+
+
+def _parse(line: bytes) -> dict[str, Any] | None:
+    try:
+        rec = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def _round_of(rec: dict[str, Any]) -> int | None:
+    r = rec.get("round")
+    return r if isinstance(r, int) and not isinstance(r, bool) and r >= 0 else None
+
+
+def finite(value: Any) -> float | None:
+    """``value`` as a float when it is a finite number (not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+@dataclass
+class _FileMark:
+    """What a whole-file read saw (to re-read only when the file changes)."""
+
+    inode: int = -1
+    mtime_ns: int = -1
+    size: int = -1
+
+    @classmethod
+    def of(cls, path: Path) -> _FileMark | None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return cls(st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+@dataclass
+class RunState:
+    """A run directory, refreshed by :meth:`refresh` (cheap when nothing changed)."""
+
+    run_dir: Path
+    cfg: TopologyConfig | None = None
+    config_error: str | None = None
+    records: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    summary: dict[str, Any] | None = None
+    version: int = 0  # grows whenever anything above changes
+    _tails: dict[str, JsonlTail] = field(default_factory=dict)
+    _config_mark: _FileMark | None = None
+    _summary_mark: _FileMark | None = None
+
+    def __post_init__(self) -> None:
+        self.run_dir = Path(self.run_dir)
+
+    @property
+    def node_ids(self) -> list[str]:
+        return self.cfg.node_ids if self.cfg is not None else []
+
+    @property
+    def config_path(self) -> Path:
+        return self.run_dir / "config.yaml"
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run is over: ``summary.json`` (the launcher writes it last, and
+        ``p2pfl summarize`` after) is at least as new as ``config.yaml``."""
+        if self.summary is None or self._summary_mark is None or self._config_mark is None:
+            return False
+        return self._summary_mark.mtime_ns >= self._config_mark.mtime_ns
+
+    def broker(self) -> BrokerAddress | None:
+        """The broker the run's config names (None: none known, or found by mDNS)."""
+        if self.cfg is None or self.cfg.broker.mdns:
+            return None
+        return self.cfg.broker
+
+    def refresh(self) -> bool:
+        """Re-read what changed: the config, new record lines, the summary. True when
+        anything did."""
+        changed = self._refresh_config()
+        for nid in self.node_ids:
+            tail = self._tails.get(nid)
+            if tail is None:
+                tail = self._tails[nid] = JsonlTail(self.run_dir / "nodes" / f"{nid}.jsonl")
+            new, reset = tail.poll()
+            if reset and self.records.get(nid):
+                self.records[nid] = []
+                changed = True
+            if new:
+                kept = [
+                    {k: rec[k] for k in KEPT_FIELDS if k in rec}
+                    for rec in new
+                    if _round_of(rec) is not None
+                ]
+                self.records.setdefault(nid, []).extend(kept)
+                changed = changed or bool(kept)
+        changed = self._refresh_summary() or changed
+        if changed:
+            self.version += 1
+        return changed
+
+    def _refresh_config(self) -> bool:
+        mark = _FileMark.of(self.config_path)
+        if mark == self._config_mark:
+            return False
+        self._config_mark = mark
+        if mark is None:
+            had = self.cfg is not None
+            self.cfg, self.config_error = None, "waiting for config.yaml"
+            return had
+        try:
+            cfg = TopologyConfig.model_validate(load_yaml(self.config_path))
+        except (P2PFLError, ValidationError, ValueError) as exc:
+            self.config_error = f"config.yaml: {str(exc).splitlines()[0][:300]}"
+            return True
+        if self.cfg is None or cfg.node_ids != self.cfg.node_ids:
+            self.records, self._tails = {}, {}
+        self.cfg, self.config_error = cfg, None
+        return True
+
+    def _refresh_summary(self) -> bool:
+        path = self.run_dir / "summary.json"
+        mark = _FileMark.of(path)
+        if mark == self._summary_mark:
+            return False
+        self._summary_mark = mark
+        summary = None
+        if mark is not None:
+            try:
+                loaded = json.loads(path.read_text())
+            except (OSError, ValueError):
+                loaded = None
+            summary = loaded if isinstance(loaded, dict) else None
+        self.summary = summary
+        return True
+
+    def last_round(self, node_id: str) -> int:
+        """The latest round ``node_id`` recorded (0: none)."""
+        rounds = [_round_of(r) or 0 for r in self.records.get(node_id, [])]
+        return max(rounds, default=0)
+
+    def mean_by_round(self, key: str) -> list[tuple[int, float]]:
+        """``[(round, mean of key over the nodes that recorded that round)]``, rounds in
+        order; records whose value is not a finite number are left out."""
+        sums: dict[int, list[float]] = {}
+        for recs in self.records.values():
+            for rec in recs:
+                r, v = _round_of(rec), finite(rec.get(key))
+                if r is not None and v is not None:
+                    sums.setdefault(r, []).append(v)
+        return [(r, sum(vs) / len(vs)) for r, vs in sorted(sums.items())]
+
+    def series(self, node_id: str, key: str) -> list[tuple[int, float]]:
+        """``[(round, value)]`` of one node, in record order, finite numbers only."""
+        out = []
+        for rec in self.records.get(node_id, []):
+            r, v = _round_of(rec), finite(rec.get(key))
+            if r is not None and v is not None:
+                out.append((r, v))
+        return out
