@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import socket
 import ssl
 import struct
 from dataclasses import dataclass
@@ -58,6 +59,16 @@ class DirectLane:
     server_tls: ssl.SSLContext | None = None
     client_tls: ssl.SSLContext | None = None
     connect_timeout: float = CONNECT_TIMEOUT_S
+
+
+def local_address(peer_host: str, peer_port: int = 9) -> str:
+    """This host's address on the route to ``peer_host`` (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((peer_host, peer_port))
+            return s.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
 
 
 def frame(payload: bytes) -> bytes:
@@ -195,8 +206,6 @@ async def connect(
         raise DirectUnreachable(f"{host}:{port}: {exc or type(exc).__name__}") from None
     sock = transport.get_extra_info("socket")
     if sock is not None:
-        import socket
-
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return transport, receiver  # type: ignore[return-value]
 
