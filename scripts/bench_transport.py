@@ -7,8 +7,14 @@
    it with :meth:`p2pfl.wire.transport.Transport.pull` (request, metadata, 1 MiB chunks,
    reassembly, digest check, tensors) and times it end to end.
 
+3. lanes (docs/wire.md, "Direct lane"), interleaved run by run: raw loopback TCP (a
+   process writes the state's byte count on a socket, this process reads it into one
+   buffer), the p2pfl pull over the direct lane (same serving process; request, metadata,
+   digest, tensors) and the same pull over the MQTT lane.
+
 Prints a table and writes ``raw_MBps``, ``p2pfl_MBps`` and ``ratio`` (plus details) to
-``--json``. Target: p2pfl ≥ 50% of raw.
+``--json``, and ``tcp_MBps``, ``direct_MBps``, ``mqtt_MBps`` with ``direct_over_tcp`` and
+``mqtt_over_tcp``. Targets: p2pfl ≥ 50% of raw MQTT; the direct lane ≥ 80% of raw TCP.
 
 ``--security`` measures the cost of the security options (docs/wire.md, "Security") in the
 same run: a second, TLS-only Mosquitto (client certificates, per-node ACL) from a throwaway
@@ -141,6 +147,7 @@ class Mode:
     name: str
     tls: bool = False
     sign: bool = False
+    direct: bool = False  # serve (server) / use (client) the direct lane
 
 
 MODES = (Mode("off"), Mode("sign", sign=True), Mode("tls", tls=True), Mode("tls+sign", True, True))
@@ -149,11 +156,15 @@ IDS = ["server", "client", "raw-pub", "raw-sub"]
 
 def _transport(node_id: str, host: str, port: int, mode: Mode, certs: str | None):
     from p2pfl.security.signing import MessageSecurity
+    from p2pfl.wire.direct import DirectLane
     from p2pfl.wire.transport import Transport
 
     security = MessageSecurity.from_certs(certs, node_id, IDS) if mode.sign else None
     tls = _tls(certs, node_id) if mode.tls else None
-    return Transport(SWARM, node_id, host, port, security=security, tls_context=tls)
+    lane = DirectLane() if mode.direct else None
+    return Transport(
+        SWARM, node_id, host, port, security=security, tls_context=tls, direct_lane=lane
+    )
 
 
 async def _server(
@@ -203,6 +214,104 @@ async def p2pfl_pulls(
         stop.set()
         proc.join(10)
     return speeds, nbytes
+
+
+# ----------------------------------------------------------------------------- lanes
+
+
+async def _tcp_sender(nbytes: int, port_q: mp.Queue, stop: mp.Event) -> None:
+    from p2pfl.wire.direct import send_buffer
+
+    buf = memoryview(bytearray(b"\x5a" * nbytes))
+
+    async def handle(reader, writer):
+        writer.get_extra_info("socket").setsockopt(*NODELAY)
+        await reader.readexactly(1)  # the receiver is ready
+        await send_buffer(writer, buf)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port_q.put(server.sockets[0].getsockname()[1])
+    while not stop.is_set():
+        await asyncio.sleep(0.1)
+
+
+def tcp_sender_main(nbytes, port_q, stop):
+    _run(_tcp_sender(nbytes, port_q, stop))
+
+
+async def tcp_once(port: int, nbytes: int) -> float:
+    """Raw TCP: connect, then read ``nbytes`` into one buffer in the direct lane's slices."""
+    import numpy as np
+
+    from p2pfl.wire import direct
+
+    buf = memoryview(np.empty(nbytes, dtype=np.uint8)).cast("B")
+    t0 = time.perf_counter()
+    conn, rx = await direct.connect("127.0.0.1", port, None, 5)
+    conn.write(b"!")
+    for start in range(0, nbytes, direct.SLICE_BYTES):
+        await rx.read_into(buf[start : start + direct.SLICE_BYTES])
+    dt = time.perf_counter() - t0
+    conn.close()
+    return nbytes / dt / 1e6
+
+
+async def bench_lanes(repeats: int) -> dict:
+    """Raw TCP, the direct-lane pull and the MQTT-lane pull of the ResNet18 state,
+    interleaved (one warm-up round discarded): one serving node process with the direct
+    lane; a client with the lane pulls directly, one without it over MQTT."""
+    from p2pfl.wire.codec import state_nbytes
+    from p2pfl.wire.transfers import PreparedState
+
+    nbytes = len(PreparedState.from_state(resnet18_state()).buf)
+    ctx = mp.get_context("spawn")
+    ready, stop, port_q = ctx.Event(), ctx.Event(), ctx.Queue()
+    runs: dict[str, list[float]] = {"tcp": [], "direct": [], "mqtt": []}
+    with MosquittoBroker(max_packet_mb=8) as broker:
+        procs = [
+            ctx.Process(
+                target=server_main,
+                args=(broker.host, broker.port, ready, stop, Mode("direct", direct=True)),
+            ),
+            ctx.Process(target=tcp_sender_main, args=(nbytes, port_q, stop)),
+        ]
+        for proc in procs:
+            proc.start()
+        try:
+            tcp_port = port_q.get(timeout=60)
+            while not ready.is_set():
+                await asyncio.sleep(0.1)
+            on_direct = _transport("client", broker.host, broker.port, Mode("d", direct=True), None)
+            on_mqtt = _transport("client-mqtt", broker.host, broker.port, Mode("m"), None)
+            async with on_direct, on_mqtt:
+                while "direct" not in on_direct.peers.get("server", {}):
+                    await asyncio.sleep(0.05)
+                for i in range(repeats + 1):
+                    speeds = {"tcp": await tcp_once(tcp_port, nbytes)}
+                    for lane, t in (("direct", on_direct), ("mqtt", on_mqtt)):
+                        t0 = time.perf_counter()
+                        state = await t.pull("server", i, "all", timeout=120)
+                        speeds[lane] = state_nbytes(state) / (time.perf_counter() - t0) / 1e6
+                        assert t.pull_lanes[-1] == ("server", lane), t.pull_lanes[-1]
+                    if i:
+                        for lane, v in speeds.items():
+                            runs[lane].append(v)
+        finally:
+            stop.set()
+            for proc in procs:
+                proc.join(10)
+    med = {lane: statistics.median(v) for lane, v in runs.items()}
+    return {
+        "tcp_MBps": med["tcp"],
+        "direct_MBps": med["direct"],
+        "mqtt_MBps": med["mqtt"],
+        "direct_over_tcp": med["direct"] / med["tcp"],
+        "mqtt_over_tcp": med["mqtt"] / med["tcp"],
+        "lane_runs_MBps": runs,
+        "lane_bytes": nbytes,
+    }
 
 
 async def bench_security(repeats: int, raw_mb: int) -> dict:
@@ -270,6 +379,7 @@ async def bench(repeats: int, raw_mb: int, security: bool = False, embedded: boo
         pulls, nbytes = await p2pfl_pulls(broker.host, broker.port, repeats + 1)
         pulls = pulls[1:]
         secure = await bench_security(repeats, raw_mb) if security else None
+    lanes = await bench_lanes(repeats)
     brokers = await bench_brokers(repeats, raw_mb) if embedded else None
     raw_mbps = statistics.median(raw)
     p2p_mbps = statistics.median(pulls)
@@ -287,6 +397,7 @@ async def bench(repeats: int, raw_mb: int, security: bool = False, embedded: boo
         "raw_bytes": raw_mb * MiB,
         "repeats": repeats,
         "warmup_runs_discarded": 1,
+        **lanes,
         **({"security": secure} if secure is not None else {}),
         **({"brokers": brokers} if brokers is not None else {}),
     }
@@ -330,6 +441,23 @@ def main(argv: list[str] | None = None) -> int:
         ", ".join(f"{x:.0f}" for x in res["p2pfl_runs_MBps"]),
     )
     t.add_row("ratio p2pfl / raw", f"{res['ratio']:.2f}", "target ≥ 0.50")
+    t.add_section()
+    runs = res["lane_runs_MBps"]
+    for lane, label in (
+        ("tcp", "raw loopback TCP"),
+        ("direct", "p2pfl pull, direct lane"),
+        ("mqtt", "p2pfl pull, MQTT lane"),
+    ):
+        t.add_row(
+            f"{label} ({res['lane_bytes'] / 1e6:.1f} MB)",
+            f"{res[lane + '_MBps']:.0f}",
+            ", ".join(f"{x:.0f}" for x in runs[lane]),
+        )
+    t.add_row(
+        "ratio direct / TCP, MQTT / TCP",
+        f"{res['direct_over_tcp']:.2f}, {res['mqtt_over_tcp']:.2f}",
+        "target ≥ 0.80 (direct)",
+    )
     sec = res.get("security")
     if sec is not None:
         t.add_section()

@@ -197,6 +197,22 @@ class TimingConfig(_Strict):
         return self.aggregator_timeout_s or 3 * self.round_timeout_s
 
 
+class TransferConfig(_Strict):
+    """How weights travel (docs/wire.md, "Direct lane")."""
+
+    direct: bool = Field(
+        True,
+        description="serve and pull weights straight between peers over TCP, with the "
+        "broker's MQTT lane as the fallback; false: every byte through the broker",
+    )
+    direct_host: str | None = Field(
+        None,
+        description="address the direct lane listens on and announces (default: this "
+        "host's address on the route to the broker)",
+    )
+    direct_port: int = Field(0, ge=0, lt=65536, description="its port (0: a free one)")
+
+
 class SecurityConfig(_Strict):
     """Who may join and what is trusted (docs/wire.md, "Security"). Both switches need
     ``certs``: a directory made by ``p2pfl certs`` (per device: ``certs:`` in its ``nodes/``
@@ -238,6 +254,7 @@ class TopologyConfig(_Strict):
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     timing: TimingConfig = Field(default_factory=TimingConfig)
     security: SecurityConfig = Field(default_factory=SecurityConfig)
+    transfer: TransferConfig = Field(default_factory=TransferConfig)
     nodes: list[NodeSpec]
     edges: GeneratedEdges | list[tuple[str, str]] = Field(
         default_factory=lambda: GeneratedEdges(kind="ring")

@@ -63,6 +63,8 @@ from p2pfl.node.centralized import CentralizedRounds
 from p2pfl.node.checkpoint import checkpoint_path, load_checkpoint
 from p2pfl.node.decentralized import DecentralizedRounds
 from p2pfl.node.services import NodeServices, RoundDriver
+from p2pfl.wire import direct
+from p2pfl.wire.direct import local_address
 from p2pfl.wire.transport import BrokerLostError, Transport, TransportError
 
 log = logging.getLogger(__name__)
@@ -263,18 +265,50 @@ class Node:
 
     async def _announce(self, stack: contextlib.AsyncExitStack) -> None:
         """Announce this node by mDNS (``p2pfl discover``) for as long as it runs, when it
-        talks to a broker on the LAN; nodes of a local swarm (loopback broker) do not."""
-        from p2pfl.wire.discovery import Announcer, local_address
+        talks to a broker on the LAN, with its direct lane's port; nodes of a local swarm
+        (loopback broker) do not."""
+        from p2pfl.wire.discovery import Announcer
 
         address = local_address(self.broker.host, self.broker.port)
         if address.startswith("127."):
             return
+        served = self.transport.direct_address if self.transport is not None else None
+        port = direct.parse_address(served)[1] if served else 0
         try:
             await stack.enter_async_context(
-                Announcer.node(self.id, self.cfg.name, self.cfg.algorithm.name, address)
+                Announcer.node(self.id, self.cfg.name, self.cfg.algorithm.name, address, port)
             )
         except (OSError, ValueError) as exc:  # discovery is a convenience: never fatal
             log.warning("%s: not announced by mDNS: %s", self.id, exc)
+
+    def _direct_lane(self) -> direct.DirectLane | None:
+        """The direct lane this node serves and uses (docs/wire.md, "Direct lane"), or None
+        with ``transfer.direct: false``. Under TLS it needs a node certificate that may act
+        as a server; one issued before the direct lane existed is logged and the node
+        serves and pulls over MQTT only."""
+        transfer = self.cfg.transfer
+        if not transfer.direct:
+            return None
+        host = transfer.direct_host or local_address(self.broker.host, self.broker.port)
+        server_tls = client_tls = None
+        if self.cfg.security.tls:
+            from p2pfl.security.certs import CertError
+            from p2pfl.security.signing import direct_tls_contexts
+
+            try:
+                server_tls, client_tls = direct_tls_contexts(
+                    self.opts.certs or self.cfg.security.certs, self.id
+                )
+            except CertError as exc:
+                log.warning("%s: no direct lane: %s", self.id, exc)
+                return None
+        return direct.DirectLane(
+            bind=host,
+            advertise=host,
+            port=transfer.direct_port,
+            server_tls=server_tls,
+            client_tls=client_tls,
+        )
 
     def _connect(self, signing: Any, tls: Any) -> Transport:
         """The node's transport (not connected yet), wired to the round driver."""
@@ -298,6 +332,7 @@ class Node:
             connect_timeout=min(30.0, cfg.timing.broker_timeout_s),
             security=signing,
             tls_context=tls,
+            direct_lane=self._direct_lane(),
         )
         self.services = NodeServices(
             cfg=cfg,
@@ -348,12 +383,12 @@ class Node:
 
             self.broker = await find_broker(cfg.name, cfg.timing.startup_timeout_s)
             log.info("%s: broker %s found by mDNS", self.id, self.broker)
-        await self._announce(stack)
         self._write_run_files()
         self.transport = self._connect(signing, tls)
         svc, driver = self.services, self.driver
         assert svc is not None and driver is not None
         async with self.transport:
+            await self._announce(stack)
             present = await svc.wait_for(
                 lambda: all(svc.status(p) in ("online", "done") for p in self.neighbours),
                 time.monotonic() + cfg.timing.startup_timeout_s,

@@ -104,16 +104,24 @@ class RoundMeter:
         self._recv0 = transport.stats.bytes_recv
         self._offline0 = transport.offline_seconds() if offline_from is None else offline_from
         self.offline_read: float | None = None  # the outage total at the last fields()
+        self._direct_sent0 = transport.stats.direct_bytes_sent
+        self._direct_recv0 = transport.stats.direct_bytes_recv
+        self._pulls0 = len(transport.pull_lanes)
 
     def fields(self) -> dict[str, Any]:
-        """``round_s``, ``bytes_sent``, ``bytes_recv`` and ``broker_offline_s`` (seconds
-        without a broker) of the round so far."""
+        """``round_s``, ``bytes_sent``, ``bytes_recv`` (both lanes), ``direct_bytes_sent``,
+        ``direct_bytes_recv`` (the direct lane's share), ``lanes`` (the lane of each peer's
+        pull: ``direct`` or ``mqtt``) and ``broker_offline_s`` (seconds without a broker) of
+        the round so far."""
         stats = self._transport.stats
         self.offline_read = self._transport.offline_seconds()
         return {
             "round_s": round(time.monotonic() - self.t0, 4),
             "bytes_sent": stats.bytes_sent - self._sent0,
             "bytes_recv": stats.bytes_recv - self._recv0,
+            "direct_bytes_sent": stats.direct_bytes_sent - self._direct_sent0,
+            "direct_bytes_recv": stats.direct_bytes_recv - self._direct_recv0,
+            "lanes": dict(self._transport.pull_lanes[self._pulls0 :]),
             "broker_offline_s": round(self.offline_read - self._offline0, 3),
         }
 

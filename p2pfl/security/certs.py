@@ -226,7 +226,8 @@ def make_swarm_certs(
             ca_key,
             ca_cert.subject,
             days,
-            usage=[ExtendedKeyUsageOID.CLIENT_AUTH],
+            # client: to the broker and to peers' direct lanes; server: its own direct lane
+            usage=[ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH],
         )
         _write_key(paths.node_key(nid), key)
         _write_cert(paths.node_cert(nid), cert)

@@ -35,6 +35,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from p2pfl.security.certs import (
     CertError,
@@ -244,3 +245,35 @@ def tls_context(root: str | Path, node_id: str) -> ssl.SSLContext:
     if cn != node_id:
         raise CertError(f"{paths.node_cert(node_id)}: certificate is for {cn!r}, not {node_id!r}")
     return ctx
+
+
+def direct_tls_contexts(root: str | Path, node_id: str) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """Mutual-TLS contexts for the direct lane (docs/wire.md, "Direct lane"): a server
+    context that requires a client certificate from the swarm CA, and a client context that
+    presents ``node_id``'s certificate and trusts only the swarm CA. Peers are named by
+    their certificate CN (checked by the transport), not by a hostname; certificates in
+    the swarm's CRL are refused at the handshake. A certificate issued without the
+    server-auth usage (by p2pfl before the direct lane) cannot serve it: :class:`CertError`
+    (reissue it with ``p2pfl certs``)."""
+    paths = SwarmCerts(Path(root))
+    client = tls_context(root, node_id)  # checks the files and the CN
+    cert = load_certificate(paths.node_cert(node_id))
+    try:
+        usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        usage = []
+    if ExtendedKeyUsageOID.SERVER_AUTH not in usage:
+        raise CertError(
+            f"{paths.node_cert(node_id)}: no server-auth usage, so it cannot serve the "
+            "direct lane; reissue the node certificates with p2pfl certs"
+        )
+    client.check_hostname = False  # the transport checks the peer certificate's CN
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(paths.ca_cert))
+    server.minimum_version = ssl.TLSVersion.TLSv1_2
+    server.verify_mode = ssl.CERT_REQUIRED
+    server.load_cert_chain(str(paths.node_cert(node_id)), str(paths.node_key(node_id)))
+    if paths.crl.is_file():
+        for ctx in (client, server):
+            ctx.load_verify_locations(cafile=str(paths.crl))
+            ctx.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
+    return server, client

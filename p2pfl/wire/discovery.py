@@ -34,6 +34,7 @@ from zeroconf import IPVersion, ServiceStateChange, Zeroconf
 from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
 
 from p2pfl import PROTOCOL_VERSION
+from p2pfl.wire.direct import local_address  # noqa: F401  (part of this module's API)
 
 log = logging.getLogger(__name__)
 
@@ -106,16 +107,6 @@ def default_interfaces() -> list[str] | None:
     """``$P2PFL_MDNS_INTERFACES`` (comma-separated interface addresses), else None: all."""
     raw = os.environ.get("P2PFL_MDNS_INTERFACES", "").strip()
     return [x.strip() for x in raw.split(",") if x.strip()] or None
-
-
-def local_address(peer_host: str, peer_port: int = 9) -> str:
-    """This host's address on the route to ``peer_host`` (no packet is sent)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect((peer_host, peer_port))
-            return s.getsockname()[0]
-        except OSError:
-            return "127.0.0.1"
 
 
 def _zeroconf(interfaces: list[str] | None) -> AsyncZeroconf:

@@ -52,6 +52,39 @@ class PreparedState:
         return -(-len(self.buf) // chunk)
 
 
+@dataclass(frozen=True)
+class TransferMeta:
+    """A transfer's checked metadata (``xfer_meta``)."""
+
+    total: int
+    chunk: int
+    nchunks: int
+    index: list
+    digest_name: str
+    hexdigest: str
+
+
+def check_meta(body: Any, max_bytes: int, max_message_bytes: int) -> TransferMeta:
+    """``body`` of an ``xfer_meta`` checked against the limits (before any memory is
+    allocated for the transfer); :class:`TransferError` says what is wrong."""
+    if not isinstance(body, dict):
+        raise TransferError("malformed transfer metadata")
+    total, chunk, nchunks = body.get("total"), body.get("chunk"), body.get("nchunks")
+    index, digest, expected = body.get("index"), body.get("digest"), body.get("hexdigest")
+    ints_ok = all(isinstance(v, int) and not isinstance(v, bool) for v in (total, chunk, nchunks))
+    if not ints_ok or not isinstance(index, list) or not isinstance(expected, str):
+        raise TransferError("malformed transfer metadata")
+    try:
+        new_hasher(digest if isinstance(digest, str) else "?")
+    except ValueError as exc:
+        raise TransferError(str(exc)) from None
+    if total < 0 or total > max_bytes:
+        raise TransferError(f"transfer of {total} bytes exceeds the limit of {max_bytes}")
+    if not 0 < chunk <= max_message_bytes or nchunks != -(-total // chunk):
+        raise TransferError("inconsistent chunking in transfer metadata")
+    return TransferMeta(total, chunk, nchunks, index, digest, expected)
+
+
 @dataclass
 class _Incoming:
     """A transfer being received: filled chunk by chunk into ``buf``."""
@@ -129,25 +162,14 @@ class IncomingTransfers:
         if inc is None or inc.peer != env.sender or inc.buf is not None:
             self._on_drop("unexpected_xfer_meta", env)
             return
-        total, chunk, nchunks = body.get("total"), body.get("chunk"), body.get("nchunks")
-        index, digest, expected = body.get("index"), body.get("digest"), body.get("hexdigest")
-        ints_ok = all(
-            isinstance(v, int) and not isinstance(v, bool) for v in (total, chunk, nchunks)
-        )
-        if not ints_ok or not isinstance(index, list) or not isinstance(expected, str):
-            self._fail(inc, "malformed transfer metadata")
-            return
         try:
-            inc.hasher = new_hasher(digest) if isinstance(digest, str) else new_hasher("?")
-        except ValueError as exc:
+            meta = check_meta(body, inc.max_bytes, self.max_message_bytes)
+        except TransferError as exc:
             self._fail(inc, str(exc))
             return
-        if total < 0 or total > inc.max_bytes:
-            self._fail(inc, f"transfer of {total} bytes exceeds the limit of {inc.max_bytes}")
-            return
-        if not 0 < chunk <= self.max_message_bytes or nchunks != -(-total // chunk):
-            self._fail(inc, "inconsistent chunking in transfer metadata")
-            return
+        inc.hasher = new_hasher(meta.digest_name)
+        total, chunk, nchunks = meta.total, meta.chunk, meta.nchunks
+        index, expected = meta.index, meta.hexdigest
         # uninitialised (no 47 MB memset): every byte is overwritten by a chunk before use
         inc.buf = memoryview(np.empty(total, dtype=np.uint8)).cast("B")
         inc.index, inc.digest, inc.chunk, inc.nchunks = index, expected, chunk, nchunks

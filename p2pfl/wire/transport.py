@@ -17,8 +17,12 @@ duplicated, or otherwise malformed is dropped with a log line and counted in
 Weights move on request only (:meth:`Transport.pull`): the owner answers with a metadata
 message (transfer id, total size, digest, tensor index) followed by numbered ~1 MiB chunks,
 reassembled into one preallocated buffer on the receiver and verified before use
-(:mod:`p2pfl.wire.transfers`, which reports what it rejects through :meth:`Transport.drop`). This MQTT
-lane is the seam a direct TCP lane can later sit beside without touching algorithms.
+(:mod:`p2pfl.wire.transfers`, which reports what it rejects through :meth:`Transport.drop`).
+With a :class:`~p2pfl.wire.direct.DirectLane`, a pull first goes straight to the serving
+peer over TCP (:mod:`p2pfl.wire.direct`: the same request, metadata, digest and limits,
+mutual TLS when the swarm uses TLS); the MQTT lane is the fallback when the peer announces
+no direct address or cannot be reached. :attr:`Transport.pull_lanes` says which lane each
+pull used.
 
 The client lives in a reconnect loop (aiomqtt has none of its own) that resubscribes and
 re-announces presence after every reconnect. Use as ``async with Transport(...) as t:``.
@@ -39,9 +43,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import aiomqtt
+import numpy as np
 
 from p2pfl.errors import P2PFLError
-from p2pfl.wire.codec import CodecError
+from p2pfl.wire import direct
+from p2pfl.wire.codec import CodecError, buffer_to_state
+from p2pfl.wire.digest import new_hasher
 from p2pfl.wire.envelope import GOSSIP_KINDS, INBOX_KINDS, Envelope
 from p2pfl.wire.transfers import (
     CHUNK_BYTES,
@@ -49,6 +56,7 @@ from p2pfl.wire.transfers import (
     PreparedState,
     State,
     TransferError,
+    check_meta,
 )
 
 if TYPE_CHECKING:
@@ -69,10 +77,12 @@ class BrokerLostError(TransportError):
 
 @dataclass
 class TransportStats:
-    bytes_sent: int = 0
+    bytes_sent: int = 0  # both lanes
     bytes_recv: int = 0
     messages_sent: int = 0
     messages_recv: int = 0
+    direct_bytes_sent: int = 0  # the direct lane's share of bytes_sent / bytes_recv
+    direct_bytes_recv: int = 0
 
 
 class Transport:
@@ -100,6 +110,7 @@ class Transport:
         client_factory: Callable[..., aiomqtt.Client] | None = None,
         security: MessageSecurity | None = None,
         tls_context: ssl.SSLContext | None = None,
+        direct_lane: direct.DirectLane | None = None,
     ):
         self.swarm = swarm
         self.node_id = node_id
@@ -133,12 +144,18 @@ class Transport:
         self.transfers = IncomingTransfers(node_id, max_message_bytes, self.drop, self._spawn)
         self._seen_ids: OrderedDict[str, None] = OrderedDict()
         self._request_tasks: set[asyncio.Task] = set()
+        self.direct_lane = direct_lane  # None: no direct lane (serve and pull over MQTT)
+        self._direct_server: asyncio.Server | None = None
+        self._direct_replies: dict[str, asyncio.StreamWriter] = {}  # pulls being served
+        self.pull_lanes: list[tuple[str, str]] = []  # (peer, "direct" | "mqtt"), per pull
 
     # ------------------------------------------------------------------ lifecycle
     def topic(self, kind: str, node: str) -> str:
         return f"{self.prefix}/{kind}/{node}"
 
     async def __aenter__(self) -> Transport:
+        if self.direct_lane is not None:
+            await self._start_direct(self.direct_lane)
         self._task = asyncio.create_task(self._run(), name=f"mqtt-{self.node_id}")
         try:
             await asyncio.wait_for(self._connected.wait(), self.connect_timeout)
@@ -161,6 +178,11 @@ class Transport:
                 await self._publish_presence()
         self._closing = True
         self.transfers.close()
+        if self._direct_server is not None:
+            self._direct_server.close()
+            self._direct_server = None
+        for writer in self._direct_replies.values():
+            writer.close()
         for t in list(self._request_tasks):
             t.cancel()
         if self._task is not None:
@@ -380,11 +402,17 @@ class Transport:
         *,
         attempt: int = 0,
     ) -> None:
-        """Send one message to ``to``'s inbox."""
+        """Send one message to ``to``'s inbox (a ``pull_error`` answering a pull that came
+        over the direct lane goes back on that connection)."""
         topic = self.topic("inbox", to)
         payload = self._envelope(kind, round_no, body, mid, attempt).pack(self._signer(topic))
         if len(payload) > self.max_message_bytes:
             raise TransportError(f"{kind} of {len(payload)} bytes exceeds the message limit")
+        if kind == "pull_error" and isinstance(body, dict):
+            writer = self._direct_replies.pop(str(body.get("xfer")), None)
+            if writer is not None:
+                await self._direct_write(writer, direct.frame(payload))
+                return
         await self._publish(topic, payload)
 
     # ------------------------------------------------------------------ transfers
@@ -413,10 +441,45 @@ class Transport:
             if max_bytes is None
             else min(max_bytes, self.max_transfer_bytes)
         )
+        deadline = asyncio.get_running_loop().time() + timeout
+        address = direct.parse_address(self.peers.get(peer, {}).get("direct"))
+        # the future fails when the peer goes offline or the transport closes (both lanes)
         fut = self.transfers.expect(xfer, peer, limit)
         try:
+            if address is not None and self.direct_lane is not None:
+                fetch = asyncio.ensure_future(
+                    self._pull_direct(peer, address, xfer, round_no, part, attempt, limit)
+                )
+                try:
+                    await asyncio.wait(
+                        {fetch, fut},
+                        timeout=max(0.0, deadline - asyncio.get_running_loop().time()),
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
+                finally:
+                    if not fetch.done():
+                        fetch.cancel()
+                if fetch.done() and not fetch.cancelled():
+                    try:
+                        state = fetch.result()
+                    except direct.DirectUnreachable as exc:
+                        log.info(
+                            "%s: %s not reachable directly (%s): over MQTT", self.node_id, peer, exc
+                        )
+                    else:
+                        self.pull_lanes.append((peer, "direct"))
+                        return state
+                elif fut.done():
+                    fut.result()  # raises: the peer went offline
+                else:
+                    raise asyncio.TimeoutError
+                if fut.done():
+                    fut.result()
             await self.send(peer, "pull", round_no, {"part": part}, mid=xfer, attempt=attempt)
-            return await asyncio.wait_for(fut, timeout)
+            remaining = max(0.0, deadline - asyncio.get_running_loop().time())
+            state = await asyncio.wait_for(fut, remaining)
+            self.pull_lanes.append((peer, "mqtt"))
+            return state
         except asyncio.TimeoutError:
             raise TransportError(
                 f"pull of {part!r} from {peer} timed out after {timeout:.1f} s"
@@ -427,7 +490,8 @@ class Transport:
             self.transfers.forget(xfer)
 
     async def send_state(self, to: str, xfer: str, round_no: int, prepared: PreparedState) -> None:
-        """Answer a pull: metadata, then numbered chunks (QoS 1, a window in flight)."""
+        """Answer a pull: metadata, then the bytes: over the pull's direct connection when
+        it came that way, else numbered chunks on MQTT (QoS 1, a window in flight)."""
         meta = {
             "xfer": xfer,
             "total": len(prepared.buf),
@@ -437,6 +501,12 @@ class Transport:
             "hexdigest": prepared.hexdigest,
             "index": prepared.index,
         }
+        writer = self._direct_replies.pop(xfer, None)
+        if writer is not None:
+            topic = self.topic("inbox", to)
+            env = self._envelope("xfer_meta", round_no, meta).pack(self._signer(topic))
+            await self._direct_write(writer, direct.frame(env), memoryview(prepared.buf))
+            return
         await self.send(to, "xfer_meta", round_no, meta)
         topic = self.topic("inbox", to)
         sign = self._signer(topic)  # chunk headers; their bytes are covered by the digest
@@ -467,6 +537,203 @@ class Transport:
         finally:
             for t in pending:
                 t.cancel()
+
+    # ------------------------------------------------------------------ direct lane
+    async def _start_direct(self, lane: direct.DirectLane) -> None:
+        try:
+            self._direct_server = await asyncio.start_server(
+                self._serve_direct, lane.bind, lane.port, ssl=lane.server_tls
+            )
+        except OSError as exc:
+            raise TransportError(
+                f"{self.node_id}: cannot listen for direct pulls on {lane.bind}:{lane.port}: {exc}"
+            ) from None
+        port = self._direct_server.sockets[0].getsockname()[1]
+        self.presence_info["direct"] = f"{lane.advertise}:{port}"
+
+    @property
+    def direct_address(self) -> str | None:
+        """``host:port`` this node serves direct pulls on (announced in presence)."""
+        return self.presence_info.get("direct") if self._direct_server is not None else None
+
+    async def _direct_write(
+        self, writer: asyncio.StreamWriter, head: bytes, data: memoryview | None = None
+    ) -> None:
+        try:
+            writer.write(head)
+            if data is not None:
+                await direct.send_buffer(writer, data)
+            await writer.drain()
+        except (ConnectionError, OSError) as exc:
+            raise TransportError(f"{self.node_id}: direct connection lost: {exc}") from None
+        sent = len(head) + (0 if data is None else len(data))
+        self.stats.bytes_sent += sent
+        self.stats.direct_bytes_sent += sent
+        self.stats.messages_sent += 1
+
+    async def _serve_direct(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        """One direct connection: read the pull, check it as an inbox message, hand it to
+        ``on_request``; the answer goes back on this connection (``send_state`` or a
+        ``pull_error``). Anything off closes the connection and is counted in ``dropped``."""
+        peer = writer.get_extra_info("peername")
+        env: Envelope | None = None
+        try:
+            sock = writer.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            head = await asyncio.wait_for(
+                reader.readexactly(len(direct.MAGIC) + direct.LENGTH.size),
+                direct.REQUEST_TIMEOUT_S,
+            )
+            if head[: len(direct.MAGIC)] != direct.MAGIC:
+                self.drop("direct_bad_magic", peer)
+                return
+            (size,) = direct.LENGTH.unpack(head[len(direct.MAGIC) :])
+            if size > self.max_message_bytes:
+                self.drop("oversized", f"direct request from {peer}: {size} bytes")
+                return
+            payload = await asyncio.wait_for(reader.readexactly(size), direct.REQUEST_TIMEOUT_S)
+            self.stats.bytes_recv += len(head) + size
+            self.stats.direct_bytes_recv += len(head) + size
+            self.stats.messages_recv += 1
+            env = self._accept_direct(payload, writer)
+            if env is None or self.on_request is None:
+                return
+            self._direct_replies[env.id] = writer
+            await self.on_request(env)
+            if self._direct_replies.pop(env.id, None) is not None:  # served nothing
+                await self.send(
+                    env.sender, "pull_error", env.round, {"xfer": env.id, "reason": "no answer"}
+                )
+        except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError, OSError) as exc:
+            log.debug("%s: direct connection from %s ended: %r", self.node_id, peer, exc)
+        except TransportError as exc:
+            log.info("%s: direct pull from %s: %s", self.node_id, peer, exc)
+        except Exception as exc:  # a peer's bytes must never kill the node
+            self.drop("handler_error", f"direct from {peer}: {exc!r}")
+        finally:
+            if env is not None:
+                self._direct_replies.pop(env.id, None)
+            writer.close()
+
+    def _accept_direct(self, payload: bytes, writer: asyncio.StreamWriter) -> Envelope | None:
+        """A direct request passes the checks of a ``pull`` in this node's inbox: shape,
+        swarm, kind, signature and freshness, duplicates; with TLS, the client
+        certificate's CN must be the sender. None (and counted) when it does not."""
+        topic = self.topic("inbox", self.node_id)
+        try:
+            env = Envelope.unpack(payload, self.max_message_bytes)
+        except CodecError as exc:
+            self.drop("malformed", f"direct: {exc}")
+            return None
+        if env.swarm != self.swarm:
+            self.drop("foreign_swarm", f"direct: swarm {env.swarm!r}")
+            return None
+        if env.kind != "pull" or env.sender == self.node_id:
+            self.drop("unexpected_kind", f"direct: {env.kind} from {env.sender!r}")
+            return None
+        if self.direct_lane is not None and self.direct_lane.server_tls is not None:
+            cn = direct.peer_common_name(writer.transport)
+            if cn != env.sender:
+                self.drop(
+                    "sender_mismatch", f"direct: certificate {cn!r}, pull from {env.sender!r}"
+                )
+                return None
+        if self.security is not None:
+            reason = self._authenticate(topic, env)
+            if reason is not None:
+                self.drop(reason, f"direct: pull claiming to be from {env.sender!r}")
+                return None
+        if env.id in self._seen_ids:
+            self.drop("duplicate", f"direct: id {env.id}")
+            return None
+        self._remember(env.id)
+        return env
+
+    async def _pull_direct(
+        self,
+        peer: str,
+        address: tuple[str, int],
+        xfer: str,
+        round_no: int,
+        part: str,
+        attempt: int,
+        limit: int,
+    ) -> State:
+        """One pull over the direct lane; :class:`~p2pfl.wire.direct.DirectUnreachable`
+        when the connection cannot be opened (the caller falls back to MQTT), else the state
+        or :class:`TransportError`."""
+        lane = self.direct_lane
+        assert lane is not None
+        tls = lane.client_tls
+        conn, rx = await direct.connect(*address, tls, lane.connect_timeout)
+        try:
+            if tls is not None and direct.peer_common_name(conn) != peer:
+                raise TransportError(
+                    f"direct pull from {peer}: {address[0]}:{address[1]} presented a "
+                    f"certificate for {direct.peer_common_name(conn)!r}"
+                )
+            request = self._envelope("pull", round_no, {"part": part}, xfer, attempt)
+            payload = request.pack(self._signer(self.topic("inbox", peer)))
+            conn.write(direct.MAGIC + direct.frame(payload))
+            self.stats.bytes_sent += len(payload) + 9
+            self.stats.direct_bytes_sent += len(payload) + 9
+            reply = self._check_direct_reply(peer, await rx.read_frame(self.max_message_bytes))
+            body = reply.body if isinstance(reply.body, dict) else {}
+            if reply.kind == "pull_error":
+                raise TransportError(f"{peer} refused the pull: {body.get('reason')}")
+            if reply.kind != "xfer_meta" or body.get("xfer") != xfer:
+                raise TransportError(f"direct pull from {peer}: unexpected {reply.kind}")
+            meta = check_meta(body, limit, self.max_message_bytes)
+            # uninitialised (no memset): every byte is overwritten before use
+            buf = memoryview(np.empty(meta.total, dtype=np.uint8)).cast("B")
+            hasher = new_hasher(meta.digest_name)
+            hashed = None
+            for start in range(0, meta.total, direct.SLICE_BYTES):
+                piece = buf[start : start + direct.SLICE_BYTES]
+                await rx.read_into(piece)
+                hashed = direct.HASH_POOL.submit(hasher.update, piece)
+            if hashed is not None:
+                await asyncio.wrap_future(hashed)
+            self.stats.bytes_recv += rx.received
+            self.stats.direct_bytes_recv += rx.received
+            self.stats.messages_recv += 1
+            if hasher.hexdigest() != meta.hexdigest:
+                self.drop("bad_transfer", f"direct transfer from {peer} rejected: digest mismatch")
+                raise TransportError(f"transfer from {peer}: digest mismatch")
+            try:
+                return buffer_to_state(meta.index, buf)
+            except CodecError as exc:
+                raise TransportError(f"transfer from {peer}: bad tensor index: {exc}") from None
+        except TransferError as exc:
+            self.drop("bad_transfer", f"direct transfer from {peer} rejected: {exc}")
+            raise TransportError(f"transfer from {peer}: {exc}") from None
+        except (ConnectionError, ValueError) as exc:
+            raise TransportError(f"direct pull from {peer}: {exc}") from None
+        finally:
+            conn.close()
+
+    def _check_direct_reply(self, peer: str, payload: bytes) -> Envelope:
+        """The server's answer frame, checked as an inbox message from ``peer``."""
+        try:
+            env = Envelope.unpack(payload, self.max_message_bytes)
+        except CodecError as exc:
+            self.drop("malformed", f"direct reply from {peer}: {exc}")
+            raise TransportError(f"direct pull from {peer}: malformed reply") from None
+        if env.swarm != self.swarm or env.sender != peer:
+            self.drop("sender_mismatch", f"direct reply from {peer}: {env.sender!r}")
+            raise TransportError(f"direct pull from {peer}: reply from {env.sender!r}")
+        if self.security is not None:
+            reason = self._authenticate(self.topic("inbox", self.node_id), env)
+            if reason is not None:
+                self.drop(reason, f"direct reply claiming to be from {peer!r}")
+                raise TransportError(f"direct pull from {peer}: reply refused ({reason})")
+        return env
+
+    def _remember(self, mid: str) -> None:
+        self._seen_ids[mid] = None
+        while len(self._seen_ids) > 50_000:
+            self._seen_ids.popitem(last=False)
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -549,9 +816,7 @@ class Transport:
         if env.id in self._seen_ids:
             self.drop("duplicate", f"{topic}: id {env.id}")
             return
-        self._seen_ids[env.id] = None
-        while len(self._seen_ids) > 50_000:
-            self._seen_ids.popitem(last=False)
+        self._remember(env.id)
         if channel == "gossip":
             if env.kind not in GOSSIP_KINDS or not isinstance(env.body, dict):
                 self.drop("malformed", f"{topic}: bad gossip")

@@ -103,3 +103,33 @@ def test_dead_node_does_not_stall_others(tmp_path, broker, how):
     assert cli_main(["summarize", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["nodes_completed"] == 3 and summary["nodes_incomplete"] == [victim]
+
+
+@pytest.mark.parametrize("method", ["uapdfl", "fedavg"])
+def test_direct_lane_carries_the_weights_and_changes_no_result(tmp_path, method):
+    """The same swarm with the direct lane (default) and without it: every pull of the first
+    goes direct and the broker carries control traffic only; both give the same records."""
+    accs, mqtt_bytes, direct_bytes = {}, {}, {}
+    for direct in (True, False):
+        cfg = load_topology(
+            "topologies/synthetic.yaml",
+            [
+                "rounds=2",
+                f"algorithm.name={method}",
+                *([] if method == "uapdfl" else ["algorithm.params={}"]),
+                f"transfer.direct={str(direct).lower()}",
+            ],
+        )
+        code, _ = run_swarm(cfg, tmp_path / str(direct), nodes_per_process=4, progress=False)
+        assert code == 0
+        logs = check_run_dir(tmp_path / str(direct), cfg.node_ids, 2)
+        recs = [r for rs in logs.values() for r in rs]
+        lanes = {lane for r in recs for lane in r["lanes"].values()}
+        assert lanes == ({"direct"} if direct else {"mqtt"}), lanes
+        accs[direct] = {n: [r["test_acc"] for r in rs] for n, rs in logs.items()}
+        direct_bytes[direct] = sum(r["direct_bytes_sent"] for r in recs)
+        mqtt_bytes[direct] = sum(r["bytes_sent"] - r["direct_bytes_sent"] for r in recs)
+    assert accs[True] == accs[False]
+    assert direct_bytes[False] == 0 and direct_bytes[True] > 0
+    # with the lane, the broker sees only control traffic: a small share of the weights
+    assert mqtt_bytes[True] < 0.1 * mqtt_bytes[False], mqtt_bytes
