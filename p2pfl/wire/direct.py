@@ -29,6 +29,8 @@ import ssl
 import struct
 from dataclasses import dataclass
 
+from p2pfl.errors import P2PFLError
+
 MAGIC = b"P2PD\x01"
 LENGTH = struct.Struct("!I")
 SLICE_BYTES = 4 << 20  # one write, one hashing job
@@ -41,7 +43,7 @@ REQUEST_TIMEOUT_S = 10.0  # a client must send its request this soon after conne
 HASH_POOL = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="direct-digest")
 
 
-class DirectUnreachable(ConnectionError):
+class DirectUnreachable(P2PFLError, ConnectionError):
     """The peer's direct address could not be reached (refused, timed out, TLS handshake
     failed): the pull falls back to the MQTT lane."""
 

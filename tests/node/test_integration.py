@@ -97,8 +97,13 @@ def test_dead_node_does_not_stall_others(tmp_path, broker, how):
         recs = read_records(out / "nodes" / f"{nid}.jsonl")
         last = recs[-1]
         assert victim not in last["peers"], (nid, last)
-        if how == "freeze":  # still "online" by presence: chosen, then missing or failed
-            assert victim in last["missing"] or victim in last["pull_failed"], last
+        if how == "freeze":
+            # still "online" by presence until the broker drops it (1.5 x the 15 s
+            # keepalive, which a slow machine may reach before the last round): chosen in
+            # some round after the freeze, then missing or failed, never waited on past
+            # the deadline (above)
+            after = [r for r in recs if r["t"] > t_kill]
+            assert any(victim in r["missing"] or victim in r["pull_failed"] for r in after), recs
     # a run of hand-started daemons can be summarized afterwards
     assert cli_main(["summarize", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
