@@ -231,7 +231,7 @@ def cmd_summarize(args: argparse.Namespace) -> int:
 def cmd_broker(args: argparse.Namespace) -> int:
     """Run a broker for a swarm on this host (Mosquitto, or the embedded one where Mosquitto
     is missing) and announce it by mDNS until stopped."""
-    from p2pfl.launch.bridge import Bridges, watch_bridges
+    from p2pfl.launch.bridge import bridges_from_flags, watch_bridges
     from p2pfl.launch.broker import BrokerTLS, make_broker
     from p2pfl.wire.discovery import Announcer
 
@@ -243,7 +243,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
         workdir = Path(args.workdir) if args.workdir else None
         swarm = None if args.swarm == "*" else args.swarm
         tls = BrokerTLS(Path(args.certs), swarm) if args.certs else None
-        bridges = Bridges.parse(args.bridge, swarm) if args.bridge else None
+        bridges = bridges_from_flags(args.bridge, swarm, args.topology)
         made = make_broker(
             args.broker_kind, args.host, args.port, workdir=workdir, tls=tls, bridges=bridges
         )
@@ -437,8 +437,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="HOST:PORT",
         help="bridge the swarm's topics to another site's broker (repeatable; TLS with the "
-        "bridge identity when --certs is given)",
+        "bridge identity when --certs is given); =ID,ID... names the nodes at that site, so "
+        "only what they send or receive crosses (needs --topology)",
     )
+    sp.add_argument("--topology", help="with --bridge HOST:PORT=IDS: the swarm's topology")
     sp.add_argument("-v", "--verbose", action="store_true")
     sp.set_defaults(func=cmd_broker)
 

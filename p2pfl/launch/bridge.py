@@ -37,6 +37,7 @@ import contextlib
 import hashlib
 import ipaddress
 import logging
+import re
 import socket
 import ssl
 import time
@@ -63,22 +64,29 @@ class BridgeError(P2PFLError, ValueError):
     """A malformed or impossible ``--bridge``; the message names the flag."""
 
 
+NODE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # as a topology's node ids
+
+
 @dataclass(frozen=True)
 class BridgeTarget:
-    """The broker at another site that a bridge connects to."""
+    """The broker at another site that a bridge connects to, and the nodes reached through
+    it (empty: not said; the bridge then carries the swarm's whole topic tree)."""
 
     host: str
     port: int
+    nodes: tuple[str, ...] = ()
 
     @classmethod
     def parse(cls, text: str) -> BridgeTarget:
-        """``HOST:PORT`` (an IPv6 address in brackets: ``[::1]:1883``); :class:`BridgeError`
-        naming ``--bridge`` otherwise."""
-        value = text.strip()
+        """``HOST:PORT`` (an IPv6 address in brackets: ``[::1]:1883``), optionally followed
+        by ``=ID,ID,...``, the nodes at that site; :class:`BridgeError` naming ``--bridge``
+        otherwise."""
+        value, eq, ids = text.strip().partition("=")
         host, sep, port = value.rpartition(":")
         bracketed = host.startswith("[") and host.endswith("]")
         if bracketed:
             host = host[1:-1]
+        nodes = tuple(i.strip() for i in ids.split(",")) if eq else ()
         bad = (
             not sep
             or not host
@@ -94,38 +102,134 @@ class BridgeTarget:
                 bad = True
         if bad:
             raise BridgeError(
-                f"{FLAG} {text!r}: expected HOST:PORT of another site's broker, "
-                "e.g. 10.0.1.5:1883 or [fd00::5]:1883"
+                f"{FLAG} {text!r}: expected HOST:PORT of another site's broker, optionally "
+                "=ID,ID... (the nodes at that site), e.g. 10.0.1.5:1883 or "
+                "[fd00::5]:1883=n0,n1"
             )
-        return cls(host, int(port))
+        wrong = [i for i in nodes if not NODE_ID.match(i)]
+        if wrong or (eq and not nodes):
+            raise BridgeError(f"{FLAG} {text!r}: not node ids: {wrong or [ids]}")
+        if len(set(nodes)) != len(nodes):
+            raise BridgeError(f"{FLAG} {text!r}: a node listed twice")
+        return cls(host, int(port), nodes)
+
+    @property
+    def address(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
     def __str__(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        return self.address
 
 
 @dataclass(frozen=True)
 class Bridges:
     """This broker's bridges: one connection to each of ``targets``, relaying the topics of
-    ``swarm`` (None: every swarm)."""
+    ``swarm`` (None: every swarm). ``roster`` is the swarm's node ids, needed when a target
+    names the nodes behind it: that bridge then carries, per node, only what must cross
+    (:func:`bridge_topics`)."""
 
     targets: tuple[BridgeTarget, ...]
     swarm: str | None = None
+    roster: tuple[str, ...] = ()
 
     @classmethod
-    def parse(cls, values: Sequence[str], swarm: str | None = None) -> Bridges:
-        """From the ``--bridge`` values; a repeated target is a :class:`BridgeError`."""
+    def parse(
+        cls,
+        values: Sequence[str],
+        swarm: str | None = None,
+        roster: Sequence[str] | None = None,
+        topology: str = "--topology",
+    ) -> Bridges:
+        """From the ``--bridge`` values, checked: no target twice; node lists only with the
+        swarm's ``roster`` (read from ``topology``), naming its members, no node behind two
+        bridges, and some node on this side of each bridge. :class:`BridgeError` otherwise."""
         targets = tuple(BridgeTarget.parse(v) for v in values)
-        seen: set[BridgeTarget] = set()
+        seen: set[tuple[str, int]] = set()
+        behind: dict[str, BridgeTarget] = {}
+        members = tuple(roster or ())
         for t in targets:
-            if t in seen:
+            if (t.host, t.port) in seen:
                 raise BridgeError(f"{FLAG} {t} given twice")
-            seen.add(t)
-        return cls(targets, swarm)
+            seen.add((t.host, t.port))
+            if not t.nodes:
+                continue
+            if not members:
+                raise BridgeError(
+                    f"{FLAG} {t}={','.join(t.nodes)}: naming the nodes at that site needs "
+                    f"the swarm's topology ({topology} FILE)"
+                )
+            unknown = [n for n in t.nodes if n not in members]
+            if unknown:
+                raise BridgeError(f"{FLAG} {t}: no node {unknown} in the swarm {swarm!r}")
+            for n in t.nodes:
+                if n in behind:
+                    raise BridgeError(f"{FLAG} {t}: {n} is already behind {behind[n]}")
+                behind[n] = t
+            if set(t.nodes) == set(members):
+                raise BridgeError(f"{FLAG} {t}: every node of the swarm is behind it")
+        if any(t.nodes for t in targets) and not swarm:
+            raise BridgeError(f"{FLAG}: naming the nodes at a site needs the swarm's name")
+        return cls(targets, swarm, members)
 
-    @property
-    def topic(self) -> str:
-        """The topic filter bridged: the swarm's whole tree."""
-        return f"p2pfl/{self.swarm}/#" if self.swarm else "p2pfl/#"
+
+def bridges_from_flags(
+    values: Sequence[str] | None, swarm: str | None, topology: str | None = None
+) -> Bridges | None:
+    """``p2pfl broker``'s bridges: the ``--bridge`` values, with the roster and the swarm's
+    name from ``--topology`` when given (it must be the ``--swarm`` served, if one is).
+    None without ``--bridge``; :class:`BridgeError` (or the topology's
+    :class:`~p2pfl.errors.ConfigError`) on bad input."""
+    if not values:
+        if topology:
+            raise BridgeError("--topology is only used with --bridge")
+        return None
+    roster: tuple[str, ...] = ()
+    if topology:
+        from p2pfl.config.load import load_topology  # pydantic and the method registry
+
+        cfg = load_topology(Path(topology))
+        if swarm is not None and swarm != cfg.name:
+            raise BridgeError(
+                f"--topology {topology} is swarm {cfg.name!r}, but --swarm is {swarm!r}"
+            )
+        swarm, roster = cfg.name, tuple(cfg.node_ids)
+    return Bridges.parse(values, swarm, roster)
+
+
+def bridge_topics(bridges: Bridges, target: BridgeTarget) -> list[str]:
+    """The ``topic`` lines of the bridge to ``target``.
+
+    Without a node list: the swarm's whole tree, ``p2pfl/<swarm>/# both 1`` (``p2pfl/#``
+    for any swarm). Simple, but everything published at either site crosses, transfers
+    between two nodes of the same site included, and after a partition each broker sends
+    the other its copies of the other site's retained presence too, which may be stale
+    (docs/wire.md, "Bridged brokers and clustered brokers").
+
+    With the nodes behind the bridge (``R``; this side, ``L``, is the rest of the roster):
+    ``presence/<l>`` and ``gossip/<l>`` go out and ``inbox/<l>`` comes in for each ``l`` in
+    ``L``; ``presence/<r>`` and ``gossip/<r>`` come in and ``inbox/<r>`` goes out for each
+    ``r`` in ``R``. Each broker then only ever sends the presence of the nodes on its own
+    side, and a message crosses only when it is addressed to, or published by, a node on
+    the other side."""
+    if not target.nodes:
+        tree = f"p2pfl/{bridges.swarm}/#" if bridges.swarm else "p2pfl/#"
+        return [f"topic {tree} both 1"]
+    prefix = f"p2pfl/{bridges.swarm}"
+    here = [n for n in bridges.roster if n not in target.nodes]
+    lines = []
+    for n in here:
+        lines += [
+            f"topic {prefix}/presence/{n} out 1",
+            f"topic {prefix}/gossip/{n} out 1",
+            f"topic {prefix}/inbox/{n} in 1",
+        ]
+    for n in target.nodes:
+        lines += [
+            f"topic {prefix}/presence/{n} in 1",
+            f"topic {prefix}/gossip/{n} in 1",
+            f"topic {prefix}/inbox/{n} out 1",
+        ]
+    return lines
 
 
 def bridge_id(local_host: str, local_port: int, target: BridgeTarget, swarm: str | None) -> str:
@@ -153,13 +257,14 @@ def bridge_config(
         if (target.host, target.port) == (local_host, local_port):
             raise BridgeError(f"{FLAG} {target}: that is this broker's own listener")
         name = bridge_id(local_host, local_port, target, bridges.swarm)
+        what = f"nodes {', '.join(target.nodes)} there" if target.nodes else "whole tree"
         lines += [
             "",
-            f"# bridge to {target}: the swarm's topics, both ways, QoS 1",
+            f"# bridge to {target} ({what}): the swarm's topics, both ways, QoS 1",
             f"connection {name}",
             f"address {target.host}:{target.port}",  # IPv6 too: no brackets for Mosquitto
             f"remote_clientid {name}",
-            f"topic {bridges.topic} both 1",
+            *bridge_topics(bridges, target),
             "bridge_protocol_version mqttv311",
             "try_private true",
             "cleansession true",

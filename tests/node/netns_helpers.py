@@ -9,6 +9,7 @@ namespace's networking is never touched) carries a random suffix and is removed 
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -51,6 +52,7 @@ class Net:
         self.addr = {h: f"10.231.{subnet}.{i + 1}" for i, h in enumerate(hosts)}
         self.bridge = f"p2br{sfx}"  # ≤ 15 characters: interface names
         self.ports = {h: f"p2v{i}{sfx}" for i, h in enumerate(hosts)}  # bridge-side veth ends
+        self.ends = {h: f"p2e{i}{sfx}" for i, h in enumerate(hosts)}  # host-side veth ends
         self.created: list[str] = []
 
     def _run(self, *args: str) -> None:
@@ -68,8 +70,8 @@ class Net:
         # mDNS is multicast: without a querier, snooping would stop it at the bridge
         self._run("-n", self.ns_br, "link", "set", br, "type", "bridge", "mcast_snooping", "0")
         self._run("-n", self.ns_br, "link", "set", br, "up")
-        for i, (host, ns) in enumerate(self.ns.items()):
-            port, end = self.ports[host], f"p2e{i}{self.sfx}"
+        for host, ns in self.ns.items():
+            port, end = self.ports[host], self.ends[host]
             # both ends are created inside namespaces we own (never in the root namespace)
             self._run(
                 "-n",
@@ -90,9 +92,17 @@ class Net:
             self._run("-n", ns, "addr", "add", f"{self.addr[host]}/24", "dev", end)
             self._run("-n", ns, "link", "set", end, "up")
 
-    def link(self, host: str, up: bool) -> None:
-        """Cut (or restore) ``host``'s cable: its port on the bridge goes down (or up)."""
-        self._run("-n", self.ns_br, "link", "set", self.ports[host], "up" if up else "down")
+    def link_bytes(self, host: str) -> dict[str, int]:
+        """Bytes ``host`` has sent and received over its cable (``tx``, ``rx``): its traffic
+        with the other hosts (traffic to its own address stays on its loopback)."""
+        res = subprocess.run(
+            [self.ip, "-n", self.ns[host], "-j", "-s", "link", "show", "dev", self.ends[host]],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+        stats = json.loads(res.stdout)[0]["stats64"]
+        return {"tx": stats["tx"]["bytes"], "rx": stats["rx"]["bytes"]}
 
     def pids(self, ns: str) -> list[int]:
         res = subprocess.run(

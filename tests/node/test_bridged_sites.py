@@ -135,7 +135,13 @@ def test_two_swarms_span_two_bridged_site_brokers(tmp_path):
 
         hub = {s: broker("a", s) for s in (plain, secure)}
         address = {s: _ready(p, net.addr["a"], s) for s, p in hub.items()}
-        spoke = {s: broker("b", s, "--bridge", address[s]) for s in (plain, secure)}
+        # the plain swarm bridges its whole topic tree; the secure one names the nodes at
+        # site a, so only what site b's nodes send or receive crosses
+        scoped = ["--topology", str(topo[secure])]
+        spoke = {
+            plain: broker("b", plain, "--bridge", address[plain]),
+            secure: broker("b", secure, "--bridge", f"{address[secure]}=n0,n1", *scoped),
+        }
         local = {("a", s): address[s] for s in hub}
         for s, p in spoke.items():
             local["b", s] = _ready(p, net.addr["b"], s)
@@ -189,6 +195,8 @@ def test_two_swarms_span_two_bridged_site_brokers(tmp_path):
             "wall_s": round(wall, 1),
             "bridges_up_s": round(t_bridged, 1),
             "aggregators": {r: f"{a} (site {s})" for r, (a, s) in where.items()},
+            # everything that crossed between the sites (both swarms, mDNS included)
+            "site_b_link_bytes": net.link_bytes("b"),
             "uapdfl": _figures(dec),
             "fedavg": _figures(cen),
         }
