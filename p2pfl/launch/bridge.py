@@ -5,9 +5,12 @@ Nodes at each site talk to their own broker; one standard Mosquitto bridge per `
 joins this broker to another site's. :func:`bridge_config` writes the bridge sections of the
 generated Mosquitto config (:func:`p2pfl.launch.broker.mosquitto_config` appends them):
 
-- the swarm's whole topic tree, ``p2pfl/<swarm>/#`` (``p2pfl/#`` for a broker of any
-  swarm), both ways at QoS 1: presence (retained; a Will fired at one site is an ordinary
-  retained publish there, and crosses like any other), gossip and every inbox;
+- ``--bridge HOST:PORT``: the swarm's whole topic tree, ``p2pfl/<swarm>/#`` (``p2pfl/#``
+  for a broker of any swarm), both ways at QoS 1: presence (retained; a Will fired at one
+  site is an ordinary retained publish there, and crosses like any other), gossip and every
+  inbox; ``--bridge HOST:PORT=ID,...`` (with the roster from ``--topology``): per node, only
+  what a node on the other side sent or is addressed (:func:`bridge_topics`), which also
+  keeps a healed partition from bringing back stale presence;
 - ``try_private true`` (the remote broker knows it is a bridge: it keeps the retain flag on
   what it forwards, so retained presence is stored at both sites, and never echoes a message
   back), ``bridge_protocol_version mqttv311``;
