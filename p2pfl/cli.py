@@ -274,6 +274,7 @@ def cmd_summarize(args: argparse.Namespace) -> int:
 def cmd_broker(args: argparse.Namespace) -> int:
     """Run a broker for a swarm on this host (Mosquitto, or the embedded one where Mosquitto
     is missing) and announce it by mDNS until stopped."""
+    from p2pfl.launch.bridge import bridges_from_flags, watch_bridges
     from p2pfl.launch.broker import BrokerTLS, make_broker
     from p2pfl.wire.discovery import Announcer
 
@@ -285,9 +286,16 @@ def cmd_broker(args: argparse.Namespace) -> int:
         workdir = Path(args.workdir) if args.workdir else None
         swarm = None if args.swarm == "*" else args.swarm
         tls = BrokerTLS(Path(args.certs), swarm) if args.certs else None
-        made = make_broker(args.broker_kind, args.host, args.port, workdir=workdir, tls=tls)
+        bridges = bridges_from_flags(args.bridge, swarm, args.topology)
+        made = make_broker(
+            args.broker_kind, args.host, args.port, workdir=workdir, tls=tls, bridges=bridges
+        )
         with made as broker:
-            async with Announcer.broker(args.swarm, args.host, broker.port):
+            certs = Path(args.certs) if args.certs else None
+            async with (
+                Announcer.broker(args.swarm, args.host, broker.port),
+                watch_bridges(bridges, broker.host, broker.port, certs, log_path=broker.log_path),
+            ):
                 print(
                     f"broker {broker.name} on {broker.address} announced for swarm {args.swarm}"
                     + (" (TLS, client certificates, per-node ACL)" if tls else ""),
@@ -481,6 +489,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--certs",
         help="a p2pfl certs directory: TLS only, client certificates required, per-node ACL",
     )
+    sp.add_argument(
+        "--bridge",
+        action="append",
+        metavar="HOST:PORT",
+        help="bridge the swarm's topics to another site's broker (repeatable; TLS with the "
+        "bridge identity when --certs is given); =ID,ID... names the nodes at that site, so "
+        "only what they send or receive crosses (needs --topology)",
+    )
+    sp.add_argument("--topology", help="with --bridge HOST:PORT=IDS: the swarm's topology")
     sp.add_argument("-v", "--verbose", action="store_true")
     sp.set_defaults(func=cmd_broker)
 

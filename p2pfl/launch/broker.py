@@ -18,6 +18,10 @@ TLS only, requires a client certificate issued by the swarm CA, takes the certif
 its own presence and gossip topics and reads only its own inbox
 (:func:`p2pfl.security.certs.mosquitto_acl`).
 Certificates in the directory's ``crl.pem`` are refused at the handshake (read at start).
+
+With ``bridges=Bridges(...)`` (``p2pfl broker --bridge HOST:PORT``) the config also bridges
+the swarm's topics to other site brokers (:mod:`p2pfl.launch.bridge`), over TLS with the
+directory's bridge identity when ``tls`` is given. Only Mosquitto bridges.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from p2pfl.errors import P2PFLError
+from p2pfl.launch.bridge import Bridges, bridge_config, bridge_tls_files
 from p2pfl.security.certs import SwarmCerts, mosquitto_acl
 
 log = logging.getLogger("p2pfl.broker")
@@ -70,8 +75,17 @@ class BrokerTLS:
 
 
 def mosquitto_config(
-    host: str, port: int, max_packet_mb: float = 8.0, tls_dir: Path | None = None
+    host: str,
+    port: int,
+    max_packet_mb: float = 8.0,
+    tls_dir: Path | None = None,
+    bridges: Bridges | None = None,
 ) -> str:
+    """The generated config (docs/design.md, "Broker"); ``tls_dir`` holds the staged TLS
+    files and ACL, ``bridges`` adds a bridge section per target (:mod:`p2pfl.launch.bridge`,
+    TLS when ``tls_dir`` is given)."""
+    max_packet = int(max_packet_mb * 2**20)
+    bridged = bridge_config(bridges, host, port, max_packet, tls_dir) if bridges else []
     if tls_dir is None:
         auth = ["allow_anonymous true"]
     else:
@@ -101,7 +115,8 @@ def mosquitto_config(
             "max_queued_bytes 0",
             "max_inflight_messages 0",
             "set_tcp_nodelay true",
-            f"max_packet_size {int(max_packet_mb * 2**20)}",
+            f"max_packet_size {max_packet}",
+            *bridged,
             "",
         ]
     )
@@ -201,26 +216,37 @@ class MosquittoBroker(ChildBroker):
     name = "mosquitto"
 
     def __init__(
-        self, host: str = "127.0.0.1", port: int = 0, *, tls: BrokerTLS | None = None, **kw
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        tls: BrokerTLS | None = None,
+        bridges: Bridges | None = None,
+        **kw,
     ):
         super().__init__(host, port, **kw)
         self.tls = tls
+        self.bridges = bridges
         self._tls_tmp: Path | None = None
 
     def command(self) -> list[str]:
         exe = find_mosquitto()
         conf = self.workdir / "mosquitto.conf"
         tls_dir = self._stage_tls() if self.tls is not None else None
-        conf.write_text(mosquitto_config(self.host, self.port, self.max_packet_mb, tls_dir))
+        conf.write_text(
+            mosquitto_config(self.host, self.port, self.max_packet_mb, tls_dir, self.bridges)
+        )
         return [exe, "-c", str(conf)]
 
     def _stage_tls(self) -> Path:
-        """Copy the broker's certificate, key, CA and ACL where Mosquitto can read them.
-        Started by root, Mosquitto drops to the ``mosquitto`` account, which may not reach
-        the work directory: the files then go to a private directory of that account."""
+        """Copy the broker's certificate, key, CA and ACL (and the bridge identity, when it
+        bridges) where Mosquitto can read them. Started by root, Mosquitto drops to the
+        ``mosquitto`` account, which may not reach the work directory: the files then go to
+        a private directory of that account."""
         assert self.tls is not None
         src = SwarmCerts(Path(self.tls.certs))
         src.require(src.ca_cert, src.broker_cert, src.broker_key)
+        bridge_files = bridge_tls_files(src.root) if self.bridges else {}
         account = None
         if os.geteuid() == 0:
             try:
@@ -244,10 +270,14 @@ class MosquittoBroker(ChildBroker):
             ("broker.key", src.broker_key),
         ):
             shutil.copyfile(path, dst / name)
+        for name, path in bridge_files.items():
+            shutil.copyfile(path, dst / name)
         if src.crl.is_file():
             shutil.copyfile(src.crl, dst / "crl.pem")
         (dst / "acl").write_text(mosquitto_acl(self.tls.swarm))
         os.chmod(dst / "broker.key", 0o600)
+        if bridge_files:
+            os.chmod(dst / "bridge.key", 0o600)
         if account is not None:
             for p in (dst, *dst.iterdir()):
                 os.chown(p, account.pw_uid, account.pw_gid)
@@ -303,12 +333,14 @@ def make_broker(
     port: int = 0,
     *,
     tls: BrokerTLS | None = None,
+    bridges: Bridges | None = None,
     **kw,
 ) -> ChildBroker:
     """The broker to run (not started): ``mosquitto``, ``embedded``, or ``auto`` (Mosquitto
     where its binary is found, else the embedded one, with a warning that says how much
-    slower it is). A TLS broker must be Mosquitto: asking the embedded one for TLS, or
-    ``auto`` without Mosquitto, is a :class:`BrokerError` before anything starts."""
+    slower it is). A TLS or bridging broker must be Mosquitto: asking the embedded one for
+    either, or ``auto`` without Mosquitto, is a :class:`BrokerError` before anything
+    starts."""
     if kind not in BROKER_KINDS:
         raise BrokerError(f"unknown broker {kind!r}: choose one of {', '.join(BROKER_KINDS)}")
     if kind == "auto":
@@ -321,6 +353,11 @@ def make_broker(
                 "security.tls needs Mosquitto: the embedded broker has no TLS and no ACL "
                 "(install mosquitto, or run without TLS)"
             )
+        if bridges is not None and bridges.targets:
+            raise BrokerError(
+                "--bridge needs Mosquitto: the embedded broker cannot bridge to another "
+                "site's broker (install mosquitto)"
+            )
         return EmbeddedBroker(host, port, **kw)
     find_mosquitto()  # a clear error now rather than at start
-    return MosquittoBroker(host, port, tls=tls, **kw)
+    return MosquittoBroker(host, port, tls=tls, bridges=bridges, **kw)

@@ -5,8 +5,11 @@
 
     ca.crt   ca.key          the swarm CA (keep ca.key off the devices)
     broker.crt broker.key    the broker's TLS server certificate (SANs: the broker hosts)
+    bridge.crt bridge.key    the identity a site broker's bridge presents to another site's
+                             broker (CN ``p2pfl:bridge``, :data:`BRIDGE_CN`)
     nodes/<id>.crt <id>.key  one Ed25519 identity per node (CN = node id)
-    acl                      the Mosquitto ACL: each node publishes only its own topics
+    acl                      the Mosquitto ACL: each node publishes only its own topics;
+                             the bridge relays the whole swarm
     crl.pem                  revoked node certificates (:func:`revoke`), when any are
 
 A node's Ed25519 key is both its TLS client key and its message-signing key, so its
@@ -33,6 +36,9 @@ from p2pfl.errors import P2PFLError
 
 DEFAULT_DAYS = 825
 MAX_CERT_BYTES = 4096  # a peer's certificate is untrusted input
+# the bridge's CN (its MQTT username on the remote broker): ':' is not allowed in a node id,
+# so no node can be named it and inherit the bridge's rights in the ACL
+BRIDGE_CN = "p2pfl:bridge"
 
 
 class CertError(P2PFLError, ValueError):
@@ -60,6 +66,14 @@ class SwarmCerts:
     @property
     def broker_key(self) -> Path:
         return self.root / "broker.key"
+
+    @property
+    def bridge_cert(self) -> Path:
+        return self.root / "bridge.crt"
+
+    @property
+    def bridge_key(self) -> Path:
+        return self.root / "bridge.key"
 
     @property
     def acl(self) -> Path:
@@ -158,7 +172,11 @@ def mosquitto_acl(swarm: str | None) -> str:
     status topics and reads only its own inbox; any member may write any inbox (requests
     and replies), where signatures say who really sent what. Status telemetry (docs/wire.md,
     "Status telemetry") is readable by any client with a swarm certificate, for observers.
-    ``swarm=None``: every swarm."""
+    ``swarm=None``: every swarm.
+
+    The bridge of another site's broker (username :data:`BRIDGE_CN`) reads and writes every
+    topic of the swarm, since it relays all of them both ways, and its connection state
+    (``$SYS/broker/connection/<id>/state``: its notifications and its Will)."""
     s = swarm or "+"
     return "\n".join(
         [
@@ -171,6 +189,10 @@ def mosquitto_acl(swarm: str | None) -> str:
             f"pattern write p2pfl/{s}/inbox/+",
             f"pattern write p2pfl/{s}/status/%u",
             f"pattern read p2pfl/{s}/status/+",
+            "# a bridge between site brokers relays the whole swarm, both ways",
+            f"user {BRIDGE_CN}",
+            f"topic readwrite p2pfl/{s}/#",
+            "topic readwrite $SYS/broker/connection/+/state",
             "",
         ]
     )
@@ -185,10 +207,11 @@ def make_swarm_certs(
     days: int = DEFAULT_DAYS,
     overwrite: bool = False,
 ) -> SwarmCerts:
-    """Create (or extend) a swarm's CA, broker certificate, node identities and ACL.
+    """Create (or extend) a swarm's CA, broker certificate, bridge and node identities, and
+    ACL.
 
     An existing CA is reused, so adding a node later signs it with the same CA; existing
-    node identities are kept unless ``overwrite``. The broker certificate is always
+    node identities (and the bridge's) are kept unless ``overwrite``. The broker certificate is always
     re-issued for ``broker_hosts`` (plus ``127.0.0.1`` and ``localhost``)."""
     paths = SwarmCerts(Path(out))
     paths.root.mkdir(parents=True, exist_ok=True)
@@ -216,6 +239,20 @@ def make_swarm_certs(
     )
     _write_key(paths.broker_key, broker_key)
     _write_cert(paths.broker_cert, broker_cert)
+    if overwrite or not (paths.bridge_key.exists() and paths.bridge_cert.exists()):
+        # a client of other site brokers; ECDSA like the broker's key (any Mosquitto build
+        # has it), which also keeps it from ever passing as a node identity (Ed25519)
+        bridge_key = ec.generate_private_key(ec.SECP256R1())
+        bridge_cert = _issue(
+            _name(BRIDGE_CN),
+            bridge_key.public_key(),
+            ca_key,
+            ca_cert.subject,
+            days,
+            usage=[ExtendedKeyUsageOID.CLIENT_AUTH],
+        )
+        _write_key(paths.bridge_key, bridge_key)
+        _write_cert(paths.bridge_cert, bridge_cert)
     for nid in node_ids:
         if paths.node_key(nid).exists() and paths.node_cert(nid).exists() and not overwrite:
             continue
