@@ -92,6 +92,7 @@ def _figures(recs: dict[str, list[dict]]) -> dict:
             "round_s": [r.get("round_s") for r in rs],
             "bytes_sent": sum(r.get("bytes_sent", 0) for r in rs),
             "bytes_recv": sum(r.get("bytes_recv", 0) for r in rs),
+            "direct_bytes_recv": sum(r.get("direct_bytes_recv", 0) for r in rs),
         }
         for nid, rs in recs.items()
     }
@@ -190,6 +191,13 @@ def test_two_swarms_span_two_bridged_site_brokers(tmp_path):
                 assert not rec["failovers"] and rec["received"], (nid, rec)
                 assert sorted(rec["aggregated"]) == roster, (nid, rec)
         assert {site for _, site in where.values()} == set(SITES), where
+
+        # the weights went peer to peer between the sites (the direct lane; mutual TLS in
+        # the secure swarm): the bridge carried control traffic only
+        for recs in (*dec.values(), *cen.values()):
+            for r in recs:
+                assert set(r["lanes"].values()) <= {"direct"}, r
+        assert all(r["lanes"] for recs in dec.values() for r in recs)
 
         figures = {
             "wall_s": round(wall, 1),
