@@ -38,7 +38,7 @@ from p2pfl.config.load import load_topology  # noqa: E402
 from p2pfl.launch.swarm import auto_per_process, run_swarm  # noqa: E402
 from p2pfl.metrics import read_run  # noqa: E402
 
-SHARD = 24  # training examples per node
+SHARD = 40  # training examples per node
 
 
 def scale_overrides(n: int) -> list[str]:
@@ -47,6 +47,7 @@ def scale_overrides(n: int) -> list[str]:
         f"nodes={n}",
         "edges=ring",
         "rounds=3",
+        "dataset.partition=dirichlet(5.0)",
         "model.name=mlp",
         "model.hidden=32",
         f"dataset.synthetic_train={SHARD * n}",
