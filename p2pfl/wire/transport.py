@@ -84,6 +84,18 @@ class TransportStats:
     direct_bytes_sent: int = 0  # the direct lane's share of bytes_sent / bytes_recv
     direct_bytes_recv: int = 0
 
+    def sent_direct(self, nbytes: int, messages: int) -> None:
+        """Count bytes (and messages) sent on the direct lane, in both totals."""
+        self.bytes_sent += nbytes
+        self.direct_bytes_sent += nbytes
+        self.messages_sent += messages
+
+    def received_direct(self, nbytes: int, messages: int) -> None:
+        """Count bytes (and messages) received on the direct lane, in both totals."""
+        self.bytes_recv += nbytes
+        self.direct_bytes_recv += nbytes
+        self.messages_recv += messages
+
 
 class Transport:
     """One node's MQTT connection. Callbacks:
@@ -447,34 +459,11 @@ class Transport:
         fut = self.transfers.expect(xfer, peer, limit)
         try:
             if address is not None and self.direct_lane is not None:
-                fetch = asyncio.ensure_future(
-                    self._pull_direct(peer, address, xfer, round_no, part, attempt, limit)
-                )
-                try:
-                    await asyncio.wait(
-                        {fetch, fut},
-                        timeout=max(0.0, deadline - asyncio.get_running_loop().time()),
-                        return_when=asyncio.FIRST_COMPLETED,
-                    )
-                finally:
-                    if not fetch.done():
-                        fetch.cancel()
-                if fetch.done() and not fetch.cancelled():
-                    try:
-                        state = fetch.result()
-                    except direct.DirectUnreachable as exc:
-                        log.info(
-                            "%s: %s not reachable directly (%s): over MQTT", self.node_id, peer, exc
-                        )
-                    else:
-                        self.pull_lanes.append((peer, "direct"))
-                        return state
-                elif fut.done():
-                    fut.result()  # raises: the peer went offline
-                else:
-                    raise asyncio.TimeoutError
-                if fut.done():
-                    fut.result()
+                fetch = self._pull_direct(peer, address, xfer, round_no, part, attempt, limit)
+                state = await self._race_direct(peer, fetch, fut, deadline)
+                if state is not None:
+                    self.pull_lanes.append((peer, "direct"))
+                    return state
             await self.send(peer, "pull", round_no, {"part": part}, mid=xfer, attempt=attempt)
             remaining = max(0.0, deadline - asyncio.get_running_loop().time())
             state = await asyncio.wait_for(fut, remaining)
@@ -566,10 +555,7 @@ class Transport:
             await writer.drain()
         except (ConnectionError, OSError) as exc:
             raise TransportError(f"{self.node_id}: direct connection lost: {exc}") from None
-        sent = len(head) + (0 if data is None else len(data))
-        self.stats.bytes_sent += sent
-        self.stats.direct_bytes_sent += sent
-        self.stats.messages_sent += 1
+        self.stats.sent_direct(len(head) + (0 if data is None else len(data)), messages=1)
 
     async def _serve_direct(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         """One direct connection: read the pull, check it as an inbox message, hand it to
@@ -593,9 +579,7 @@ class Transport:
                 self.drop("oversized", f"direct request from {peer}: {size} bytes")
                 return
             payload = await asyncio.wait_for(reader.readexactly(size), direct.REQUEST_TIMEOUT_S)
-            self.stats.bytes_recv += len(head) + size
-            self.stats.direct_bytes_recv += len(head) + size
-            self.stats.messages_recv += 1
+            self.stats.received_direct(len(head) + size, messages=1)
             env = self._accept_direct(payload, writer)
             if env is None or self.on_request is None:
                 return
@@ -676,8 +660,9 @@ class Transport:
             request = self._envelope("pull", round_no, {"part": part}, xfer, attempt)
             payload = request.pack(self._signer(self.topic("inbox", peer)))
             conn.write(direct.MAGIC + direct.frame(payload))
-            self.stats.bytes_sent += len(payload) + 9
-            self.stats.direct_bytes_sent += len(payload) + 9
+            self.stats.sent_direct(
+                len(direct.MAGIC) + direct.LENGTH.size + len(payload), messages=0
+            )
             reply = self._check_direct_reply(peer, await rx.read_frame(self.max_message_bytes))
             body = reply.body if isinstance(reply.body, dict) else {}
             if reply.kind == "pull_error":
@@ -695,9 +680,7 @@ class Transport:
                 hashed = direct.HASH_POOL.submit(hasher.update, piece)
             if hashed is not None:
                 await asyncio.wrap_future(hashed)
-            self.stats.bytes_recv += rx.received
-            self.stats.direct_bytes_recv += rx.received
-            self.stats.messages_recv += 1
+            self.stats.received_direct(rx.received, messages=1)
             if hasher.hexdigest() != meta.hexdigest:
                 self.drop("bad_transfer", f"direct transfer from {peer} rejected: digest mismatch")
                 raise TransportError(f"transfer from {peer}: digest mismatch")
@@ -712,6 +695,35 @@ class Transport:
             raise TransportError(f"direct pull from {peer}: {exc}") from None
         finally:
             conn.close()
+
+    async def _race_direct(
+        self, peer: str, fetch: Awaitable[State], watch: asyncio.Future, deadline: float
+    ) -> State | None:
+        """Run a pull's direct attempt ``fetch`` from ``peer`` until the loop-time ``deadline``, against
+        ``watch`` (the pull's future, which fails when the peer goes offline). Returns the
+        state, or None when the peer cannot be reached directly (the caller falls back to
+        MQTT); raises the peer's going offline, the direct pull's own failure, or
+        :class:`asyncio.TimeoutError`."""
+        task = asyncio.ensure_future(fetch)
+        try:
+            remaining = max(0.0, deadline - asyncio.get_running_loop().time())
+            done, _ = await asyncio.wait(
+                {task, watch}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            if not task.done():
+                task.cancel()
+        if task not in done:
+            if watch in done:
+                watch.result()  # raises: the peer went offline
+            raise asyncio.TimeoutError
+        try:
+            return task.result()
+        except direct.DirectUnreachable as exc:
+            log.info("%s: %s not reachable directly (%s): over MQTT", self.node_id, peer, exc)
+        if watch.done():
+            watch.result()  # it went offline meanwhile: no pull over MQTT either
+        return None
 
     def _check_direct_reply(self, peer: str, payload: bytes) -> Envelope:
         """The server's answer frame, checked as an inbox message from ``peer``."""
