@@ -59,18 +59,6 @@ def broker(tmp_path, broker_kind):
         b.stop()
 
 
-@pytest.fixture
-def mosquitto(tmp_path):
-    """A private Mosquitto for a test of what only Mosquitto does (TLS, ACL)."""
-    if not have_mosquitto():
-        pytest.fail("mosquitto is not installed: apt-get install -y mosquitto")
-    b = make_broker("mosquitto", workdir=tmp_path / "broker").start()
-    try:
-        yield b
-    finally:
-        b.stop()
-
-
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 

@@ -238,11 +238,17 @@ class Node:
             self._security_ctx = self._load_security()
         return self._security_ctx
 
+    @property
+    def _certs_dir(self) -> str | None:
+        """This device's certificate directory: ``--certs`` / its node config, else
+        ``security.certs``."""
+        return self.opts.certs or self.cfg.security.certs
+
     def _load_security(self):
         sec = self.cfg.security
         if not sec.enabled:
             return None, None
-        certs = self.opts.certs or sec.certs
+        certs = self._certs_dir
         if not certs:
             raise ConfigError(
                 "topology",
@@ -296,9 +302,7 @@ class Node:
             from p2pfl.security.signing import direct_tls_contexts
 
             try:
-                server_tls, client_tls = direct_tls_contexts(
-                    self.opts.certs or self.cfg.security.certs, self.id
-                )
+                server_tls, client_tls = direct_tls_contexts(self._certs_dir, self.id)
             except CertError as exc:
                 log.warning("%s: no direct lane: %s", self.id, exc)
                 return None
