@@ -10,6 +10,7 @@ import time
 
 import pytest
 import torch
+from wire_helpers import serve_from
 
 from p2pfl.security.certs import make_swarm_certs
 from p2pfl.security.signing import MessageSecurity, direct_tls_contexts
@@ -29,18 +30,8 @@ STATE = {
 
 
 def serve(t: Transport, states: dict[int, dict], gate: asyncio.Event | None = None):
-    async def handler(env: Envelope) -> None:
-        if gate is not None:
-            await gate.wait()
-        state = states.get(env.round)
-        if state is None:
-            await t.send(env.sender, "pull_error", env.round, {"xfer": env.id, "reason": "none"})
-            return
-        part = env.body["part"]
-        chosen = {k: v for k, v in state.items() if part == "all" or k.startswith(part + ".")}
-        await t.send_state(env.sender, env.id, env.round, PreparedState.from_state(chosen))
-
-    t.on_request = handler
+    handler = serve_from(states, gate)
+    t.on_request = lambda env: handler(t, env)
 
 
 PLAIN = DirectLane()

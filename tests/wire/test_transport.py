@@ -8,27 +8,13 @@ import aiomqtt
 import msgpack
 import pytest
 import torch
+from wire_helpers import serve_from
 
 from p2pfl.wire.envelope import Envelope
 from p2pfl.wire.transfers import PreparedState
 from p2pfl.wire.transport import Transport, TransportError
 
 pytestmark = pytest.mark.integration
-
-
-def serve_from(state_by_round):
-    """An ``on_request`` that answers pulls from a dict of states, refusing unknown rounds."""
-
-    async def handler(t: Transport, env: Envelope):
-        state = state_by_round.get(env.round)
-        if state is None:
-            await t.send(env.sender, "pull_error", env.round, {"xfer": env.id, "reason": "none"})
-            return
-        part = env.body["part"]
-        chosen = {k: v for k, v in state.items() if part == "all" or k.startswith(part + ".")}
-        await t.send_state(env.sender, env.id, env.round, PreparedState.from_state(chosen))
-
-    return handler
 
 
 async def pair(broker, **kw):
