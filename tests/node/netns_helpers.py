@@ -28,6 +28,44 @@ ROOT = Path(__file__).resolve().parents[2]
 SBIN_PATH = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
 
 
+def synthetic_topology(
+    swarm: str,
+    hosts: dict[str, list[str]],
+    *,
+    rounds: int,
+    algorithm: str = "uapdfl",
+    secure: bool = True,
+    broker: str | None = None,
+) -> str:
+    """The topology YAML of the multi-host tests: a small synthetic task (MLP, 4 classes,
+    600 training examples), every node pinned to its host (``hosts``: host → node ids), a
+    full graph; UA-PDFL draws 2 peers; ``secure``: TLS and signatures; ``broker``: a
+    ``broker:`` value (e.g. ``mdns``), else the topology's default."""
+    nodes = ", ".join(f"{{id: {n}, host: {h}}}" for h, ids in hosts.items() for n in ids)
+    params = "{com: 2}" if algorithm == "uapdfl" else "{}"
+    security = "{tls: true, sign: true}" if secure else "{tls: false, sign: false}"
+    broker_line = f"broker: {broker}\n" if broker else ""
+    return f"""\
+name: {swarm}
+seed: 0
+{broker_line}rounds: {rounds}
+algorithm: {{name: {algorithm}, params: {params}}}
+dataset:
+  name: synthetic
+  partition: dirichlet(0.5)
+  synthetic_train: 600
+  synthetic_test: 300
+  input_shape: [1, 8, 8]
+  num_classes: 4
+model: {{name: mlp, hidden: 16}}
+training: {{epochs: 1, batch_size: 32}}
+timing: {{round_timeout_s: 30, startup_timeout_s: 60, linger_s: 5}}
+security: {security}
+nodes: [{nodes}]
+edges: full
+"""
+
+
 def require_netns() -> str:
     """The ``ip`` command; skips the test (with the reason) without root or iproute2."""
     if os.geteuid() != 0:

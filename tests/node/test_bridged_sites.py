@@ -22,7 +22,14 @@ import re
 import time
 
 import pytest
-from netns_helpers import Net, Proc, remove_staged_tls, require_netns, wait_all
+from netns_helpers import (
+    Net,
+    Proc,
+    remove_staged_tls,
+    require_netns,
+    synthetic_topology,
+    wait_all,
+)
 
 from p2pfl.config.load import load_topology
 from p2pfl.launch.broker import find_mosquitto
@@ -40,28 +47,7 @@ DEADLINE_S = 150.0
 
 
 def _topology(swarm: str, algorithm: str, secure: bool) -> str:
-    nodes = ", ".join(f"{{id: {n}, host: {s}}}" for s, ids in SITES.items() for n in ids)
-    params = "{com: 2}" if algorithm == "uapdfl" else "{}"
-    security = "{tls: true, sign: true}" if secure else "{tls: false, sign: false}"
-    return f"""\
-name: {swarm}
-seed: 0
-rounds: {ROUNDS}
-algorithm: {{name: {algorithm}, params: {params}}}
-dataset:
-  name: synthetic
-  partition: dirichlet(0.5)
-  synthetic_train: 600
-  synthetic_test: 300
-  input_shape: [1, 8, 8]
-  num_classes: 4
-model: {{name: mlp, hidden: 16}}
-training: {{epochs: 1, batch_size: 32}}
-timing: {{round_timeout_s: 30, startup_timeout_s: 60, linger_s: 5}}
-security: {security}
-nodes: [{nodes}]
-edges: full
-"""
+    return synthetic_topology(swarm, SITES, rounds=ROUNDS, algorithm=algorithm, secure=secure)
 
 
 def _ready(proc: Proc, host: str, swarm: str) -> str:

@@ -20,7 +20,15 @@ import sys
 import time
 
 import pytest
-from netns_helpers import ROOT, SBIN_PATH, Net, Proc, remove_staged_tls, require_netns
+from netns_helpers import (
+    ROOT,
+    SBIN_PATH,
+    Net,
+    Proc,
+    remove_staged_tls,
+    require_netns,
+    synthetic_topology,
+)
 
 from p2pfl.launch.broker import find_mosquitto
 from p2pfl.metrics import read_records
@@ -33,27 +41,7 @@ NODES_DEADLINE_S = 180.0
 
 
 def _topology(swarm: str) -> str:
-    nodes = ", ".join(f"{{id: {n}, host: {h}}}" for h, ids in NODES.items() for n in ids)
-    return f"""\
-name: {swarm}
-seed: 0
-broker: mdns
-rounds: 2
-algorithm: {{name: uapdfl, params: {{com: 2}}}}
-dataset:
-  name: synthetic
-  partition: dirichlet(0.5)
-  synthetic_train: 600
-  synthetic_test: 300
-  input_shape: [1, 8, 8]
-  num_classes: 4
-model: {{name: mlp, hidden: 16}}
-training: {{epochs: 1, batch_size: 32}}
-timing: {{round_timeout_s: 30, startup_timeout_s: 60, linger_s: 5}}
-security: {{tls: true, sign: true}}
-nodes: [{nodes}]
-edges: full
-"""
+    return synthetic_topology(swarm, NODES, rounds=2, broker="mdns")
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
