@@ -426,19 +426,24 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    def speed_row(table: Table, label: str, mbps: float, runs: list[float]) -> None:
+        table.add_row(label, f"{mbps:.0f}", ", ".join(f"{x:.0f}" for x in runs))
+
     t = Table(title="transfer throughput (median of runs, MB/s = 1e6 B/s)")
     t.add_column("path")
     t.add_column("MB/s", justify="right")
     t.add_column("runs")
-    t.add_row(
+    speed_row(
+        t,
         f"raw MQTT, 1 MiB QoS-1 publishes ({args.raw_mb} MiB)",
-        f"{res['raw_MBps']:.0f}",
-        ", ".join(f"{x:.0f}" for x in res["raw_runs_MBps"]),
+        res["raw_MBps"],
+        res["raw_runs_MBps"],
     )
-    t.add_row(
+    speed_row(
+        t,
         f"p2pfl pull, ResNet18 state ({res['state_bytes'] / 1e6:.1f} MB)",
-        f"{res['p2pfl_MBps']:.0f}",
-        ", ".join(f"{x:.0f}" for x in res["p2pfl_runs_MBps"]),
+        res["p2pfl_MBps"],
+        res["p2pfl_runs_MBps"],
     )
     t.add_row("ratio p2pfl / raw", f"{res['ratio']:.2f}", "target ≥ 0.50")
     t.add_section()
@@ -448,11 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         ("direct", "p2pfl pull, direct lane"),
         ("mqtt", "p2pfl pull, MQTT lane"),
     ):
-        t.add_row(
-            f"{label} ({res['lane_bytes'] / 1e6:.1f} MB)",
-            f"{res[lane + '_MBps']:.0f}",
-            ", ".join(f"{x:.0f}" for x in runs[lane]),
-        )
+        speed_row(t, f"{label} ({res['lane_bytes'] / 1e6:.1f} MB)", res[lane + "_MBps"], runs[lane])
     t.add_row(
         "ratio direct / TCP, MQTT / TCP",
         f"{res['direct_over_tcp']:.2f}, {res['mqtt_over_tcp']:.2f}",
@@ -461,33 +462,27 @@ def main(argv: list[str] | None = None) -> int:
     sec = res.get("security")
     if sec is not None:
         t.add_section()
-        t.add_row(
+        speed_row(
+            t,
             f"raw MQTT over TLS (client certificates) — {sec['raw_tls']['ratio_to_raw']:.2f}× raw",
-            f"{sec['raw_tls']['MBps']:.0f}",
-            ", ".join(f"{x:.0f}" for x in sec["raw_tls"]["runs_MBps"]),
+            sec["raw_tls"]["MBps"],
+            sec["raw_tls"]["runs_MBps"],
         )
         for mode in MODES[1:]:
             row = sec[mode.name]
-            t.add_row(
+            speed_row(
+                t,
                 f"p2pfl pull, security {mode.name} — {row['ratio_to_off']:.2f}× unprotected",
-                f"{row['MBps']:.0f}",
-                ", ".join(f"{x:.0f}" for x in row["runs_MBps"]),
+                row["MBps"],
+                row["runs_MBps"],
             )
     brokers = res.get("brokers")
     if brokers is not None:
         t.add_section()
         for name in ("mosquitto", "embedded"):
             row = brokers[name]
-            t.add_row(
-                f"{name}: raw MQTT",
-                f"{row['raw_MBps']:.0f}",
-                ", ".join(f"{x:.0f}" for x in row["raw_runs_MBps"]),
-            )
-            t.add_row(
-                f"{name}: p2pfl pull",
-                f"{row['p2pfl_MBps']:.0f}",
-                ", ".join(f"{x:.0f}" for x in row["p2pfl_runs_MBps"]),
-            )
+            speed_row(t, f"{name}: raw MQTT", row["raw_MBps"], row["raw_runs_MBps"])
+            speed_row(t, f"{name}: p2pfl pull", row["p2pfl_MBps"], row["p2pfl_runs_MBps"])
         t.add_row(
             "embedded / mosquitto (raw, pull)",
             f"{brokers['embedded_over_mosquitto_raw']:.2f}, "
