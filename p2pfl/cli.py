@@ -563,9 +563,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from p2pfl.wire.sysopt import tune_malloc
+    from p2pfl.wire.sysopt import raise_fd_limit, tune_malloc
 
     tune_malloc()  # before the first large allocation (see p2pfl.wire.sysopt)
+    raise_fd_limit()  # packed nodes and the broker hold sockets by the hundred
     args = build_parser().parse_args(argv)
     _setup_logging(args.verbose, rich=not getattr(args, "no_rich", False))
     try:

@@ -11,7 +11,10 @@ For each ``--nodes`` size, runs ``p2pfl swarm`` in-process (:func:`run_swarm`) a
   (sampled every 0.2 s), and ``mb_per_node``: the growth of that peak per added node from
   the previous size (the cost of one node beyond its process's shared torch and model);
 - ``mb_per_round``: bytes sent per round by all nodes (both lanes), and ``mqtt_mb_per_round``:
-  the part that went through the broker (the rest took the direct lane).
+  the part that went through the broker (the rest took the direct lane);
+- ``broker_out_mb_per_round``: bytes the broker delivered to the nodes per round (what they
+  received over MQTT): its fan-out, which grows as ``N²`` when every node hears every
+  node's presence and gossip, and as ``N·k`` when it hears its ``k`` neighbours only.
 
 Writes ``--json`` and prints a table. Sizes run smallest first; a size that fails (exit
 code, or a node that did not finish) is reported as such and the larger ones still run.
@@ -76,6 +79,7 @@ def one_size(topology: str, n: int, extra: list[str]) -> dict:
     rounds = max((r["round"] for r in recs), default=0) or 1
     sent = sum(r["bytes_sent"] for r in recs)
     direct = sum(r.get("direct_bytes_sent", 0) for r in recs)
+    mqtt_in = sum(r["bytes_recv"] - r.get("direct_bytes_recv", 0) for r in recs)
     return {
         "nodes": n,
         "exit": code,
@@ -88,6 +92,7 @@ def one_size(topology: str, n: int, extra: list[str]) -> dict:
         "peak_pss_mb": round(peak, 1),
         "mb_per_round": round(sent / rounds / 1e6, 2),
         "mqtt_mb_per_round": round((sent - direct) / rounds / 1e6, 3),
+        "broker_out_mb_per_round": round(mqtt_in / rounds / 1e6, 3),
         "final_acc_mean": summary["final"]["acc_mean"],
     }
 
@@ -122,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         ("peak_pss_mb", "peak PSS MB"),
         ("mb_per_node", "MB/node (marginal)"),
         ("mb_per_round", "MB sent/round"),
-        ("mqtt_mb_per_round", "via broker MB/round"),
+        ("mqtt_mb_per_round", "into broker MB/round"),
+        ("broker_out_mb_per_round", "out of broker MB/round"),
     ]
     for _, head in cols:
         table.add_column(head, justify="right")

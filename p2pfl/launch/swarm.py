@@ -40,6 +40,7 @@ from p2pfl.metrics import (
     write_text_atomic,
 )
 from p2pfl.security.certs import SwarmCerts, make_swarm_certs
+from p2pfl.wire.sysopt import raise_fd_limit
 
 
 @dataclass
@@ -223,6 +224,7 @@ def run_swarm(
     ``on_start`` is called with the resolved config once the run's ``config.yaml`` is
     written, before the nodes start (``--dashboard`` starts there)."""
     console = console or Console()
+    raise_fd_limit()  # the broker and the packed workers inherit it
     out_dir = Path(out_dir)
     tracking = open_tracking(tracker, cfg, out_dir, console)  # before anything starts
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -33,6 +33,7 @@ import threading
 import warnings
 import zipfile
 import zlib
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -623,13 +624,41 @@ def load_imagefolder(
 _ARRAYS: dict[tuple[Any, ...], DatasetArrays] = {}
 _ARRAYS_LOCKS: dict[tuple[Any, ...], threading.Lock] = {}
 _ARRAYS_GUARD = threading.Lock()
+# the latest partitions drawn in this process: (arrays, nodes, spec, seed, min) -> shards
+_SHARDS: OrderedDict[tuple[Any, ...], tuple[DatasetArrays, list[np.ndarray]]] = OrderedDict()
+_SHARDS_KEPT = 4
 
 
 def clear_cache() -> None:
-    """Forget the datasets kept in memory by :func:`load_arrays`."""
+    """Forget the datasets kept in memory by :func:`load_arrays` and the partitions drawn
+    from them."""
     with _ARRAYS_GUARD:
         _ARRAYS.clear()
         _ARRAYS_LOCKS.clear()
+        _SHARDS.clear()
+
+
+def _shards(
+    arrays: DatasetArrays, k: int, spec: str, seed: int, cfg: DatasetConfig
+) -> list[np.ndarray]:
+    """:func:`partition_indices` of ``arrays``' train labels over ``k`` nodes, drawn once per
+    process: the many nodes a process packs all need the same partition, and drawing it is
+    O(samples + nodes) each time. The key holds ``arrays`` itself (compared by identity),
+    so a dataset loaded again after :func:`clear_cache` gets its own draw."""
+    key = (id(arrays), k, spec, seed, cfg.min_samples, cfg.name)
+    with _ARRAYS_GUARD:
+        hit = _SHARDS.get(key)
+        if hit is not None and hit[0] is arrays:
+            _SHARDS.move_to_end(key)
+            return hit[1]
+    c = arrays.num_classes
+    drawn = partition_indices(arrays.train_y, k, spec, seed, c, cfg.min_samples, salt=cfg.name)
+    shards = [_readonly(idx) for idx in drawn]  # shared by the process's nodes
+    with _ARRAYS_GUARD:
+        _SHARDS[key] = (arrays, shards)
+        while len(_SHARDS) > _SHARDS_KEPT:
+            _SHARDS.popitem(last=False)
+    return shards
 
 
 def load_arrays(
@@ -706,8 +735,7 @@ def load_node_data(
     i = node_ids.index(node_id)
     c = arrays.num_classes
     spec = cfg.partition.strip().replace(" ", "")
-    shards = partition_indices(arrays.train_y, k, spec, seed, c, cfg.min_samples, salt=cfg.name)
-    idx = shards[i]
+    idx = _shards(arrays, k, spec, seed, cfg)[i]
     if cfg.train_per_node is not None and len(idx) > cfg.train_per_node:
         rng = stable_rng(seed, cfg.name, spec, k, i, "cap")
         idx = subsample_like(arrays.train_y, idx, cfg.train_per_node, c, rng)

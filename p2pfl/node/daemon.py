@@ -337,6 +337,8 @@ class Node:
             security=signing,
             tls_context=tls,
             direct_lane=self._direct_lane(),
+            # a decentralized node hears its neighbours only; a centralized member hears all
+            listen_to=None if self.method_cls.kind == "centralized" else self.neighbours,
         )
         self.services = NodeServices(
             cfg=cfg,

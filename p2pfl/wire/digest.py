@@ -4,10 +4,16 @@ The sender names the algorithm in the transfer metadata; the receiver accepts on
 listed in :data:`DIGESTS`. BLAKE3 (the ``blake3`` package) is the default: 15 ms for a
 ResNet18 state here against 46 ms for SHA-256, which matters because the receiver hashes
 every byte it pulls. SHA-256 stays available for peers without BLAKE3.
+
+:data:`HASH_POOL` is the process's one hashing thread: both lanes hash a transfer's slices
+there as they arrive (hashers release the GIL, so it runs beside the event loop). One worker
+keeps each transfer's updates in order, and a process that packs hundreds of nodes keeps one
+thread for all of them rather than one per node.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +27,8 @@ except ImportError:  # pragma: no cover
     _blake3 = None
 
 DEFAULT_DIGEST = "blake3" if "blake3" in DIGESTS else "sha256"
+
+HASH_POOL = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="p2pfl-digest")
 
 
 def new_hasher(name: str) -> Any:

@@ -23,7 +23,6 @@ checks on envelopes live with the rest of the wire's checks in
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import socket
 import ssl
 import struct
@@ -38,9 +37,6 @@ SCRATCH_BYTES = 256 << 10
 MAX_SPILL_BYTES = 1 << 20  # bytes received ahead of a read; more pauses the socket
 CONNECT_TIMEOUT_S = 3.0
 REQUEST_TIMEOUT_S = 10.0  # a client must send its request this soon after connecting
-
-# one worker: a transfer's slices are hashed in order (hashers release the GIL)
-HASH_POOL = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="direct-digest")
 
 
 class DirectUnreachable(P2PFLError, ConnectionError):

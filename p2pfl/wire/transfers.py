@@ -22,7 +22,7 @@ import numpy as np
 
 from p2pfl.errors import P2PFLError
 from p2pfl.wire.codec import CodecError, buffer_to_state, state_to_buffer
-from p2pfl.wire.digest import DEFAULT_DIGEST, hexdigest, new_hasher
+from p2pfl.wire.digest import DEFAULT_DIGEST, HASH_POOL, hexdigest, new_hasher
 from p2pfl.wire.envelope import Envelope
 
 State = dict[str, Any]
@@ -123,7 +123,6 @@ class IncomingTransfers:
         self._on_drop = on_drop
         self._spawn = spawn
         self._pending: dict[str, _Incoming] = {}
-        self._hasher_pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     def expect(self, xfer: str, peer: str, max_bytes: int) -> asyncio.Future:
         """Register transfer ``xfer`` from ``peer`` (at most ``max_bytes``); its state (or
@@ -204,17 +203,10 @@ class IncomingTransfers:
         complete = len(inc.seen) == inc.nchunks
         if ready - inc.hashed >= HASH_BATCH or (complete and ready > inc.hashed):
             span = inc.buf[inc.hashed * inc.chunk : ready * inc.chunk]
-            inc.last_hash = self._hash_pool().submit(inc.hasher.update, span)
+            inc.last_hash = HASH_POOL.submit(inc.hasher.update, span)
             inc.hashed = ready
         if complete:
             self._spawn(self._finish(inc))
-
-    def _hash_pool(self) -> concurrent.futures.ThreadPoolExecutor:
-        if self._hasher_pool is None:  # one worker: updates run in submission order
-            self._hasher_pool = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix=f"digest-{self.node_id}"
-            )
-        return self._hasher_pool
 
     async def _finish(self, inc: _Incoming) -> None:
         assert inc.buf is not None and inc.index is not None
@@ -237,10 +229,7 @@ class IncomingTransfers:
             inc.future.set_exception(TransferError(f"transfer from {inc.peer}: {reason}"))
 
     def close(self) -> None:
-        """Fail every pending transfer and stop the hashing thread."""
+        """Fail every pending transfer."""
         for inc in self._pending.values():
             if not inc.future.done():
                 inc.future.set_exception(TransferError("transport closed"))
-        if self._hasher_pool is not None:
-            self._hasher_pool.shutdown(wait=False, cancel_futures=True)
-            self._hasher_pool = None

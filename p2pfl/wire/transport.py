@@ -24,6 +24,11 @@ mutual TLS when the swarm uses TLS); the MQTT lane is the fallback when the peer
 no direct address or cannot be reached. :attr:`Transport.pull_lanes` says which lane each
 pull used.
 
+A node subscribes to the presence and gossip of every node (``+`` wildcards) unless it is
+given ``listen_to``, the peers it talks to: then it subscribes to their topics only, so in a
+sparse graph the broker delivers each presence and gossip message to a node's neighbours
+instead of to the whole swarm (``N·k`` deliveries a round instead of ``N²``).
+
 The client lives in a reconnect loop (aiomqtt has none of its own) that resubscribes and
 re-announces presence after every reconnect. Use as ``async with Transport(...) as t:``.
 """
@@ -38,7 +43,7 @@ import ssl
 import time
 import uuid
 from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +53,7 @@ import numpy as np
 from p2pfl.errors import P2PFLError
 from p2pfl.wire import direct
 from p2pfl.wire.codec import CodecError, buffer_to_state
-from p2pfl.wire.digest import new_hasher
+from p2pfl.wire.digest import HASH_POOL, new_hasher
 from p2pfl.wire.envelope import GOSSIP_KINDS, INBOX_KINDS, Envelope
 from p2pfl.wire.transfers import (
     CHUNK_BYTES,
@@ -123,6 +128,7 @@ class Transport:
         security: MessageSecurity | None = None,
         tls_context: ssl.SSLContext | None = None,
         direct_lane: direct.DirectLane | None = None,
+        listen_to: Sequence[str] | None = None,
     ):
         self.swarm = swarm
         self.node_id = node_id
@@ -160,10 +166,21 @@ class Transport:
         self._direct_server: asyncio.Server | None = None
         self._direct_replies: dict[str, asyncio.StreamWriter] = {}  # pulls being served
         self.pull_lanes: list[tuple[str, str]] = []  # (peer, "direct" | "mqtt"), per pull
+        # whose presence and gossip to hear: None, every node (wildcards)
+        self.listen_to = None if listen_to is None else sorted(set(listen_to) - {node_id})
 
     # ------------------------------------------------------------------ lifecycle
     def topic(self, kind: str, node: str) -> str:
         return f"{self.prefix}/{kind}/{node}"
+
+    def subscriptions(self) -> list[str]:
+        """The topic filters this node subscribes to: its inbox, and the presence and gossip
+        of the peers it listens to (of every node, when ``listen_to`` is None)."""
+        heard = ["+"] if self.listen_to is None else self.listen_to
+        return [
+            self.topic("inbox", self.node_id),
+            *(self.topic(kind, peer) for peer in heard for kind in ("presence", "gossip")),
+        ]
 
     async def __aenter__(self) -> Transport:
         if self.direct_lane is not None:
@@ -247,9 +264,7 @@ class Transport:
                     client.pending_calls_threshold = PUBLISH_WINDOW * 4  # windowed on purpose
                     self._client = client
                     self._session_end = asyncio.get_running_loop().create_future()
-                    await client.subscribe(f"{self.prefix}/presence/+", qos=1)
-                    await client.subscribe(f"{self.prefix}/gossip/+", qos=1)
-                    await client.subscribe(self.topic("inbox", self.node_id), qos=1)
+                    await client.subscribe([(t, 1) for t in self.subscriptions()])
                     await self._publish_presence(client)
                     self._connected.set()
                     self._back_online()
@@ -677,7 +692,7 @@ class Transport:
             for start in range(0, meta.total, direct.SLICE_BYTES):
                 piece = buf[start : start + direct.SLICE_BYTES]
                 await rx.read_into(piece)
-                hashed = direct.HASH_POOL.submit(hasher.update, piece)
+                hashed = HASH_POOL.submit(hasher.update, piece)
             if hashed is not None:
                 await asyncio.wrap_future(hashed)
             self.stats.received_direct(rx.received, messages=1)

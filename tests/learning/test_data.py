@@ -58,6 +58,29 @@ def test_synthetic_node_data_is_deterministic_and_well_formed():
         assert np.abs(tr - te).max() < 0.05
 
 
+def test_partition_is_drawn_once_per_process_and_matches_a_fresh_draw(monkeypatch):
+    """The nodes a process packs share one partition draw; each node's shard is the one a
+    fresh :func:`partition_indices` gives, and a changed node list or spec draws again."""
+    ids = [f"n{i}" for i in range(6)]
+    cfg = _synthetic()
+    D.clear_cache()
+    draws = []
+    real = D.partition_indices
+    monkeypatch.setattr(D, "partition_indices", lambda *a, **k: draws.append(a) or real(*a, **k))
+    datas = [D.load_node_data(cfg, ids, nid, seed=0) for nid in ids]
+    assert len(draws) == 1
+    arrays = D.load_arrays(cfg, 0)
+    fresh = real(arrays.train_y, 6, "dirichlet(0.5)", 0, 4, cfg.min_samples, salt="synthetic")
+    for d, idx in zip(datas, fresh, strict=True):
+        assert torch.equal(d.train_y, torch.from_numpy(arrays.train_y[idx]))
+    D.load_node_data(cfg, ids[:5], "n0", seed=0)
+    D.load_node_data(_synthetic(partition="iid"), ids, "n0", seed=0)
+    assert len(draws) == 3
+    D.clear_cache()  # a dataset loaded again gets its own draw
+    D.load_node_data(cfg, ids, "n1", seed=0)
+    assert len(draws) == 4
+
+
 def test_synthetic_is_class_structured():
     """Nearest class mean on the train set classifies the test set almost perfectly."""
     arr = D.load_arrays(_synthetic(num_classes=5, input_shape=[3, 4, 4]), seed=0)

@@ -114,6 +114,37 @@ async def test_presence_and_gossip(broker):
         assert c.peers["a"]["status"] == "offline"
 
 
+async def test_listen_to_hears_only_the_named_peers(broker):
+    """A node given ``listen_to`` subscribes to those peers' presence and gossip only: the
+    broker never delivers it the others' (the fan-out of a sparse graph stays N·k)."""
+    a, b = await pair(broker)
+    c = Transport("s", "c", broker.host, broker.port, listen_to=["a", "c"])
+    assert c.subscriptions() == ["p2pfl/s/inbox/c", "p2pfl/s/presence/a", "p2pfl/s/gossip/a"]
+    heard_by_a, heard_by_c, inbox_b = [], [], []
+    a.on_gossip, c.on_gossip, b.on_inbox = heard_by_a.append, heard_by_c.append, inbox_b.append
+    try:
+        await c.__aenter__()
+        await b.gossip(1, {"n": 1})
+        await wait_until(lambda: heard_by_a)  # routed by the broker to every subscriber
+        await a.gossip(1, {"n": 2})
+        await wait_until(lambda: heard_by_c)
+        assert [(e.sender, e.body["n"]) for e in heard_by_c] == [("a", 2)]
+        assert set(c.peers) == {"a"} and c.peers["a"]["status"] == "online"
+        await c.send("b", "report", 1, {"x": 1})  # anyone's inbox is still reachable
+        await wait_until(lambda: inbox_b)
+        assert inbox_b[0].sender == "c"
+    finally:
+        await c.close()
+        await a.close()
+        await b.close()
+
+
+async def wait_until(cond, timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not cond():
+            await asyncio.sleep(0.02)
+
+
 async def test_hostile_messages_are_dropped_and_counted(broker):
     a, b = await pair(broker, max_message_bytes=256 * 1024)
     state = {"g.w": torch.randn(100, 100)}
