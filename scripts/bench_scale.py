@@ -16,6 +16,7 @@ For each ``--nodes`` size, runs ``p2pfl swarm`` in-process (:func:`run_swarm`) a
   received over MQTT): its fan-out, which grows as ``N²`` when every node hears every
   node's presence and gossip, and as ``N·k`` when it hears its ``k`` neighbours only.
 
+Each size runs ``--repeats`` times (sizes interleaved) and its row holds the medians.
 Writes ``--json`` and prints a table. Sizes run smallest first; a size that fails (exit
 code, or a node that did not finish) is reported as such and the larger ones still run.
 """
@@ -97,24 +98,46 @@ def one_size(topology: str, n: int, extra: list[str]) -> dict:
     }
 
 
+def median_of(runs: list[dict]) -> dict:
+    """One size's row from its repeated runs: the median of every measured figure, the
+    worst exit code and completion count, and each run's wall time."""
+    row = dict(runs[0])
+    for key, value in runs[0].items():
+        if key in ("nodes", "processes"):
+            continue
+        values = [r[key] for r in runs if isinstance(r.get(key), (int, float))]
+        if isinstance(value, (int, float)) and len(values) == len(runs):
+            row[key] = round(statistics.median(values), 3)
+    row["exit"] = max(r["exit"] for r in runs)
+    row["nodes_completed"] = min(r["nodes_completed"] for r in runs)
+    row["runs_wall_s"] = [r["wall_s"] for r in runs]
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--topology", default="topologies/synthetic.yaml")
     ap.add_argument("--nodes", default="100,400,1000", help="comma list of swarm sizes")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per size (medians reported)")
     ap.add_argument("--set", action="append", default=[], help="more topology overrides")
     ap.add_argument("--json", type=Path, default=Path("results/bench_scale.json"))
     args = ap.parse_args(argv)
     sizes = sorted(int(x) for x in args.nodes.split(","))
+    runs: dict[int, list[dict]] = {n: [] for n in sizes}
+    for _ in range(args.repeats):  # sizes interleaved: a noisy minute hits every size alike
+        for n in sizes:
+            res = one_size(args.topology, n, args.set)
+            runs[n].append(res)
+            Console().print(res)
     results: list[dict] = []
     for n in sizes:
-        res = one_size(args.topology, n, args.set)
+        res = median_of(runs[n])
         if results:
             prev = results[-1]
             res["mb_per_node"] = round(
                 (res["peak_pss_mb"] - prev["peak_pss_mb"]) / (n - prev["nodes"]), 2
             )
         results.append(res)
-        Console().print(res)
     table = Table(title="scale: synthetic MLP, ring, 3 rounds, packed processes")
     cols = [
         ("nodes", "nodes"),
@@ -134,9 +157,10 @@ def main(argv: list[str] | None = None) -> int:
         table.add_column(head, justify="right")
     for r in results:
         table.add_row(*(str(r.get(k, "–")) for k, _ in cols))
-    Console().print(table)
+    Console(width=200).print(table)
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"sizes": results, "overrides": args.set}, indent=2))
+    doc = {"sizes": results, "runs": runs, "repeats": args.repeats, "overrides": args.set}
+    args.json.write_text(json.dumps(doc, indent=2))
     return 0
 
 

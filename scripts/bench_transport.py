@@ -173,8 +173,8 @@ async def _server(
     from p2pfl.wire.transfers import PreparedState
 
     state = resnet18_state()
-    prepared = PreparedState.from_state(state)
     async with _transport("server", host, port, mode, certs) as t:
+        prepared = PreparedState.from_state(state, t.digest_name)  # as a node serves it
 
         async def serve(env):
             await t.send_state(env.sender, env.id, env.round, prepared)
@@ -242,7 +242,8 @@ def tcp_sender_main(nbytes, port_q, stop):
 
 
 async def tcp_once(port: int, nbytes: int) -> float:
-    """Raw TCP: connect, then read ``nbytes`` into one buffer in the direct lane's slices."""
+    """Raw TCP: connect, then read ``nbytes`` straight into one buffer (the receiver of the
+    direct lane, without its slicing, checks or digest)."""
     import numpy as np
 
     from p2pfl.wire import direct
@@ -251,8 +252,7 @@ async def tcp_once(port: int, nbytes: int) -> float:
     t0 = time.perf_counter()
     conn, rx = await direct.connect("127.0.0.1", port, None, 5)
     conn.write(b"!")
-    for start in range(0, nbytes, direct.SLICE_BYTES):
-        await rx.read_into(buf[start : start + direct.SLICE_BYTES])
+    await rx.read_into(buf)
     dt = time.perf_counter() - t0
     conn.close()
     return nbytes / dt / 1e6

@@ -233,7 +233,8 @@ class NodeServices:
         """``state`` serialized and hashed for serving, on the shared pack pool (so packing
         never queues behind co-hosted nodes' training)."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(PACK_POOL, PreparedState.from_state, state)
+        digest = self.transport.digest_name  # BLAKE3 when signing, else XXH3 (wire.digest)
+        return await loop.run_in_executor(PACK_POOL, PreparedState.from_state, state, digest)
 
     async def pull_many(
         self, parts: dict[str, str], round_no: int, timeout: float, *, attempt: int = 0

@@ -22,7 +22,13 @@ import numpy as np
 
 from p2pfl.errors import P2PFLError
 from p2pfl.wire.codec import CodecError, buffer_to_state, state_to_buffer
-from p2pfl.wire.digest import DEFAULT_DIGEST, HASH_POOL, hexdigest, new_hasher
+from p2pfl.wire.digest import (
+    AUTHENTICATING,
+    DEFAULT_DIGEST,
+    HASH_POOL,
+    hexdigest,
+    new_hasher,
+)
 from p2pfl.wire.envelope import Envelope
 
 State = dict[str, Any]
@@ -64,9 +70,12 @@ class TransferMeta:
     hexdigest: str
 
 
-def check_meta(body: Any, max_bytes: int, max_message_bytes: int) -> TransferMeta:
+def check_meta(
+    body: Any, max_bytes: int, max_message_bytes: int, *, signed: bool = False
+) -> TransferMeta:
     """``body`` of an ``xfer_meta`` checked against the limits (before any memory is
-    allocated for the transfer); :class:`TransferError` says what is wrong."""
+    allocated for the transfer); :class:`TransferError` says what is wrong. ``signed``: the
+    swarm signs, so the digest must be one that authenticates (:data:`AUTHENTICATING`)."""
     if not isinstance(body, dict):
         raise TransferError("malformed transfer metadata")
     total, chunk, nchunks = body.get("total"), body.get("chunk"), body.get("nchunks")
@@ -78,6 +87,11 @@ def check_meta(body: Any, max_bytes: int, max_message_bytes: int) -> TransferMet
         new_hasher(digest if isinstance(digest, str) else "?")
     except ValueError as exc:
         raise TransferError(str(exc)) from None
+    if signed and digest not in AUTHENTICATING:
+        raise TransferError(
+            f"digest {digest!r} cannot vouch for a transfer in a signed swarm; "
+            f"expected one of {sorted(AUTHENTICATING)}"
+        )
     if total < 0 or total > max_bytes:
         raise TransferError(f"transfer of {total} bytes exceeds the limit of {max_bytes}")
     if not 0 < chunk <= max_message_bytes or nchunks != -(-total // chunk):
@@ -109,7 +123,8 @@ class IncomingTransfers:
     :meth:`expect` registers a pull and returns the future its state arrives on;
     :meth:`on_meta`, :meth:`on_chunk` and :meth:`on_refused` feed it from the peer's
     messages (only from the peer the pull went to). ``on_drop(reason, detail)`` is called
-    for every message dropped or transfer rejected. :meth:`close` fails what is pending."""
+    for every message dropped or transfer rejected. :meth:`close` fails what is pending.
+    ``signed``: the swarm signs, so only authenticating digests are accepted."""
 
     def __init__(
         self,
@@ -117,8 +132,11 @@ class IncomingTransfers:
         max_message_bytes: int,
         on_drop: Callable[[str, Any], None],
         spawn: Callable[[Awaitable[None]], None],
+        *,
+        signed: bool = False,
     ):
         self.node_id = node_id
+        self.signed = signed
         self.max_message_bytes = max_message_bytes
         self._on_drop = on_drop
         self._spawn = spawn
@@ -162,7 +180,7 @@ class IncomingTransfers:
             self._on_drop("unexpected_xfer_meta", env)
             return
         try:
-            meta = check_meta(body, inc.max_bytes, self.max_message_bytes)
+            meta = check_meta(body, inc.max_bytes, self.max_message_bytes, signed=self.signed)
         except TransferError as exc:
             self._fail(inc, str(exc))
             return

@@ -53,7 +53,7 @@ import numpy as np
 from p2pfl.errors import P2PFLError
 from p2pfl.wire import direct
 from p2pfl.wire.codec import CodecError, buffer_to_state
-from p2pfl.wire.digest import HASH_POOL, new_hasher
+from p2pfl.wire.digest import HASH_POOL, new_hasher, transfer_digest
 from p2pfl.wire.envelope import GOSSIP_KINDS, INBOX_KINDS, Envelope
 from p2pfl.wire.transfers import (
     CHUNK_BYTES,
@@ -159,7 +159,11 @@ class Transport:
         self._session_end: asyncio.Future | None = None  # done when this connection is lost
         self._closing = False
         self._task: asyncio.Task | None = None
-        self.transfers = IncomingTransfers(node_id, max_message_bytes, self.drop, self._spawn)
+        signed = security is not None
+        self.transfers = IncomingTransfers(
+            node_id, max_message_bytes, self.drop, self._spawn, signed=signed
+        )
+        self.digest_name = transfer_digest(signed)  # for the states this node serves
         self._seen_ids: OrderedDict[str, None] = OrderedDict()
         self._request_tasks: set[asyncio.Task] = set()
         self.direct_lane = direct_lane  # None: no direct lane (serve and pull over MQTT)
@@ -684,9 +688,13 @@ class Transport:
                 raise TransportError(f"{peer} refused the pull: {body.get('reason')}")
             if reply.kind != "xfer_meta" or body.get("xfer") != xfer:
                 raise TransportError(f"direct pull from {peer}: unexpected {reply.kind}")
-            meta = check_meta(body, limit, self.max_message_bytes)
+            meta = check_meta(body, limit, self.max_message_bytes, signed=self.transfers.signed)
             # uninitialised (no memset): every byte is overwritten before use
             buf = memoryview(np.empty(meta.total, dtype=np.uint8)).cast("B")
+            try:  # the index checked and the tensors laid over the buffer while bytes come
+                state = buffer_to_state(meta.index, buf)
+            except CodecError as exc:
+                raise TransportError(f"transfer from {peer}: bad tensor index: {exc}") from None
             hasher = new_hasher(meta.digest_name)
             hashed = None
             for start in range(0, meta.total, direct.SLICE_BYTES):
@@ -699,10 +707,7 @@ class Transport:
             if hasher.hexdigest() != meta.hexdigest:
                 self.drop("bad_transfer", f"direct transfer from {peer} rejected: digest mismatch")
                 raise TransportError(f"transfer from {peer}: digest mismatch")
-            try:
-                return buffer_to_state(meta.index, buf)
-            except CodecError as exc:
-                raise TransportError(f"transfer from {peer}: bad tensor index: {exc}") from None
+            return state  # its tensors share ``buf``, now filled and verified
         except TransferError as exc:
             self.drop("bad_transfer", f"direct transfer from {peer} rejected: {exc}")
             raise TransportError(f"transfer from {peer}: {exc}") from None
