@@ -106,7 +106,7 @@ class RoundMeter:
         self.offline_read: float | None = None  # the outage total at the last fields()
         self._direct_sent0 = transport.stats.direct_bytes_sent
         self._direct_recv0 = transport.stats.direct_bytes_recv
-        self._pulls0 = len(transport.pull_lanes)
+        self._pulls0 = transport.pulls
 
     def fields(self) -> dict[str, Any]:
         """``round_s``, ``bytes_sent``, ``bytes_recv`` (both lanes), ``direct_bytes_sent``,
@@ -121,9 +121,15 @@ class RoundMeter:
             "bytes_recv": stats.bytes_recv - self._recv0,
             "direct_bytes_sent": stats.direct_bytes_sent - self._direct_sent0,
             "direct_bytes_recv": stats.direct_bytes_recv - self._direct_recv0,
-            "lanes": dict(self._transport.pull_lanes[self._pulls0 :]),
+            "lanes": self._lanes(),
             "broker_offline_s": round(self.offline_read - self._offline0, 3),
         }
+
+    def _lanes(self) -> dict[str, str]:
+        """The lane of each pull since the round began (the last one per peer)."""
+        t = self._transport
+        n = min(t.pulls - self._pulls0, len(t.pull_lanes))
+        return dict(list(t.pull_lanes)[len(t.pull_lanes) - n :]) if n > 0 else {}
 
 
 class NodeServices:

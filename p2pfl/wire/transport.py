@@ -22,7 +22,7 @@ With a :class:`~p2pfl.wire.direct.DirectLane`, a pull first goes straight to the
 peer over TCP (:mod:`p2pfl.wire.direct`: the same request, metadata, digest and limits,
 mutual TLS when the swarm uses TLS); the MQTT lane is the fallback when the peer announces
 no direct address or cannot be reached. :attr:`Transport.pull_lanes` says which lane each
-pull used.
+pull used (the latest :data:`PULL_LANES_KEPT`; :attr:`Transport.pulls` counts them all).
 
 A node subscribes to the presence and gossip of every node (``+`` wildcards) unless it is
 given ``listen_to``, the peers it talks to: then it subscribes to their topics only, so in a
@@ -42,7 +42,7 @@ import socket
 import ssl
 import time
 import uuid
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -70,6 +70,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PUBLISH_WINDOW = 16  # QoS-1 publishes in flight per transfer
+PULL_LANES_KEPT = 4096  # lanes of the latest pulls kept (a round's records read them)
 
 
 class TransportError(P2PFLError, RuntimeError):
@@ -169,7 +170,9 @@ class Transport:
         self.direct_lane = direct_lane  # None: no direct lane (serve and pull over MQTT)
         self._direct_server: asyncio.Server | None = None
         self._direct_replies: dict[str, asyncio.StreamWriter] = {}  # pulls being served
-        self.pull_lanes: list[tuple[str, str]] = []  # (peer, "direct" | "mqtt"), per pull
+        # (peer, "direct" | "mqtt") of the latest pulls, oldest first; ``pulls`` counts all
+        self.pull_lanes: deque[tuple[str, str]] = deque(maxlen=PULL_LANES_KEPT)
+        self.pulls = 0
         # whose presence and gossip to hear: None, every node (wildcards)
         self.listen_to = None if listen_to is None else sorted(set(listen_to) - {node_id})
 
@@ -481,12 +484,12 @@ class Transport:
                 fetch = self._pull_direct(peer, address, xfer, round_no, part, attempt, limit)
                 state = await self._race_direct(peer, fetch, fut, deadline)
                 if state is not None:
-                    self.pull_lanes.append((peer, "direct"))
+                    self._pulled(peer, "direct")
                     return state
             await self.send(peer, "pull", round_no, {"part": part}, mid=xfer, attempt=attempt)
             remaining = max(0.0, deadline - asyncio.get_running_loop().time())
             state = await asyncio.wait_for(fut, remaining)
-            self.pull_lanes.append((peer, "mqtt"))
+            self._pulled(peer, "mqtt")
             return state
         except asyncio.TimeoutError:
             raise TransportError(
@@ -715,6 +718,10 @@ class Transport:
             raise TransportError(f"direct pull from {peer}: {exc}") from None
         finally:
             conn.close()
+
+    def _pulled(self, peer: str, lane: str) -> None:
+        self.pull_lanes.append((peer, lane))
+        self.pulls += 1
 
     async def _race_direct(
         self, peer: str, fetch: Awaitable[State], watch: asyncio.Future, deadline: float
