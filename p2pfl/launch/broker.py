@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -334,19 +335,20 @@ def make_broker(
     *,
     tls: BrokerTLS | None = None,
     bridges: Bridges | None = None,
+    warn: Callable[[str], None] | None = None,
     **kw,
 ) -> ChildBroker:
     """The broker to run (not started): ``mosquitto``, ``embedded``, or ``auto`` (Mosquitto
     where its binary is found, else the embedded one, with a warning that says how much
-    slower it is). A TLS or bridging broker must be Mosquitto: asking the embedded one for
-    either, or ``auto`` without Mosquitto, is a :class:`BrokerError` before anything
-    starts."""
+    slower it is, given to ``warn``: the log by default, the launcher prints it). A TLS or
+    bridging broker must be Mosquitto: asking the embedded one for either, or ``auto``
+    without Mosquitto, is a :class:`BrokerError` before anything starts."""
     if kind not in BROKER_KINDS:
         raise BrokerError(f"unknown broker {kind!r}: choose one of {', '.join(BROKER_KINDS)}")
     if kind == "auto":
         kind = "mosquitto" if have_mosquitto() else "embedded"
         if kind == "embedded":
-            log.warning(EMBEDDED_NOTE)
+            (warn or log.warning)(EMBEDDED_NOTE)
     if kind == "embedded":
         if tls is not None:
             raise BrokerError(

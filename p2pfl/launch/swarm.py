@@ -24,11 +24,12 @@ from typing import Any
 
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from p2pfl.config.load import dump_topology
 from p2pfl.config.schema import BrokerAddress, TopologyConfig
-from p2pfl.launch.broker import EMBEDDED_NOTE, BrokerTLS, have_mosquitto, make_broker
+from p2pfl.launch.broker import BrokerTLS, make_broker
 from p2pfl.launch.tracker import open_tracking
 from p2pfl.metrics import (
     node_log_path,
@@ -239,14 +240,12 @@ def run_swarm(
         cfg = ensure_certs(cfg, out_dir, console)
         if broker is None:
             tls = BrokerTLS(Path(cfg.security.certs), cfg.name) if cfg.security.tls else None
-            if broker_kind == "auto" and not have_mosquitto():
-                console.print(f"[yellow]{EMBEDDED_NOTE}[/]")
-                broker_kind = "embedded"
             own_broker = make_broker(
                 broker_kind,
                 workdir=out_dir / "broker",
                 max_packet_mb=cfg.max_message_mb * 2,
                 tls=tls,
+                warn=lambda note: console.print(f"[yellow]{escape(note)}[/]"),
             ).start()
             broker = BrokerAddress(host=own_broker.host, port=own_broker.port)
             console.print(

@@ -141,6 +141,11 @@ def test_auto_is_mosquitto_where_installed_else_embedded_with_a_warning(
         chosen = make_broker("auto", workdir=tmp_path)
     assert isinstance(chosen, EmbeddedBroker)
     assert "embedded" in caplog.text and "slower" in caplog.text
+    caplog.clear()
+    said: list[str] = []  # the launcher prints the note instead of logging it
+    with caplog.at_level(logging.WARNING, logger="p2pfl.broker"):
+        assert isinstance(make_broker("auto", workdir=tmp_path, warn=said.append), EmbeddedBroker)
+    assert len(said) == 1 and "slower" in said[0] and not caplog.text
 
 
 def test_the_embedded_broker_refuses_tls_and_an_unknown_kind_is_named(monkeypatch, tmp_path):
