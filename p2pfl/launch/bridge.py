@@ -209,9 +209,10 @@ def bridge_topics(bridges: Bridges, target: BridgeTarget) -> list[str]:
     (docs/wire.md, "Bridged brokers and clustered brokers").
 
     With the nodes behind the bridge (``R``; this side, ``L``, is the rest of the roster):
-    ``presence/<l>`` and ``gossip/<l>`` go out and ``inbox/<l>`` comes in for each ``l`` in
-    ``L``; ``presence/<r>`` and ``gossip/<r>`` come in and ``inbox/<r>`` goes out for each
-    ``r`` in ``R``. Each broker then only ever sends the presence of the nodes on its own
+    ``presence/<l>``, ``gossip/<l>`` and ``status/<l>`` (telemetry, QoS 0: a dashboard at
+    either site sees every node) go out and ``inbox/<l>`` comes in for each ``l`` in ``L``;
+    ``presence/<r>``, ``gossip/<r>`` and ``status/<r>`` come in and ``inbox/<r>`` goes out
+    for each ``r`` in ``R``. Each broker then only ever sends the presence of the nodes on its own
     side, and a message crosses only when it is addressed to, or published by, a node on
     the other side."""
     if not target.nodes:
@@ -225,12 +226,14 @@ def bridge_topics(bridges: Bridges, target: BridgeTarget) -> list[str]:
             f"topic {prefix}/presence/{n} out 1",
             f"topic {prefix}/gossip/{n} out 1",
             f"topic {prefix}/inbox/{n} in 1",
+            f"topic {prefix}/status/{n} out 0",
         ]
     for n in target.nodes:
         lines += [
             f"topic {prefix}/presence/{n} in 1",
             f"topic {prefix}/gossip/{n} in 1",
             f"topic {prefix}/inbox/{n} out 1",
+            f"topic {prefix}/status/{n} in 0",
         ]
     return lines
 

@@ -202,15 +202,19 @@ def test_a_site_scoped_bridge_carries_per_node_only_what_crosses():
         f"{p}/presence/n2 out 1",
         f"{p}/gossip/n2 out 1",
         f"{p}/inbox/n2 in 1",
+        f"{p}/status/n2 out 0",
         f"{p}/presence/n3 out 1",
         f"{p}/gossip/n3 out 1",
         f"{p}/inbox/n3 in 1",
+        f"{p}/status/n3 out 0",
         f"{p}/presence/n0 in 1",
         f"{p}/gossip/n0 in 1",
         f"{p}/inbox/n0 out 1",
+        f"{p}/status/n0 in 0",
         f"{p}/presence/n1 in 1",
         f"{p}/gossip/n1 in 1",
         f"{p}/inbox/n1 out 1",
+        f"{p}/status/n1 in 0",
     ]
 
 
