@@ -9,8 +9,8 @@
 
 3. lanes (docs/wire.md, "Direct lane"), interleaved run by run: raw loopback TCP (a
    process writes the state's byte count on a socket, this process reads it into one
-   buffer), the same raw TCP read in the direct lane's 4 MiB slices with each transfer
-   digest hashed beside it (XXH3-128, BLAKE3: what the digest alone costs), the p2pfl pull
+   buffer), the same raw TCP read with each transfer digest hashed piece by piece as the
+   lane does (XXH3-128, BLAKE3: what the digest alone costs), the p2pfl pull
    over the direct lane (same serving process; request, metadata, digest, tensors) and the
    same pull over the MQTT lane.
 
@@ -248,28 +248,22 @@ def tcp_sender_main(nbytes, port_q, stop):
 
 async def tcp_once(port: int, nbytes: int, digest: str | None = None) -> float:
     """Raw TCP: connect, then read ``nbytes`` straight into one buffer (the receiver of the
-    direct lane, without its slicing, checks or digest). With ``digest``, read it in the
-    direct lane's slices and hash each one on the hashing thread as it lands, as the lane
-    does: the cost of the digest alone."""
+    direct lane, without its checks or digest). With ``digest``, hash each piece as it
+    lands, as the lane does: the cost of the digest alone."""
     import numpy as np
 
     from p2pfl.wire import direct
-    from p2pfl.wire.digest import HASH_POOL, new_hasher
+    from p2pfl.wire.digest import new_hasher
 
     buf = memoryview(np.empty(nbytes, dtype=np.uint8)).cast("B")
     t0 = time.perf_counter()
     conn, rx = await direct.connect("127.0.0.1", port, None, 5)
     conn.write(b"!")
-    if digest is None:
-        await rx.read_into(buf)
-    else:
-        hasher, hashed = new_hasher(digest), None
-        for start in range(0, nbytes, direct.SLICE_BYTES):
-            piece = buf[start : start + direct.SLICE_BYTES]
-            await rx.read_into(piece)
-            hashed = HASH_POOL.submit(hasher.update, piece)
-        if hashed is not None:
-            await asyncio.wrap_future(hashed)
+    hasher = None if digest is None else new_hasher(digest)
+    rx.sink = None if hasher is None else hasher.update
+    await rx.read_into(buf)
+    if hasher is not None:
+        hasher.hexdigest()
     dt = time.perf_counter() - t0
     conn.close()
     return nbytes / dt / 1e6
@@ -473,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     speed_row(t, f"raw loopback TCP ({mb:.1f} MB)", res["tcp_MBps"], runs["tcp"])
     for key, digest in DIGEST_COSTS.items():
         ratio = res[f"{key}_over_tcp"]
-        label = f"raw TCP in slices + {digest} beside it — {ratio:.2f}× TCP"
+        label = f"raw TCP + {digest} as it lands — {ratio:.2f}× TCP"
         speed_row(t, label, statistics.median(runs[key]), runs[key])
     for lane, label in (("direct", "direct lane"), ("mqtt", "MQTT lane")):
         speed_row(t, f"p2pfl pull, {label} ({mb:.1f} MB)", res[lane + "_MBps"], runs[lane])

@@ -15,10 +15,12 @@ listed in :data:`DIGESTS`. Which one a node uses depends on what the digest has 
   matters because the receiver hashes every byte it pulls and on a small device that hash
   competes with the transfer for the CPU.
 
-:data:`HASH_POOL` is the process's one hashing thread: both lanes hash a transfer's slices
-there as they arrive (hashers release the GIL, so it runs beside the event loop). One worker
-keeps each transfer's updates in order, and a process that packs hundreds of nodes keeps one
-thread for all of them rather than one per node.
+:data:`HASH_POOL` is the process's one hashing thread: the MQTT lane hashes a transfer's
+reassembled prefix there as chunks arrive (hashers release the GIL, so it runs beside the
+event loop). One worker keeps each transfer's updates in order, and a process that packs
+hundreds of nodes keeps one thread for all of them rather than one per node. The direct
+lane hashes on the event loop instead, each piece as the socket writes it
+(:mod:`p2pfl.wire.direct`).
 """
 
 from __future__ import annotations

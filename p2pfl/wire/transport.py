@@ -53,7 +53,7 @@ import numpy as np
 from p2pfl.errors import P2PFLError
 from p2pfl.wire import direct
 from p2pfl.wire.codec import CodecError, buffer_to_state
-from p2pfl.wire.digest import HASH_POOL, new_hasher, transfer_digest
+from p2pfl.wire.digest import new_hasher, transfer_digest
 from p2pfl.wire.envelope import GOSSIP_KINDS, INBOX_KINDS, Envelope
 from p2pfl.wire.transfers import (
     CHUNK_BYTES,
@@ -699,13 +699,9 @@ class Transport:
             except CodecError as exc:
                 raise TransportError(f"transfer from {peer}: bad tensor index: {exc}") from None
             hasher = new_hasher(meta.digest_name)
-            hashed = None
-            for start in range(0, meta.total, direct.SLICE_BYTES):
-                piece = buf[start : start + direct.SLICE_BYTES]
-                await rx.read_into(piece)
-                hashed = HASH_POOL.submit(hasher.update, piece)
-            if hashed is not None:
-                await asyncio.wrap_future(hashed)
+            rx.sink = hasher.update  # each piece hashed as it lands (p2pfl.wire.direct)
+            await rx.read_into(buf)
+            rx.sink = None
             self.stats.received_direct(rx.received, messages=1)
             if hasher.hexdigest() != meta.hexdigest:
                 self.drop("bad_transfer", f"direct transfer from {peer} rejected: digest mismatch")

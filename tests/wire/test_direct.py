@@ -216,3 +216,36 @@ async def test_mutual_tls_on_the_direct_lane(broker, certs):
     finally:
         for t in (a, b, m):
             await t.close()
+
+
+async def test_the_receiver_feeds_its_sink_every_byte_in_order_spilled_ones_first():
+    """Bytes that arrived before ``read_into`` (spilled) and bytes written straight into the
+    buffer reach ``sink`` exactly once each, in order: the digest sees the whole payload."""
+    payload = bytes(range(256)) * 12_000  # 3 MB: some spilled, the rest many socket reads
+    head_sent = asyncio.Event()
+
+    async def handle(reader, writer):
+        writer.write(direct.frame(b"meta") + payload[:200_000])  # lands in the spill buffer
+        await writer.drain()
+        head_sent.set()
+        await reader.readexactly(1)
+        writer.write(payload[200_000:])
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    conn, rx = await direct.connect("127.0.0.1", port, None, 5)
+    try:
+        assert await rx.read_frame(1024) == b"meta"
+        await head_sent.wait()
+        await until(lambda: rx.received >= 4 + 4 + 200_000)
+        pieces: list[bytes] = []
+        rx.sink = lambda view: pieces.append(bytes(view))
+        buf = memoryview(bytearray(len(payload)))
+        conn.write(b"!")
+        await rx.read_into(buf)
+        assert bytes(buf) == payload and b"".join(pieces) == payload and len(pieces) > 2
+    finally:
+        conn.close()
+        server.close()
