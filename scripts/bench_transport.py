@@ -269,11 +269,21 @@ async def tcp_once(port: int, nbytes: int, digest: str | None = None) -> float:
     return nbytes / dt / 1e6
 
 
+async def timed_pull(t, lane: str, round_no: int) -> float:
+    """MB/s of one pull of the serving node's state by ``t``, which must take ``lane``."""
+    from p2pfl.wire.codec import state_nbytes
+
+    t0 = time.perf_counter()
+    state = await t.pull("server", round_no, "all", timeout=120)
+    speed = state_nbytes(state) / (time.perf_counter() - t0) / 1e6
+    assert t.pull_lanes[-1] == ("server", lane), t.pull_lanes[-1]
+    return speed
+
+
 async def bench_lanes(repeats: int) -> dict:
     """Raw TCP, the direct-lane pull and the MQTT-lane pull of the ResNet18 state,
     interleaved (one warm-up round discarded): one serving node process with the direct
     lane; a client with the lane pulls directly, one without it over MQTT."""
-    from p2pfl.wire.codec import state_nbytes
     from p2pfl.wire.transfers import PreparedState
 
     nbytes = len(PreparedState.from_state(resnet18_state()).buf)
@@ -300,14 +310,12 @@ async def bench_lanes(repeats: int) -> dict:
                 while "direct" not in on_direct.peers.get("server", {}):
                     await asyncio.sleep(0.05)
                 for i in range(repeats + 1):
+                    # the compared pair back to back, then the digest rows and the MQTT lane
                     speeds = {"tcp": await tcp_once(tcp_port, nbytes)}
+                    speeds["direct"] = await timed_pull(on_direct, "direct", i)
                     for key, digest in DIGEST_COSTS.items():
                         speeds[key] = await tcp_once(tcp_port, nbytes, digest)
-                    for lane, t in (("direct", on_direct), ("mqtt", on_mqtt)):
-                        t0 = time.perf_counter()
-                        state = await t.pull("server", i, "all", timeout=120)
-                        speeds[lane] = state_nbytes(state) / (time.perf_counter() - t0) / 1e6
-                        assert t.pull_lanes[-1] == ("server", lane), t.pull_lanes[-1]
+                    speeds["mqtt"] = await timed_pull(on_mqtt, "mqtt", i)
                     if i:
                         for lane, v in speeds.items():
                             runs[lane].append(v)
