@@ -99,25 +99,43 @@ def _wait_log(path: Path, text: str, timeout: float) -> None:
 def test_round_one_aggregator_killed_mid_round(tmp_path, broker):
     """Each node in its own process. Round 1's aggregator (``b``) is SIGKILLed while it
     collects the round's uploads; the broker publishes its Last Will, the next peer in order
-    (``c``) takes round 1 over as attempt 1, and the swarm finishes every round without it."""
+    (``c``) takes round 1 over as attempt 1, and the swarm finishes every round without it.
+
+    To catch ``b`` collecting, one client (``e``) is frozen (SIGSTOP) as it starts training
+    round 1 (training is made to last about a second), so ``b`` waits for its report; ``e``
+    is let go once ``b`` is dead."""
     rounds = 3
     cfg, out, workers = start_nodes(
         tmp_path,
         broker,
         _overrides(
             "fedavg",
-            [f"rounds={rounds}", "timing.round_timeout_s=5", "timing.aggregator_timeout_s=8"],
+            [
+                f"rounds={rounds}",
+                "training.epochs=100",
+                "timing.round_timeout_s=5",
+                "timing.aggregator_timeout_s=8",
+            ],
         ),
     )
     victim = aggregator_for(1, cfg.node_ids)
     assert victim == "b"
     survivors = [n for n in cfg.node_ids if n != victim]
+    slow = workers["e"]
+    frozen = False
     try:
+        _wait_log(slow.log_path, "ready after", 90)  # round 1's training starts now
+        os.killpg(slow.proc.pid, signal.SIGSTOP)
+        frozen = True
         _wait_log(workers[victim].log_path, "aggregating round 1 attempt 0", 90)
         os.killpg(workers[victim].proc.pid, signal.SIGKILL)
+        os.killpg(slow.proc.pid, signal.SIGCONT)
+        frozen = False
         for nid in survivors:
             assert workers[nid].proc.wait(timeout=120) == 0, workers[nid].log_path.read_text()
     finally:
+        if frozen:
+            os.killpg(slow.proc.pid, signal.SIGCONT)
         stop_workers(list(workers.values()), grace=2)
     successor = aggregator_for(1, cfg.node_ids, attempt=1)
     for nid in survivors:
@@ -125,7 +143,8 @@ def test_round_one_aggregator_killed_mid_round(tmp_path, broker):
         assert [r["round"] for r in recs] == list(range(1, rounds + 1)), nid
         first = recs[0]
         assert first["aggregator"] == successor and first["attempt"] == 1, (nid, first)
-        assert first["failovers"][0]["aggregator"] == victim
+        if nid != "e":  # e was frozen through attempt 0: it never turned to b
+            assert first["failovers"][0]["aggregator"] == victim
         assert victim not in first["aggregated"]
         for rec in recs[1:]:
             assert victim not in rec["roster"] and rec["attempt"] == 0
