@@ -197,8 +197,6 @@ def server_main(host, port, ready, stop, mode=MODES[0], certs=None):
 async def p2pfl_pulls(
     host: str, port: int, repeats: int, mode: Mode = MODES[0], certs: str | None = None
 ) -> tuple[list[float], int]:
-    from p2pfl.wire.codec import state_nbytes
-
     ctx = mp.get_context("spawn")
     ready, stop = ctx.Event(), ctx.Event()
     proc = ctx.Process(target=server_main, args=(host, port, ready, stop, mode, certs))
@@ -210,11 +208,8 @@ async def p2pfl_pulls(
         nbytes = 0
         async with _transport("client", host, port, mode, certs) as t:
             for i in range(repeats):
-                t0 = time.perf_counter()
-                state = await t.pull("server", i, "all", timeout=120)
-                dt = time.perf_counter() - t0
-                nbytes = state_nbytes(state)
-                speeds.append(nbytes / dt / 1e6)
+                speed, nbytes = await timed_pull(t, i)
+                speeds.append(speed)
     finally:
         stop.set()
         proc.join(10)
@@ -269,15 +264,18 @@ async def tcp_once(port: int, nbytes: int, digest: str | None = None) -> float:
     return nbytes / dt / 1e6
 
 
-async def timed_pull(t, lane: str, round_no: int) -> float:
-    """MB/s of one pull of the serving node's state by ``t``, which must take ``lane``."""
+async def timed_pull(t, round_no: int, lane: str | None = None) -> tuple[float, int]:
+    """MB/s and bytes of one pull of the serving node's state by ``t`` (which must take
+    ``lane`` when it is given)."""
     from p2pfl.wire.codec import state_nbytes
 
     t0 = time.perf_counter()
     state = await t.pull("server", round_no, "all", timeout=120)
-    speed = state_nbytes(state) / (time.perf_counter() - t0) / 1e6
-    assert t.pull_lanes[-1] == ("server", lane), t.pull_lanes[-1]
-    return speed
+    dt = time.perf_counter() - t0
+    if lane is not None:
+        assert t.pull_lanes[-1] == ("server", lane), t.pull_lanes[-1]
+    nbytes = state_nbytes(state)
+    return nbytes / dt / 1e6, nbytes
 
 
 async def bench_lanes(repeats: int) -> dict:
@@ -312,10 +310,10 @@ async def bench_lanes(repeats: int) -> dict:
                 for i in range(repeats + 1):
                     # the compared pair back to back, then the digest rows and the MQTT lane
                     speeds = {"tcp": await tcp_once(tcp_port, nbytes)}
-                    speeds["direct"] = await timed_pull(on_direct, "direct", i)
+                    speeds["direct"] = (await timed_pull(on_direct, i, "direct"))[0]
                     for key, digest in DIGEST_COSTS.items():
                         speeds[key] = await tcp_once(tcp_port, nbytes, digest)
-                    speeds["mqtt"] = await timed_pull(on_mqtt, "mqtt", i)
+                    speeds["mqtt"] = (await timed_pull(on_mqtt, i, "mqtt"))[0]
                     if i:
                         for lane, v in speeds.items():
                             runs[lane].append(v)
