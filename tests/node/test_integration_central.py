@@ -121,7 +121,8 @@ def test_round_one_aggregator_killed_mid_round(tmp_path, broker):
     victim = aggregator_for(1, cfg.node_ids)
     assert victim == "b"
     survivors = [n for n in cfg.node_ids if n != victim]
-    slow = workers["e"]
+    slow_id = "e"  # a client, and not round 1's next aggregator
+    slow = workers[slow_id]
     frozen = False
     try:
         _wait_log(slow.log_path, "ready after", 90)  # round 1's training starts now
@@ -143,7 +144,7 @@ def test_round_one_aggregator_killed_mid_round(tmp_path, broker):
         assert [r["round"] for r in recs] == list(range(1, rounds + 1)), nid
         first = recs[0]
         assert first["aggregator"] == successor and first["attempt"] == 1, (nid, first)
-        if nid != "e":  # e was frozen through attempt 0: it never turned to b
+        if nid != slow_id:  # frozen through attempt 0, it never turned to the victim
             assert first["failovers"][0]["aggregator"] == victim
         assert victim not in first["aggregated"]
         for rec in recs[1:]:
