@@ -30,9 +30,31 @@ class _Strict(BaseModel):
 # ----------------------------------------------------------------------------- sections
 
 PARTITION_RE = re.compile(
-    r"^(?:(?P<iid>iid)|dirichlet\((?P<alpha>[0-9.eE+-]+)\)|pathological\((?P<k>\d+)\)"
+    r"^(?:(?P<none>none)|(?P<iid>iid)|dirichlet\((?P<alpha>[0-9.eE+-]+)\)|pathological\((?P<k>\d+)\)"
     r"|(?P<groups>groups)(?:\((?P<g>\d+)\s*,\s*(?P<dom>\d+)\s*,\s*(?P<frac>[0-9.]+)\))?)$"
 )
+
+
+BUILTIN_DATASETS = (
+    "fashionmnist",
+    "mnist",
+    "cifar10",
+    "cifar100",
+    "svhn",
+    "imagefolder",
+    "synthetic",
+)
+FILE_DATASETS = ("csv", "parquet", "npz")  # a device's own files, read by pandas / numpy
+BUILTIN_MODELS = ("cnn", "lenet", "mlp", "resnet18", "vgg11")
+IMPORT_PATH_RE = re.compile(
+    r"^[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*$"
+)
+"""``package.module:attribute``: a user's own dataset function or model factory."""
+
+
+def is_import_path(name: str) -> bool:
+    """Whether ``name`` is a ``package.module:attribute`` path (a user's own code)."""
+    return IMPORT_PATH_RE.match(name) is not None
 
 
 class BrokerAddress(_Strict):
@@ -75,24 +97,91 @@ class AlgorithmConfig(_Strict):
 
 
 class DatasetConfig(_Strict):
-    name: Literal[
-        "fashionmnist", "mnist", "cifar10", "cifar100", "svhn", "imagefolder", "synthetic"
-    ] = "synthetic"
+    name: str = Field(
+        "synthetic",
+        description="a built-in dataset, a device's own files (csv, parquet, npz), or a "
+        "user function 'package.module:function'",
+    )
     root: str | None = Field(
-        None, description="directory with the dataset, or a zip / ImageFolder directory"
+        None,
+        description="directory with the dataset, or a zip / ImageFolder directory, or the "
+        "node's own file; '{id}' is replaced by the node id (data/{id}.csv)",
     )
     download: bool = False
-    partition: str = "dirichlet(0.5)"
+    partition: str = Field(
+        "dirichlet(0.5)",
+        description="none: each node trains and tests on everything at its own data root",
+    )
     min_samples: int = Field(10, ge=1, description="Dirichlet: minimum train samples per node")
     train_per_node: int | None = Field(None, ge=1, description="cap on each node's train samples")
     test_per_node: int | None = Field(
         None, ge=1, description="each node's test samples (default: same ratio as global)"
+    )
+    # a device's own data (partition: none)
+    label: str = Field("label", min_length=1, description="csv / parquet: the label column")
+    classes: int | list[str] | None = Field(
+        None,
+        description="the swarm's label space: a count (labels 0..C-1) or the class names "
+        "(labels are names, or their indices); needed for a device's own data",
+    )
+    test_fraction: float = Field(
+        0.2,
+        gt=0,
+        lt=1,
+        description="own data without a test split: this fraction of it (deterministic)",
+    )
+    stats: str | None = Field(
+        None,
+        description="csv / parquet: a JSON file of feature normalisation statistics "
+        "({mean: {col: v}, std: {col: v}}); default: from the node's own train split",
     )
     # synthetic only
     num_classes: int = Field(10, ge=2)
     input_shape: list[int] = Field(default_factory=lambda: [1, 8, 8])
     synthetic_train: int = Field(2000, ge=10, description="synthetic: total train samples")
     synthetic_test: int = Field(1000, ge=10, description="synthetic: total test samples")
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, v: str) -> str:
+        if v in BUILTIN_DATASETS or v in FILE_DATASETS or is_import_path(v):
+            return v
+        known = ", ".join((*BUILTIN_DATASETS, *FILE_DATASETS))
+        raise ValueError(f"unknown dataset {v!r}: one of {known}, or 'package.module:function'")
+
+    @field_validator("classes")
+    @classmethod
+    def _check_classes(cls, v: int | list[str] | None) -> int | list[str] | None:
+        if isinstance(v, bool):
+            raise ValueError("classes must be a count or a list of class names")
+        if isinstance(v, int) and v < 2:
+            raise ValueError("classes: a count must be at least 2")
+        if isinstance(v, list):
+            if len(v) < 2:
+                raise ValueError("classes: at least 2 class names")
+            dup = sorted({c for c in v if v.count(c) > 1})
+            if dup:
+                raise ValueError(f"classes: duplicate names {dup}")
+        return v
+
+    @property
+    def own_data(self) -> bool:
+        """Whether each node reads its own data root whole (``partition: none``)."""
+        return self.partition == "none"
+
+    @property
+    def class_names(self) -> list[str] | None:
+        """``classes`` as names (a count gives ``"0".."C-1"``), None when not set."""
+        if self.classes is None:
+            return None
+        if isinstance(self.classes, int):
+            return [str(i) for i in range(self.classes)]
+        return list(self.classes)
+
+    def root_for(self, node_id: str, root: str | None = None) -> str | None:
+        """``root`` (default ``self.root``) with ``{id}`` replaced by ``node_id``."""
+        r = self.root if root is None else root
+        return None if r is None else r.replace("{id}", node_id)
 
     @field_validator("partition")
     @classmethod
@@ -101,7 +190,7 @@ class DatasetConfig(_Strict):
         m = PARTITION_RE.match(v)
         if not m:
             raise ValueError(
-                "partition must be one of iid, dirichlet(ALPHA), pathological(K), groups, "
+                "partition must be one of none, iid, dirichlet(ALPHA), pathological(K), groups, "
                 f"groups(G,DOMINANT,FRACTION); got {v!r}"
             )
         if m["alpha"] is not None:
@@ -126,7 +215,19 @@ class DatasetConfig(_Strict):
 
 
 class ModelConfig(_Strict):
-    name: Literal["cnn", "lenet", "mlp", "resnet18", "vgg11"] = "cnn"
+    name: str = Field(
+        "cnn",
+        description="a built-in model, or 'package.module:factory' returning any "
+        "torch.nn.Module, called with num_classes and input_shape (and kwargs)",
+    )
+    personal: list[str] | None = Field(
+        None,
+        description="parameter-name prefixes of the personal part h (the rest is g); "
+        "default: the last nn.Linear. Built-in models have their own split",
+    )
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="more keyword arguments for a user factory"
+    )
     hidden: int = Field(64, ge=1, description="mlp: hidden units")
     padding: Literal["same", "valid"] = Field(
         "same",
@@ -139,6 +240,32 @@ class ModelConfig(_Strict):
         description="cnn: the personal part h is both FC layers ('fc', UA-PDFL's split: the "
         "convolutions are g) or only the last one ('last': g = convolutions + FC 512)",
     )
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, v: str) -> str:
+        if v in BUILTIN_MODELS or is_import_path(v):
+            return v
+        raise ValueError(
+            f"unknown model {v!r}: one of {', '.join(BUILTIN_MODELS)}, or 'package.module:factory'"
+        )
+
+    @property
+    def is_user(self) -> bool:
+        """Whether the model is the user's own (a factory's import path)."""
+        return is_import_path(self.name)
+
+    @model_validator(mode="after")
+    def _check_personal(self) -> ModelConfig:
+        if self.personal is not None and not self.is_user:
+            raise ValueError("personal: only for a user model ('package.module:factory')")
+        if self.personal is not None and (
+            not self.personal or any(not p.strip() for p in self.personal)
+        ):
+            raise ValueError("personal: give at least one non-empty parameter-name prefix")
+        if self.kwargs and not self.is_user:
+            raise ValueError("kwargs: only for a user model ('package.module:factory')")
+        return self
 
 
 class TrainingConfig(_Strict):

@@ -52,6 +52,16 @@ class SplitModel(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.h(self.g(x))
 
+    def features_and_logits(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(g(x), h(g(x)))`` with ``g`` run once."""
+        feats = self.g(x)
+        return feats, self.h(feats)
+
+    def export_module(self) -> nn.Module:
+        """The module a user takes away after training: this model itself for a built-in
+        one, the user's own module for a user model (whose state_dict names are the user's)."""
+        return self
+
     def extra_repr(self) -> str:
         return f"name={self.name!r}, input_shape={self.input_shape}, classes={self.num_classes}"
 

@@ -51,7 +51,7 @@ from p2pfl.config.schema import BrokerAddress, TopologyConfig
 from p2pfl.config.topology import neighbours
 from p2pfl.errors import P2PFLError
 from p2pfl.learning.data import NodeData, load_node_data
-from p2pfl.learning.models import build_model
+from p2pfl.learning.models import SplitModel, build_model
 from p2pfl.metrics import (
     node_log_path,
     node_meta_path,
@@ -86,6 +86,19 @@ def node_seed(seed: int, node_id: str) -> list[int]:
     return [seed, zlib.crc32(node_id.encode())]
 
 
+def build_node_model(
+    cls: type[Method], cfg: TopologyConfig, num_classes: int, input_shape: tuple[int, ...]
+) -> SplitModel:
+    """The swarm's common initial model for method ``cls``: ``model`` built with torch's RNG
+    seeded with ``cfg.seed`` (under a lock shared by co-hosted nodes), then adapted by the
+    method (e.g. pFedC's heads). Every node, and :func:`p2pfl.load_model`, builds the same."""
+    with _MODEL_INIT_LOCK:  # the same initial model on every node of the swarm
+        torch.manual_seed(cfg.seed)
+        model = build_model(cfg.model, num_classes, input_shape)
+        params = cls.Params.model_validate(cfg.algorithm.params)
+        return cls.adapt_model(model, params, num_classes)
+
+
 def build_method(
     cls: type[Method],
     cfg: TopologyConfig,
@@ -94,14 +107,10 @@ def build_method(
     rng: np.random.Generator,
     device: torch.device,
 ) -> Method:
-    """Node ``node_id``'s method instance over the swarm's common initial model (torch's RNG
-    seeded with ``cfg.seed``, under a lock shared by co-hosted nodes), on ``device``, told
-    its epochs, the run's rounds and its training labels."""
-    with _MODEL_INIT_LOCK:  # the same initial model on every node of the swarm
-        torch.manual_seed(cfg.seed)
-        model = build_model(cfg.model, data.num_classes, data.input_shape)
-        params = cls.Params.model_validate(cfg.algorithm.params)
-        model = cls.adapt_model(model, params, data.num_classes)
+    """Node ``node_id``'s method instance over the swarm's common initial model
+    (:func:`build_node_model`), on ``device``, told its epochs, the run's rounds and its
+    training labels."""
+    model = build_node_model(cls, cfg, data.num_classes, tuple(data.input_shape))
     model.to(device)
     ctx = AlgorithmContext(
         node_id=node_id,

@@ -1,0 +1,65 @@
+"""A user's own code, named in a topology as ``package.module:attribute`` (a dataset function,
+a model factory).
+
+Contract: :func:`import_object` imports the module and returns the attribute, or raises
+:class:`UserCodeError` whose message names the path and what failed (the module is not
+found, it raised while importing, the attribute is missing or not callable). The current
+directory is importable, as it is for ``python -m``: a user runs ``p2pfl`` beside their own
+module, and the launcher's node processes start in that directory.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import traceback
+from typing import Any
+
+from p2pfl.errors import P2PFLError
+
+
+class UserCodeError(P2PFLError, ImportError):
+    """A user's ``package.module:attribute`` that cannot be imported or used."""
+
+
+def _where(exc: BaseException) -> str:
+    """``file:line`` of the innermost frame of ``exc`` (the user's line that raised)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message (file:line)``: a user exception in one line, for error messages."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}{': ' + text if text else ''}{_where(exc)}"
+
+
+def import_object(path: str, what: str = "object") -> Any:
+    """The attribute ``path`` names (``package.module:attribute``, dotted attributes
+    allowed), which must be callable. ``what`` says what it is for the message
+    (``"model factory"``)."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise UserCodeError(f"{what} {path!r}: expected 'package.module:attribute'")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise UserCodeError(
+                f"{what} {path!r}: no module named {exc.name!r} (looked in the current "
+                f"directory {cwd} and the installed packages)"
+            ) from None
+        raise UserCodeError(f"{what} {path!r}: importing it failed: {describe(exc)}") from None
+    except Exception as exc:  # the user's module raised while importing
+        raise UserCodeError(f"{what} {path!r}: importing it failed: {describe(exc)}") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise UserCodeError(f"{what} {path!r}: module {module_name!r} has no {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise UserCodeError(f"{what} {path!r}: {attr!r} is not callable")
+    return obj
