@@ -321,9 +321,7 @@ def install_heads(model: SplitModel, groups: Sequence[Sequence[int]] | None) -> 
     if name == "":
         model.h = heads
     else:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.h.get_submodule(parent_name) if parent_name else model.h
-        setattr(parent, child, heads)
+        model.replace_module(f"h.{name}", heads)
     return heads
 
 

@@ -62,6 +62,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from pydantic import Field
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from p2pfl.algorithms.base import (
     AlgorithmContext,
@@ -76,6 +77,7 @@ from p2pfl.algorithms.base import (
     gossiped_count,
     register,
 )
+from p2pfl.learning.split_model import SplitModel
 from p2pfl.learning.state import layout_mismatch, select_part, weighted_mean
 
 
@@ -167,14 +169,15 @@ class UAPDFL(DecentralizedAlgorithm):
         self._dropout_peer: str | None = None
         self.drift: float | None = None  # d_i of the latest round; None before the first
         self._I_pre: torch.Tensor | None = None
+        self._unit_bn_eval = False  # see _unit_features
         self._refresh_representations()
 
     @torch.no_grad()
     def _refresh_representations(self) -> None:
         was_training = self.model.training
         self.model.eval()
-        feats = self.model.g(self.x_unit)
-        self.I = torch.softmax(self.model.h(feats), dim=-1)[0].float().cpu()
+        feats, logits = self.model.features_and_logits(self.x_unit)
+        self.I = torch.softmax(logits, dim=-1)[0].float().cpu()
         self.A = feats[0].float().cpu()
         self.model.train(was_training)
 
@@ -282,12 +285,33 @@ class UAPDFL(DecentralizedAlgorithm):
         mu = self.params.mu
         if self.params.aux_reduction == "mean":
             mu = mu / target.numel()
-        x_unit = self.x_unit
 
         def aux_term(model, x, y, logits):  # noqa: ARG001 - uniform signature
-            return mu * (model.g(x_unit)[0] - target).pow(2).sum()
+            return mu * (self._unit_features(model) - target).pow(2).sum()
 
         return aux_term
+
+    def _unit_features(self, model: SplitModel) -> torch.Tensor:
+        """``g(X_unit)`` in training mode. **Reading** (a ``g`` whose batch normalisation
+        needs more than one value per channel, e.g. ``BatchNorm1d`` on features): one unit
+        input has no batch statistics, so such a model computes ``g(X_unit)`` with its
+        batch-norm layers on their running statistics (eval mode), gradients still flowing;
+        every other model, the built-in ones included, is unaffected."""
+        if not self._unit_bn_eval:
+            try:
+                return model.features(self.x_unit)[0]
+            except ValueError as exc:
+                if "more than 1 value per channel" not in str(exc):
+                    raise
+                self._unit_bn_eval = True
+        norms = [m for m in model.modules() if isinstance(m, _BatchNorm) and m.training]
+        for m in norms:
+            m.eval()
+        try:
+            return model.features(self.x_unit)[0]
+        finally:
+            for m in norms:
+                m.train()
 
     def after_train(self) -> dict[str, Any]:
         """Step 8, and the drift ``d_i = Div(I_i^pre, I_i)`` gossiped next round."""

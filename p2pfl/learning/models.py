@@ -22,49 +22,9 @@ import torch
 from torch import nn
 
 from p2pfl.config.schema import ModelConfig
-
-
-class SplitModel(nn.Module):
-    """``forward(x) = h(g(x))`` with ``g``: input → (B, F) features, ``h``: (B, F) → logits."""
-
-    def __init__(
-        self,
-        g: nn.Module,
-        h: nn.Module,
-        *,
-        name: str = "",
-        num_classes: int = 0,
-        input_shape: tuple[int, ...] = (),
-        feature_dim: int = 0,
-    ):
-        super().__init__()
-        self.g = g
-        self.h = h
-        self.name = name
-        self.num_classes = num_classes
-        self.input_shape = tuple(input_shape)
-        self.feature_dim = feature_dim
-
-    def features(self, x: torch.Tensor) -> torch.Tensor:
-        """``g(x)``: flattened features of shape ``(B, F)``."""
-        return self.g(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.h(self.g(x))
-
-    def features_and_logits(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(g(x), h(g(x)))`` with ``g`` run once."""
-        feats = self.g(x)
-        return feats, self.h(feats)
-
-    def export_module(self) -> nn.Module:
-        """The module a user takes away after training: this model itself for a built-in
-        one, the user's own module for a user model (whose state_dict names are the user's)."""
-        return self
-
-    def extra_repr(self) -> str:
-        return f"name={self.name!r}, input_shape={self.input_shape}, classes={self.num_classes}"
-
+from p2pfl.learning.split_model import SplitModel
+from p2pfl.learning.user_code import UserCodeError, describe, import_object
+from p2pfl.learning.user_model import ModelSplitError, build_user_model
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -183,6 +143,40 @@ def _vgg11(c: int, num_classes: int) -> tuple[nn.Module, nn.Module]:
 # ----------------------------------------------------------------------------- factory
 
 
+class UserModelError(UserCodeError, ValueError):
+    """A user's model that cannot be built or split: the factory does not import or raises,
+    returns no ``nn.Module``, fails on the input shape, or ``model.personal`` does not split
+    it. ``field`` is the config field to fix (``model.name`` or ``model.personal``)."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(message)
+
+
+def build_user_module(
+    cfg: ModelConfig, num_classes: int, input_shape: tuple[int, ...]
+) -> SplitModel:
+    """The user's model ``cfg.name`` (``package.module:factory``) for ``num_classes`` and
+    ``input_shape``, split by ``cfg.personal`` (:mod:`p2pfl.learning.user_model`); a
+    :class:`UserModelError` naming the factory and the field otherwise."""
+    try:
+        factory = import_object(cfg.name, "model factory")
+    except UserCodeError as exc:
+        raise UserModelError("model.name", str(exc)) from None
+    try:
+        return build_user_model(
+            factory, cfg.name, num_classes, input_shape, cfg.personal, cfg.kwargs
+        )
+    except ModelSplitError as exc:
+        raise UserModelError(exc.field, f"model {cfg.name!r}: {exc}") from None
+    except Exception as exc:  # the user's factory or forward raised
+        raise UserModelError(
+            "model.name",
+            f"model {cfg.name!r} (num_classes={num_classes}, input_shape={list(input_shape)}): "
+            f"{describe(exc)}",
+        ) from None
+
+
 def build_model(cfg: ModelConfig, num_classes: int, input_shape: tuple[int, ...]) -> SplitModel:
     """A fresh :class:`SplitModel` named by ``cfg.name`` for ``num_classes`` classes and inputs of
     shape ``input_shape`` (``(C, H, W)`` for images; any shape for ``mlp``).
@@ -197,11 +191,15 @@ def build_model(cfg: ModelConfig, num_classes: int, input_shape: tuple[int, ...]
     * ``resnet18``: CIFAR-style ResNet18; g = all but ``fc`` (60 parameter tensors), h = ``fc``.
     * ``vgg11``: torchvision VGG11; g = features + avgpool + flatten, h = classifier.
 
+    * ``package.module:factory``: the user's own module (:func:`build_user_module`).
+
     Raises ``ValueError`` for an input shape the model cannot take."""
     input_shape = tuple(int(v) for v in input_shape)
     if num_classes < 1:
         raise ValueError(f"num_classes must be >= 1, got {num_classes}")
     name = cfg.name
+    if cfg.is_user:
+        return build_user_module(cfg, num_classes, input_shape)
     if name == "mlp":
         in_dim = math.prod(input_shape)
         g: nn.Module = nn.Sequential(

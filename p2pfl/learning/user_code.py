@@ -24,9 +24,19 @@ class UserCodeError(P2PFLError, ImportError):
 
 
 def _where(exc: BaseException) -> str:
-    """``file:line`` of the innermost frame of ``exc`` (the user's line that raised)."""
+    """`` (file:line)`` of the innermost frame of ``exc`` in the user's code (not in p2pfl,
+    torch or another installed package); empty when none is."""
     frames = traceback.extract_tb(exc.__traceback__)
-    return f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    if not frames:
+        return ""
+    here = os.path.dirname(os.path.abspath(__file__))
+    package_root = os.path.dirname(here)
+
+    def theirs(path: str) -> bool:
+        return "site-packages" not in path and not path.startswith(package_root)
+
+    frame = next((f for f in reversed(frames) if theirs(f.filename)), None)
+    return f" ({frame.filename}:{frame.lineno})" if frame else ""
 
 
 def describe(exc: BaseException) -> str:

@@ -169,10 +169,16 @@ class NodeServices:
         self._meter: RoundMeter | None = None  # the latest round's
         self._offline_mark = 0.0  # broker outage seconds already in a record
         self._status_tasks: set[asyncio.Task] = set()  # status publishes in flight
+        # neighbours refused for good reason (a model layout unlike ours), with the reason:
+        # their status reads ``refused``, so no round counts them and no pull is served
+        self.refused: dict[str, str] = {}
 
     # ------------------------------------------------------------------ presence view
     def status(self, peer: str) -> str:
-        """``peer``'s latest presence status (``online``, ``done``, ``offline``, ``unknown``)."""
+        """``peer``'s latest presence status (``online``, ``done``, ``offline``, ``unknown``),
+        or ``refused`` for a neighbour this node refuses (:attr:`refused`)."""
+        if peer in self.refused:
+            return "refused"
         return str(self.transport.peers.get(peer, {}).get("status", "unknown"))
 
     def is_online(self, peer: str) -> bool:

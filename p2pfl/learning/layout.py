@@ -1,0 +1,111 @@
+"""A model's layout: its tensors' names, shapes and dtypes, with its input shape and class
+count, as a compact description every node announces in its presence (docs/wire.md,
+"Presence").
+
+Two nodes can exchange weights only when their layouts are equal. A neighbour whose layout
+differs is refused before any weight moves (:func:`layout_difference` says how, in words a
+user can act on: the first tensor, the input shape or the class count that differs).
+Untrusted input (a peer's presence) is checked by :func:`parse_layout` and never raises.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+TensorSpec = tuple[str, tuple[int, ...], str]
+MAX_TENSORS = 100_000  # a presence announcing more is malformed
+
+
+def tensor_specs(state: Mapping[str, torch.Tensor]) -> list[TensorSpec]:
+    """``(name, shape, dtype)`` of each tensor of ``state``, in its order; dtypes as torch
+    spells them without ``torch.`` (``float32``)."""
+    return [
+        (k, tuple(int(d) for d in v.shape), str(v.dtype).removeprefix("torch."))
+        for k, v in state.items()
+    ]
+
+
+def describe_layout(
+    state: Mapping[str, torch.Tensor], input_shape: tuple[int, ...], num_classes: int
+) -> dict[str, Any]:
+    """What a presence carries: ``{"fp": 16 hex digits, "input_shape", "num_classes",
+    "tensors": [[name, shape, dtype], ...]}``; ``fp`` is a hash of the rest."""
+    body = {
+        "input_shape": [int(v) for v in input_shape],
+        "num_classes": int(num_classes),
+        "tensors": [[n, list(s), d] for n, s, d in tensor_specs(state)],
+    }
+    keyed = {**body, "tensors": sorted(body["tensors"])}  # a state's order carries no meaning
+    fp = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16]
+    return {"fp": fp, **body}
+
+
+def parse_layout(value: Any) -> dict[str, Any] | None:
+    """A peer's announced layout with its fields checked, or None when malformed."""
+    if not isinstance(value, Mapping):
+        return None
+    fp, shape, classes, tensors = (
+        value.get(k) for k in ("fp", "input_shape", "num_classes", "tensors")
+    )
+    if not isinstance(fp, str) or not isinstance(shape, list) or not isinstance(tensors, list):
+        return None
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in shape):
+        return None
+    if not isinstance(classes, int) or isinstance(classes, bool) or len(tensors) > MAX_TENSORS:
+        return None
+    for t in tensors:
+        ok = (
+            isinstance(t, list)
+            and len(t) == 3
+            and isinstance(t[0], str)
+            and isinstance(t[1], list)
+            and all(isinstance(d, int) and not isinstance(d, bool) for d in t[1])
+            and isinstance(t[2], str)
+        )
+        if not ok:
+            return None
+    return {"fp": fp, "input_shape": shape, "num_classes": classes, "tensors": tensors}
+
+
+def summary(layout: Mapping[str, Any]) -> str:
+    """One line: fingerprint, input shape, classes, tensor and parameter counts."""
+    tensors = layout["tensors"]
+    numel = 0
+    for _, shape, _ in tensors:
+        n = 1
+        for d in shape:
+            n *= d
+        numel += n
+    return (
+        f"{layout['fp']} (input {list(layout['input_shape'])}, {layout['num_classes']} classes, "
+        f"{len(tensors)} tensors, {numel:,} values)"
+    )
+
+
+def layout_difference(mine: Mapping[str, Any], theirs: Mapping[str, Any]) -> str | None:
+    """None when the two layouts are equal; otherwise the first difference, in words:
+    the input shape, the class count, or the first tensor (in this node's order) that is
+    missing, extra, or of another shape or dtype."""
+    if mine["fp"] == theirs["fp"]:
+        return None
+    if list(mine["input_shape"]) != list(theirs["input_shape"]):
+        return f"input shape {list(mine['input_shape'])} here, {list(theirs['input_shape'])} there"
+    if mine["num_classes"] != theirs["num_classes"]:
+        return f"{mine['num_classes']} classes here, {theirs['num_classes']} there"
+    their = {t[0]: t for t in theirs["tensors"]}
+    for name, shape, dtype in mine["tensors"]:
+        other = their.get(name)
+        if other is None:
+            return f"tensor {name!r} {list(shape)} {dtype} here, absent there"
+        if list(other[1]) != list(shape) or other[2] != dtype:
+            return f"tensor {name!r}: {list(shape)} {dtype} here, {list(other[1])} {other[2]} there"
+    mine_names = {t[0] for t in mine["tensors"]}
+    for name, shape, dtype in theirs["tensors"]:
+        if name not in mine_names:
+            return f"tensor {name!r} {list(shape)} {dtype} there, absent here"
+    return "the fingerprints differ"
