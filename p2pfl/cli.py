@@ -64,10 +64,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     cfg = _load(args)
     graph = build_graph(cfg)
+    model = None
     if not args.no_data:  # the data opens, the partition fits it, the model takes it
         from p2pfl.config.preflight import check_inputs
 
-        check_inputs(cfg, source=str(args.topology), data_root=args.data_root)
+        model = check_inputs(cfg, source=str(args.topology), data_root=args.data_root)
     console.print(
         f"[green]ok[/] {args.topology}: swarm {cfg.name!r}, {len(cfg.node_ids)} nodes, "
         f"{graph.number_of_edges()} edges, {cfg.rounds} rounds of {cfg.algorithm.name} "
@@ -75,6 +76,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
         highlight=False,
         soft_wrap=True,
     )
+    if model is not None:  # what the methods share (g) and what each node keeps (h)
+        from p2pfl.config.preflight import split_summary
+
+        for part, label in (("g", "shared"), ("h", "personal")):
+            modules = split_summary(model)[part]
+            console.print(
+                f"  {part} ({label}): {', '.join(modules) or '—'}", highlight=False, soft_wrap=True
+            )
     warnings = graph_warnings(cfg)
     sec = cfg.security
     if sec.enabled and sec.certs is None:
@@ -373,6 +382,55 @@ def cmd_discover(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write a run's trained models as safetensors, ONNX or TorchScript files."""
+    from p2pfl.export import ExportError, export_filename, export_model, nodes_with_models
+
+    run = Path(args.run_dir)
+    if not run.is_dir():
+        raise ExportError(f"{run}: no such run directory")
+    ids = [args.node] if args.node else nodes_with_models(run)
+    if not ids:
+        raise ExportError(f"{run}: no node has a trained model (nodes/<id>.safetensors)")
+    for nid in ids:
+        out = Path(args.out) / export_filename(nid, args.format) if args.out else None
+        print(export_model(run, nid, args.format, out), flush=True)
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    """Classify a CSV file or an image folder with a node's trained model."""
+    from p2pfl.export import classify
+
+    result = classify(args.run_dir, args.node, args.input, args.out)
+    line = f"{result.rows} predictions written to {result.path}"
+    if result.accuracy is not None:
+        line += f"; accuracy {result.accuracy:.4f} on {result.labelled} labelled inputs"
+    print(line, flush=True)
+    return 0
+
+
+def cmd_methods(args: argparse.Namespace) -> int:
+    """List the installed methods (built-in and from ``p2pfl.methods`` entry points) with
+    their kind, origin and knobs with defaults."""
+    from rich.table import Table
+
+    from p2pfl.algorithms import get_algorithm, known_algorithms, method_source
+
+    table = Table(title="p2pfl methods")
+    for col in ("method", "kind", "from", "knobs (default)"):
+        table.add_column(col, overflow="fold")
+    for name in known_algorithms():
+        cls = get_algorithm(name)
+        knobs = []
+        for knob, info in cls.Params.model_fields.items():
+            default = info.get_default(call_default_factory=True)
+            knobs.append(f"{knob}={default!r}")
+        table.add_row(name, cls.kind, method_source(name), ", ".join(knobs) or "—")
+    Console(width=max(100, console.width)).print(table)
+    return 0
+
+
 # ----------------------------------------------------------------------------- parser
 
 
@@ -559,6 +617,30 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true", help="print the summary as JSON")
     sp.add_argument("-v", "--verbose", action="store_true")
     sp.set_defaults(func=cmd_summarize)
+
+    sp = sub.add_parser(
+        "export", help="write a run's trained models as safetensors, ONNX or TorchScript"
+    )
+    sp.add_argument("run_dir")
+    sp.add_argument("--node", help="this node only (default: every node that has a model)")
+    sp.add_argument("--format", choices=("safetensors", "onnx", "torchscript"), required=True)
+    sp.add_argument("--out", help="directory to write to (default: <run_dir>/export)")
+    sp.add_argument("-v", "--verbose", action="store_true")
+    sp.set_defaults(func=cmd_export)
+
+    sp = sub.add_parser(
+        "predict", help="classify a CSV file or an image folder with a node's trained model"
+    )
+    sp.add_argument("run_dir")
+    sp.add_argument("--node", required=True, help="whose model")
+    sp.add_argument("input", help="a CSV / Parquet file, an image folder or image, a .npy array")
+    sp.add_argument("--out", help="predictions CSV (default: ./predictions-<node>.csv)")
+    sp.add_argument("-v", "--verbose", action="store_true")
+    sp.set_defaults(func=cmd_predict)
+
+    sp = sub.add_parser("methods", help="list the installed methods, their knobs and defaults")
+    sp.add_argument("-v", "--verbose", action="store_true")
+    sp.set_defaults(func=cmd_methods)
     return p
 
 
@@ -573,9 +655,13 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except ConfigError as exc:
         _print_config_error(exc)
+        if args.verbose:
+            console.print_exception()
         return 2
     except P2PFLError as exc:  # a certificate, the broker, the wire: a message, not a trace
         console.print(f"[red]error[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        if args.verbose:
+            console.print_exception()
         return 2
 
 

@@ -1,10 +1,12 @@
-"""The shape of the package (docs/architecture.md, "Dependencies"): no import circle among
-``p2pfl`` modules, counting every import (top-level, deferred inside a function, or only
-for type checking), and no module importing another module's underscore names."""
+"""The shape of the package (docs/architecture.md, "Dependencies"): every import between
+layers is one the documented order allows, no import circle among ``p2pfl`` modules,
+counting every import (top-level, deferred inside a function, or only for type checking),
+and no module importing another module's underscore names."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import networkx as nx
@@ -66,6 +68,59 @@ def import_graph() -> nx.DiGraph:
             if target != name and not name.startswith(target + "."):  # a package's own parent
                 graph.add_edge(name, target)
     return graph
+
+
+def documented_layers() -> dict[str, set[str]]:
+    """The "Dependencies" block of docs/architecture.md: layer -> the layers it may import."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    block = text.split("## Dependencies", 1)[1].split("```", 2)[1]
+    allowed: dict[str, set[str]] = {}
+    for line in block.splitlines():
+        if "→" not in line:
+            continue
+        left, right = line.split("→", 1)
+        right = re.sub(r"\([^)]*\)", "", right)
+        targets = set() if "nothing" in right else {t.strip() for t in right.split(",")}
+        for layer in left.split(","):
+            allowed[layer.strip()] = targets - {""}
+    return allowed
+
+
+def layer_of(module: str, layers: dict[str, set[str]]) -> str:
+    """The most specific documented layer ``module`` belongs to (``p2pfl.config.load`` →
+    ``config.load``, ``p2pfl.wire.codec`` → ``wire``); the package itself is ``p2pfl``."""
+    rest = module.removeprefix("p2pfl").lstrip(".")
+    while rest and rest not in layers:
+        rest = rest.rpartition(".")[0]
+    return rest or "p2pfl"
+
+
+def allows(targets: set[str], layer: str) -> bool:
+    """Whether a layer allowed to import ``targets`` may import ``layer``: named itself, or
+    by its folder (``config`` covers ``config.load``)."""
+    return layer in targets or layer.split(".")[0] in targets
+
+
+def test_imports_follow_the_documented_layers():
+    layers = documented_layers()
+    assert {"cli", "node", "wire", "learning", "config.schema"} <= set(layers)
+    graph = import_graph()
+    unknown = sorted({layer_of(m, layers) for m in graph} - set(layers) - {"p2pfl"})
+    assert unknown == [], f"layers missing from docs/architecture.md: {unknown}"
+    offenders = []
+    for a, b in graph.edges():
+        la, lb = layer_of(a, layers), layer_of(b, layers)
+        if la != lb and la.split(".")[0] != lb and not allows(layers.get(la, set()), lb):
+            offenders.append(f"{a} ({la}) imports {b} ({lb})")
+    assert offenders == [], "imports against docs/architecture.md, Dependencies:\n" + "\n".join(
+        sorted(offenders)
+    )
+
+
+def test_an_upward_import_would_be_found():
+    layers = documented_layers()
+    assert not allows(layers["learning"], layer_of("p2pfl.algorithms.base", layers))
+    assert allows(layers["node"], layer_of("p2pfl.config.load", layers))
 
 
 def test_the_scan_sees_the_package():

@@ -5,11 +5,23 @@ from :class:`~p2pfl.algorithms.base.DecentralizedAlgorithm` (or
 :class:`~p2pfl.algorithms.base.CentralizedAlgorithm`) decorated with :func:`register`; if it
 keeps state between rounds beyond its model, it overrides ``extra_state`` and
 ``load_extra_state`` in the same file (base.py, "Checkpoints").
+
+Outside this repository, the same one file registers a method in three ways, with the same
+contract:
+
+* an installed package declares it in the entry-point group ``p2pfl.methods``
+  (``[project.entry-points."p2pfl.methods"] mymethod = "mypkg.mymethod:MyMethod"``); every
+  entry point is loaded with the built-in methods, and one that fails to load is reported
+  when its name is asked for;
+* a topology names it by import path, ``algorithm.name: "mypkg.mymethod:MyMethod"``
+  (registered under that path, in every node process);
+* :func:`register_method` in the running process (a notebook, a test).
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import pkgutil
 from typing import Any
 
@@ -39,19 +51,86 @@ __all__ = [
     "get_algorithm",
     "validate_params",
     "known_algorithms",
+    "register_method",
+    "method_source",
+    "ENTRY_POINT_GROUP",
 ]
 
+ENTRY_POINT_GROUP = "p2pfl.methods"
 _loaded = False
+_SOURCES: dict[str, str] = {}  # method name -> where it came from (built-in, a package, a path)
+_PLUGIN_ERRORS: dict[str, str] = {}  # entry-point name -> why it did not load
+
+
+def register_method(cls: type[Method], *, name: str | None = None) -> type[Method]:
+    """Register a method class made outside ``p2pfl/algorithms/`` (the same contract as a
+    built-in one: a :class:`DecentralizedAlgorithm` or :class:`CentralizedAlgorithm` with a
+    ``name`` and a ``Params`` model). ``name`` overrides ``cls.name``. Registering the same
+    class twice is harmless; another class under a taken name is a ``ValueError``."""
+    if not (
+        isinstance(cls, type)
+        and issubclass(cls, (DecentralizedAlgorithm, CentralizedAlgorithm))
+        and cls not in (DecentralizedAlgorithm, CentralizedAlgorithm)
+    ):
+        raise TypeError(
+            f"{cls!r} is not a method: derive it from DecentralizedAlgorithm or "
+            "CentralizedAlgorithm (p2pfl.algorithms)"
+        )
+    key = name or getattr(cls, "name", None)
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"{cls.__name__}: a method needs a class attribute name = '...'")
+    _load_all()
+    if REGISTRY.get(key) is cls:
+        return cls
+    if key in REGISTRY:
+        raise ValueError(f"method {key!r} is registered already ({method_source(key)})")
+    REGISTRY[key] = cls
+    _SOURCES[key] = f"{cls.__module__}.{cls.__qualname__}"
+    return cls
+
+
+def _load_entry_points() -> None:
+    """Import every ``p2pfl.methods`` entry point; a class it names is registered under the
+    entry point's name unless its module registered it already."""
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist = getattr(ep, "dist", None)
+        origin = f"package {dist.name}" if dist is not None else f"entry point {ep.value}"
+        try:
+            obj = ep.load()
+        except Exception as exc:  # a broken plugin must not break the built-in methods
+            _PLUGIN_ERRORS[ep.name] = f"entry point {ep.value!r} failed to load: {exc!r}"
+            continue
+        if isinstance(obj, type) and obj not in REGISTRY.values():
+            try:
+                register_method(obj, name=ep.name)
+            except (TypeError, ValueError) as exc:
+                _PLUGIN_ERRORS[ep.name] = f"entry point {ep.value!r}: {exc}"
+                continue
+        for key, cls in REGISTRY.items():
+            if key not in _SOURCES and cls.__module__ == getattr(obj, "__module__", ep.module):
+                _SOURCES[key] = origin
+        if ep.name in REGISTRY:
+            _SOURCES[ep.name] = origin
 
 
 def _load_all() -> None:
     global _loaded
     if _loaded:
         return
+    _loaded = True  # before the entry points: they may call register_method
     for info in pkgutil.iter_modules(__path__):
         if info.name != "base" and not info.name.startswith("_"):
             importlib.import_module(f"{__name__}.{info.name}")
-    _loaded = True
+    for key in REGISTRY:
+        _SOURCES.setdefault(key, "built-in")
+    _load_entry_points()
+
+
+def method_source(name: str) -> str:
+    """Where method ``name`` comes from: ``built-in``, ``package <dist>``, or the class's
+    import path."""
+    _load_all()
+    return _SOURCES.get(name, "registered in this process")
 
 
 def known_algorithms() -> list[str]:
@@ -60,13 +139,25 @@ def known_algorithms() -> list[str]:
 
 
 def get_algorithm(name: str) -> type[Method]:
+    """The method registered as ``name``; a ``package.module:Class`` path is imported and
+    registered under that path. ``ValueError`` naming the known methods otherwise."""
     _load_all()
-    try:
+    if name in REGISTRY:
         return REGISTRY[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown algorithm {name!r}; known: {', '.join(known_algorithms())}"
-        ) from None
+    if name in _PLUGIN_ERRORS:
+        raise ValueError(f"method {name!r}: {_PLUGIN_ERRORS[name]}")
+    if ":" in name:
+        from p2pfl.learning.user_code import UserCodeError, import_object
+
+        try:
+            cls = import_object(name, "method")
+            return register_method(cls, name=name)
+        except (UserCodeError, TypeError, ValueError) as exc:
+            raise ValueError(str(exc)) from None
+    raise ValueError(
+        f"unknown algorithm {name!r}; known: {', '.join(known_algorithms())} (or a "
+        "'package.module:Class' path)"
+    )
 
 
 def validate_params(name: str, params: dict[str, Any]) -> dict[str, Any]:

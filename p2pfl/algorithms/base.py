@@ -38,7 +38,7 @@ data at construction (shapes, labels, knobs) is rebuilt, not saved; the node's R
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -46,14 +46,11 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from p2pfl.learning.hooks import ExtraLoss, LossFn, StepHook
 from p2pfl.learning.models import SplitModel
 from p2pfl.learning.state import State, layout_mismatch, select_part
 
 PullPlan = dict[str, str]  # peer id -> part ("g", "h" or "all")
-ExtraLoss = Callable[[SplitModel, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-# replaces cross-entropy: (model, xb, yb) -> (total loss to minimise, task loss to log)
-LossFn = Callable[[SplitModel, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-StepHook = Callable[[SplitModel], None]
 
 REGISTRY: dict[str, type[Method]] = {}
 

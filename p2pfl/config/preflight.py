@@ -4,20 +4,27 @@ the model takes its inputs (``p2pfl validate``, and every node as it starts).
 Each problem is a :class:`~p2pfl.config.load.ConfigError` naming the topology file and the
 field to fix (``dataset.root``, ``dataset.partition``, ``model.name``), with the message of
 what failed: the missing folder, the zip and its corrupt member, the partition argument out
-of range, the shape the model could not take.
+of range, the shape the model could not take. With ``dataset.partition: none`` each node's
+own data is checked (:func:`check_node_data`): the message names the node and its file, the
+field is the one to fix (``dataset.root``, ``dataset.label``, ``dataset.classes``,
+``dataset.name``, ``dataset.stats``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from p2pfl.algorithms import AlgorithmContext, DecentralizedAlgorithm, get_algorithm
 from p2pfl.config.load import ConfigError
-from p2pfl.config.schema import DatasetConfig, TopologyConfig
-from p2pfl.learning.data import DatasetArrays, load_arrays
-from p2pfl.learning.models import build_model
+from p2pfl.config.schema import DatasetConfig, TopologyConfig, is_import_path
+from p2pfl.learning.data import DatasetArrays, DatasetError, NodeData, load_arrays, load_node_data
+from p2pfl.learning.models import UserModelError, build_model
 from p2pfl.learning.partition import partition_indices
+from p2pfl.learning.split_model import SplitModel
+from p2pfl.learning.user_code import describe
 
 DOWNLOADABLE = ("fashionmnist", "mnist", "cifar10", "cifar100", "svhn")
 
@@ -30,8 +37,94 @@ def check_dataset(ds: DatasetConfig, seed: int, source: str, cache_dir=None) -> 
             raise ConfigError(source, [("dataset.root", f"{root} does not exist")])
     try:
         return load_arrays(ds, seed, cache_dir)
+    except DatasetError as exc:
+        raise ConfigError(source, [(exc.field, f"dataset {ds.name!r}: {exc}")]) from None
     except (OSError, ValueError, ImportError, RuntimeError) as exc:
         raise ConfigError(source, [("dataset.root", f"dataset {ds.name!r}: {exc}")]) from None
+
+
+def check_node_data(
+    cfg: TopologyConfig,
+    node_id: str,
+    *,
+    source: str = "topology",
+    data_root: str | None = None,
+    cache_dir=None,
+) -> NodeData:
+    """Node ``node_id``'s own data (``dataset.partition: none``), loaded whole from its root
+    (``data_root`` when given, else ``dataset.root``; ``{id}`` replaced by the node id), or
+    a :class:`ConfigError` naming ``source`` and the field to fix (``dataset.root``,
+    ``dataset.label``, ``dataset.classes``, ``dataset.name``, ``dataset.stats``) whose
+    message names the node and the file."""
+    ds = cfg.dataset if data_root is None else cfg.dataset.model_copy(update={"root": data_root})
+    who = f"node {node_id!r}"
+    root = ds.root_for(node_id)
+    if root and ds.name != "synthetic" and not is_import_path(ds.name):
+        path = Path(root).expanduser()
+        if not path.exists() and not (ds.download and ds.name in DOWNLOADABLE):
+            raise ConfigError(source, [("dataset.root", f"{who}: {path} does not exist")])
+    try:
+        return load_node_data(ds, cfg.node_ids, node_id, cfg.seed, cache_dir)
+    except DatasetError as exc:
+        raise ConfigError(source, [(exc.field, f"{who}: {exc}")]) from None
+    except (OSError, ValueError, ImportError, RuntimeError) as exc:
+        what = "" if str(exc).startswith("dataset ") else f"dataset {ds.name!r}: "
+        raise ConfigError(source, [("dataset.root", f"{who}: {what}{exc}")]) from None
+
+
+def check_own_data(
+    cfg: TopologyConfig,
+    *,
+    source: str = "topology",
+    data_root: str | None = None,
+    cache_dir=None,
+) -> NodeData:
+    """:func:`check_node_data` for every node of the topology (once per distinct root,
+    except for a dataset function, which is called for each node), then the same input
+    shape everywhere, else a :class:`ConfigError` on ``dataset.root`` naming the node, its
+    file and both shapes, and the same classes (they differ only where ``dataset.classes``
+    is not set: ImageFolders of different folders), else one on ``dataset.classes``.
+    Returns the first node's data."""
+    ds = cfg.dataset if data_root is None else cfg.dataset.model_copy(update={"root": data_root})
+    first: NodeData | None = None
+    first_id = ""
+    seen: set[str | None] = set()
+    for node_id in cfg.node_ids:
+        root = ds.root_for(node_id)
+        if root in seen and not is_import_path(ds.name):
+            continue
+        seen.add(root)
+        data = check_node_data(
+            cfg, node_id, source=source, data_root=data_root, cache_dir=cache_dir
+        )
+        if first is None:
+            first, first_id = data, node_id
+        elif tuple(data.input_shape) != tuple(first.input_shape):
+            raise ConfigError(
+                source,
+                [
+                    (
+                        "dataset.root",
+                        f"node {node_id!r}: {data.source}: inputs of shape "
+                        f"{list(data.input_shape)}, but node {first_id!r}'s ({first.source}) "
+                        f"are {list(first.input_shape)}: every node's inputs must have one shape",
+                    )
+                ],
+            )
+        elif data.classes != first.classes:  # dataset.classes unset: each node's own
+            raise ConfigError(
+                source,
+                [
+                    (
+                        "dataset.classes",
+                        f"node {node_id!r}: {data.source}: classes {data.classes}, but node "
+                        f"{first_id!r}'s ({first.source}) are {first.classes}: set "
+                        "dataset.classes, the swarm's label space",
+                    )
+                ],
+            )
+    assert first is not None  # a topology has at least one node
+    return first
 
 
 def check_inputs(
@@ -40,11 +133,18 @@ def check_inputs(
     source: str = "topology",
     data_root: str | None = None,
     cache_dir=None,
-) -> None:
-    """Raise :class:`ConfigError` (naming ``source`` and the field) unless the dataset
+) -> SplitModel:
+    """The swarm's model as the method adapts it (for ``p2pfl validate`` to show its
+    split); raise :class:`ConfigError` (naming ``source`` and the field) unless the dataset
     (at ``data_root`` when given) opens, its partition over the swarm's nodes can be drawn,
-    and the model accepts the dataset's input shape (:func:`check_model`). A node runs the
+    and the model accepts the dataset's input shape (:func:`check_model`). With
+    ``dataset.partition: none`` every node's own data is loaded instead
+    (:func:`check_own_data`: it opens, its labels are in ``dataset.classes``, every node's
+    input shape is the same) and the model is checked on the first node's. A node runs the
     same checks as it loads (:mod:`p2pfl.node.daemon`), drawing its partition only once."""
+    if cfg.dataset.own_data:
+        data = check_own_data(cfg, source=source, data_root=data_root, cache_dir=cache_dir)
+        return check_model(cfg, data.num_classes, tuple(data.input_shape), source)
     ds = cfg.dataset if data_root is None else cfg.dataset.model_copy(update={"root": data_root})
     arrays = check_dataset(ds, cfg.seed, source, cache_dir)
     spec = ds.partition.strip().replace(" ", "")
@@ -60,21 +160,89 @@ def check_inputs(
         )
     except ValueError as exc:
         raise ConfigError(source, [("dataset.partition", str(exc))]) from None
-    check_model(cfg, arrays.num_classes, tuple(arrays.input_shape), source)
+    return check_model(cfg, arrays.num_classes, tuple(arrays.input_shape), source)
 
 
 def check_model(
     cfg: TopologyConfig, num_classes: int, shape: tuple[int, ...], source: str = "topology"
-) -> None:
-    """Raise :class:`ConfigError` on ``model.name`` unless the model takes one input of
-    ``shape``. Torch's global random state is left as it was (callers that share it between
-    threads hold their own lock around this)."""
+) -> SplitModel:
+    """The swarm's model for ``num_classes`` and inputs of ``shape``, built, run on one
+    input, adapted and handed to the method (:func:`check_method`); a :class:`ConfigError`
+    otherwise, on ``model.name`` (the factory does not import or raises, the forward
+    fails), ``model.personal`` (a prefix matches nothing, the split leaves a part empty) or
+    ``algorithm.name`` (the method cannot work with this model). Torch's global random state
+    is left as it was (callers that share it between threads hold their own lock around
+    this)."""
     try:
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             model = build_model(cfg.model, num_classes, shape)
             model.eval()(torch.zeros(1, *shape))
+    except UserModelError as exc:
+        raise ConfigError(source, [(exc.field, str(exc))]) from None
     except (RuntimeError, ValueError, TypeError) as exc:
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         why = why.split(": ", 1)[1] if why.startswith("model ") and ": " in why else why
         what = f"model {cfg.model.name!r} cannot take {cfg.dataset.name} inputs of shape"
         raise ConfigError(source, [("model.name", f"{what} {list(shape)}: {why}")]) from None
+    return check_method(cfg, model, num_classes, shape, source)
+
+
+def check_method(
+    cfg: TopologyConfig,
+    model: SplitModel,
+    num_classes: int,
+    shape: tuple[int, ...],
+    source: str = "topology",
+) -> SplitModel:
+    """``model`` adapted by the topology's method (e.g. pFedC's heads), after building the
+    method over it once as a node does (its knobs, its labels, a snapshot and, for a
+    decentralized method, its gossip); a :class:`ConfigError` on ``algorithm.name`` naming
+    the method, the model and what failed, so a method that cannot work with a user's
+    model says so before the swarm starts."""
+    cls = get_algorithm(cfg.algorithm.name)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            params = cls.Params.model_validate(cfg.algorithm.params)
+            model = cls.adapt_model(model, params, num_classes)
+            ctx = AlgorithmContext(
+                node_id="preflight",
+                model=model,
+                num_samples=1,
+                num_classes=num_classes,
+                input_shape=tuple(shape),
+                rng=np.random.default_rng(0),
+            )
+            method = cls(cfg.algorithm.params, ctx)
+            method.local_epochs = cfg.training.epochs
+            method.total_rounds = cfg.rounds
+            method.set_labels(torch.zeros(1, dtype=torch.long))
+            method.snapshot()
+            if isinstance(method, DecentralizedAlgorithm):
+                method.gossip()
+    except Exception as exc:  # any failure here is the method meeting this model
+        raise ConfigError(
+            source,
+            [
+                (
+                    "algorithm.name",
+                    f"method {cfg.algorithm.name!r} cannot work with model "
+                    f"{cfg.model.name!r}: {describe(exc)}",
+                )
+            ],
+        ) from None
+    return model
+
+
+def split_summary(model: SplitModel) -> dict[str, list[str]]:
+    """The model's split for people: ``{"g": [...], "h": [...]}``, each the modules whose
+    tensors are in that part, with their parameter counts (``body.1 (1,040)``)."""
+    out: dict[str, list[str]] = {"g": [], "h": []}
+    counts: dict[tuple[str, str], int] = {}
+    for name, tensor in model.state_dict().items():
+        part, _, rest = name.partition(".")
+        module = rest.rsplit(".", 1)[0] if "." in rest else rest
+        key = (part, module)
+        counts[key] = counts.get(key, 0) + (tensor.numel() if tensor.is_floating_point() else 0)
+    for (part, module), n in counts.items():
+        out.setdefault(part, []).append(f"{module} ({n:,})")
+    return out

@@ -1,6 +1,6 @@
 """A model's layout: its tensors' names, shapes and dtypes, with its input shape and class
 count, as a compact description every node announces in its presence (docs/wire.md,
-"Presence").
+"Model layout").
 
 Two nodes can exchange weights only when their layouts are equal. A neighbour whose layout
 differs is refused before any weight moves (:func:`layout_difference` says how, in words a

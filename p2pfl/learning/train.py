@@ -1,15 +1,24 @@
-"""Local training and evaluation. Runs in a worker thread (never on the event loop)."""
+"""Local training and evaluation. Runs in a worker thread (never on the event loop).
+
+Contract: the inputs are either a tensor ``x`` with its labels ``y`` (batches drawn by a
+``torch.randperm`` seeded with ``seed``, evaluation in order), or a map-style torch Dataset
+of ``(x, y)`` items read through a ``DataLoader`` (``training.batch_size``, shuffled by a
+``torch.Generator`` seeded with ``seed``, ``num_workers=0``; ``y`` is then ignored), for data
+too large to hold in memory (:attr:`p2pfl.learning.arrays.NodeData.train_set`).
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
 
-from p2pfl.algorithms.base import ExtraLoss, LossFn, StepHook
 from p2pfl.config.schema import TrainingConfig
+from p2pfl.learning.hooks import ExtraLoss, LossFn, StepHook
 from p2pfl.learning.models import SplitModel
 
 
@@ -37,8 +46,8 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainingConfig, lr: float) -> to
 
 def train_local(
     model: SplitModel,
-    x: torch.Tensor,
-    y: torch.Tensor,
+    x: torch.Tensor | Dataset,
+    y: torch.Tensor | None,
     cfg: TrainingConfig,
     lr: float,
     *,
@@ -53,24 +62,22 @@ def train_local(
     cross-entropy plus ``extra_loss(model, xb, yb, logits)``, or with ``loss_fn(model, xb, yb)
     -> (total, task loss)`` in place of both when given; ``step_hook(model)`` runs after every
     optimizer step. A fresh optimizer is made each
-    call (each round), as in the papers' simulations. Batches are shuffled by ``seed``."""
+    call (each round), as in the papers' simulations. Batches are shuffled by ``seed``.
+    ``x`` may be a map-style Dataset of ``(x, y)`` items in place of the tensors (``y`` is
+    then ignored): it is read batch by batch through a ``DataLoader``."""
     t0 = time.perf_counter()
     model.train()
     model.to(device)
     opt = make_optimizer(model, cfg, lr)
     gen = torch.Generator().manual_seed(seed)
-    n = len(y)
     steps = 0
     grad_sq = 0.0
     total = ce_total = 0.0
     batches = 0
     for _ in range(epochs or cfg.epochs):
-        perm = torch.randperm(n, generator=gen)
         total = ce_total = 0.0
         batches = 0
-        for start in range(0, n, cfg.batch_size):
-            idx = perm[start : start + cfg.batch_size]
-            xb, yb = x[idx].to(device), y[idx].to(device)
+        for xb, yb in _train_batches(x, y, cfg.batch_size, gen, device):
             opt.zero_grad(set_to_none=True)
             if loss_fn is not None:
                 loss, ce = loss_fn(model, xb, yb)
@@ -98,15 +105,41 @@ def train_local(
     )
 
 
+def _train_batches(
+    x: torch.Tensor | Dataset,
+    y: torch.Tensor | None,
+    batch_size: int,
+    gen: torch.Generator,
+    device: torch.device | str,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """One epoch of shuffled batches on ``device``: a ``randperm`` of the tensors' rows, or
+    a ``DataLoader`` over a Dataset, both drawn from ``gen``."""
+    if isinstance(x, torch.Tensor):
+        assert y is not None
+        n = len(y)
+        perm = torch.randperm(n, generator=gen)
+        for start in range(0, n, batch_size):
+            idx = perm[start : start + batch_size]
+            yield x[idx].to(device), y[idx].to(device)
+        return
+    loader = DataLoader(x, batch_size=batch_size, shuffle=True, generator=gen, num_workers=0)
+    for xb, yb in loader:
+        yield xb.to(device), torch.as_tensor(yb).to(device, torch.long)
+
+
 @torch.no_grad()
 def evaluate(
     model: SplitModel,
-    x: torch.Tensor,
-    y: torch.Tensor,
+    x: torch.Tensor | Dataset,
+    y: torch.Tensor | None,
     batch_size: int = 500,
     device: torch.device | str = "cpu",
 ) -> tuple[float, float]:
-    """``(accuracy, mean cross-entropy)`` of ``model`` on ``(x, y)``."""
+    """``(accuracy, mean cross-entropy)`` of ``model`` on ``(x, y)``, or on a map-style
+    Dataset ``x`` of ``(x, y)`` items (``y`` ignored), in order; NaNs when there is none."""
+    if not isinstance(x, torch.Tensor):
+        return _evaluate_dataset(model, x, batch_size, device)
+    assert y is not None
     if len(y) == 0:
         return float("nan"), float("nan")
     model.eval()
@@ -119,3 +152,21 @@ def evaluate(
         correct += int((logits.argmax(dim=1) == yb).sum())
     model.train()
     return correct / len(y), loss / len(y)
+
+
+def _evaluate_dataset(
+    model: SplitModel, data: Dataset, batch_size: int, device: torch.device | str
+) -> tuple[float, float]:
+    n = len(data)  # type: ignore[arg-type]
+    if n == 0:
+        return float("nan"), float("nan")
+    model.eval()
+    correct = 0
+    loss = 0.0
+    for xb, yb in DataLoader(data, batch_size=batch_size, shuffle=False, num_workers=0):
+        xb, yb = xb.to(device), torch.as_tensor(yb).to(device, torch.long)
+        logits = model(xb)
+        loss += float(F.cross_entropy(logits, yb, reduction="sum"))
+        correct += int((logits.argmax(dim=1) == yb).sum())
+    model.train()
+    return correct / n, loss / n

@@ -29,11 +29,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from p2pfl.errors import P2PFLError
 from p2pfl.learning.split_model import SplitModel
 from p2pfl.learning.user_code import describe
 
 
-class ModelSplitError(ValueError):
+class ModelSplitError(P2PFLError, ValueError):
     """``model.personal`` does not split the user's model into a non-empty ``g`` and ``h``,
     the forward pass never reaches ``h``, or the model's output is not ``(B, C)`` logits.
     ``field``: the config field to fix."""

@@ -46,11 +46,14 @@ from p2pfl import PROTOCOL_VERSION
 from p2pfl.algorithms import AlgorithmContext, get_algorithm
 from p2pfl.algorithms.base import Method
 from p2pfl.config.load import ConfigError, dump_topology
-from p2pfl.config.preflight import check_dataset, check_model
+from p2pfl.config.preflight import check_dataset, check_model, check_node_data
 from p2pfl.config.schema import BrokerAddress, TopologyConfig
 from p2pfl.config.topology import neighbours
 from p2pfl.errors import P2PFLError
+from p2pfl.learning.artifacts import ExportError, write_model_artifacts
 from p2pfl.learning.data import NodeData, load_node_data
+from p2pfl.learning.layout import describe_layout, layout_difference, parse_layout
+from p2pfl.learning.layout import summary as layout_summary
 from p2pfl.learning.models import SplitModel, build_model
 from p2pfl.metrics import (
     node_log_path,
@@ -171,6 +174,7 @@ class Node:
         self.resumed_round = 0  # the round of the checkpoint this node resumed from
         self._online: set[str] = set()  # peers whose latest presence is online
         self._security_ctx: tuple[Any, Any] | None = None  # see security_context()
+        self.layout: dict[str, Any] | None = None  # describe_layout of the built model
 
     # ------------------------------------------------------------------ set-up
     def _load(self) -> None:
@@ -180,17 +184,31 @@ class Node:
             ds = ds.model_copy(update={"root": self.opts.data_root})
         # inputs that cannot work fail here naming the file and the field, not a traceback
         source = self.opts.source
-        arrays = check_dataset(ds, self.cfg.seed, source, self.opts.cache_dir)
-        with _MODEL_INIT_LOCK:  # it builds a model: torch's RNG is shared by co-hosted nodes
-            check_model(self.cfg, arrays.num_classes, tuple(arrays.input_shape), source)
-        try:
-            self.data = load_node_data(
-                ds, self.cfg.node_ids, self.id, self.cfg.seed, cache_dir=self.opts.cache_dir
+        if ds.own_data:  # partition: none: this node's own root, whole
+            self.data = check_node_data(
+                self.cfg,
+                self.id,
+                source=source,
+                data_root=self.opts.data_root or None,
+                cache_dir=self.opts.cache_dir,
             )
-        except ValueError as exc:  # the dataset opened above: the partition cannot be drawn
-            raise ConfigError(source, [("dataset.partition", str(exc))]) from None
+            with _MODEL_INIT_LOCK:  # it builds a model: torch's RNG is shared by co-hosted nodes
+                check_model(self.cfg, self.data.num_classes, tuple(self.data.input_shape), source)
+        else:
+            arrays = check_dataset(ds, self.cfg.seed, source, self.opts.cache_dir)
+            with _MODEL_INIT_LOCK:  # it builds a model: torch's RNG is shared by co-hosted nodes
+                check_model(self.cfg, arrays.num_classes, tuple(arrays.input_shape), source)
+            try:
+                self.data = load_node_data(
+                    ds, self.cfg.node_ids, self.id, self.cfg.seed, cache_dir=self.opts.cache_dir
+                )
+            except ValueError as exc:  # the dataset opened above: the partition cannot be drawn
+                raise ConfigError(source, [("dataset.partition", str(exc))]) from None
         self.method = build_method(
             self.method_cls, self.cfg, self.id, self.data, self.rng, self.device
+        )
+        self.layout = describe_layout(
+            self.method.model.state_dict(), tuple(self.data.input_shape), self.data.num_classes
         )
         self.resumed_round = self._resume()
 
@@ -235,6 +253,9 @@ class Node:
                 "n_test": len(self.data.test_y),
                 "train_hist": self.data.train_hist,
                 "test_hist": self.data.test_hist,
+                "data_source": self.data.source,  # the file or directory this node read
+                "classes": self.data.classes,
+                "input_spec": self.data.input_spec,
                 "started": time.time(),
             },
         )
@@ -337,6 +358,7 @@ class Node:
                 "swarm": cfg.name,
                 "algorithm": cfg.algorithm.name,
                 "protocol": PROTOCOL_VERSION,
+                "layout": self.layout,
             },
             max_message_bytes=int(cfg.max_message_mb * 2**20),
             max_transfer_bytes=int(cfg.max_transfer_mb * 2**20),
@@ -366,21 +388,59 @@ class Node:
         transport.on_presence = self._on_presence
         transport.on_gossip = driver.on_gossip
         transport.on_inbox = driver.on_inbox
-        transport.on_request = driver.serve_pull
+        transport.on_request = self._serve_pull
         return transport
+
+    async def _serve_pull(self, env: Any) -> None:
+        """A pull goes to the round driver unless its sender is refused (a layout unlike
+        this node's): no weight moves to a node that could not use it."""
+        assert self.services is not None and self.driver is not None
+        why = self.services.refused.get(env.sender)
+        if why is not None:
+            await self.services.refuse_pull(env, f"refused: {why}"[:300])
+            return
+        await self.driver.serve_pull(env)
 
     # ------------------------------------------------------------------ peers
     def _on_presence(self, peer: str, info: dict[str, Any]) -> None:
         online = info.get("status") == "online"
+        assert self.services is not None and self.driver is not None
+        if online and peer in self.neighbours and not self._layout_fits(peer, info):
+            online = False  # refused: never a round's peer, never served
         if online and peer not in self._online and peer in self.neighbours:
-            assert self.driver is not None
             self.driver.on_peer_online(peer)  # a neighbour (re)joined
         if online:
             self._online.add(peer)
         else:
             self._online.discard(peer)
-        assert self.services is not None
         self.services.notify()
+
+    def _layout_fits(self, peer: str, info: dict[str, Any]) -> bool:
+        """Whether ``peer``'s announced model layout is this node's; a neighbour whose
+        layout differs is refused (:attr:`NodeServices.refused`) before any weight moves,
+        and the error names both layouts and their first difference. A presence without a
+        layout (a node of an older release) is taken on trust: every state it sends still
+        passes the layout check of its pull."""
+        assert self.services is not None and self.layout is not None
+        if "layout" not in info:
+            return True
+        theirs = parse_layout(info.get("layout"))
+        if theirs is None:
+            why = "its presence announces a malformed layout"
+        else:
+            diff = layout_difference(self.layout, theirs)
+            if diff is None:
+                self.services.refused.pop(peer, None)
+                return True
+            why = (
+                f"its model layout {layout_summary(theirs)} differs from this node's "
+                f"{layout_summary(self.layout)}: {diff}"
+            )
+        if self.services.refused.get(peer) != why:
+            self.services.refused[peer] = why
+            self.services.transport.dropped["layout_mismatch"] += 1
+            log.error("%s: refusing neighbour %s: %s", self.id, peer, why)
+        return False
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> list[dict[str, Any]]:
@@ -405,7 +465,9 @@ class Node:
         async with self.transport:
             await self._announce(stack)
             present = await svc.wait_for(
-                lambda: all(svc.status(p) in ("online", "done") for p in self.neighbours),
+                lambda: all(
+                    svc.status(p) in ("online", "done", "refused") for p in self.neighbours
+                ),
                 time.monotonic() + cfg.timing.startup_timeout_s,
             )
             if not present:
@@ -418,6 +480,7 @@ class Node:
                 self.neighbours,
             )
             await self._drive(driver)
+            await self._write_model()  # the trained model, for p2pfl export/predict
             try:
                 await self.transport.set_status("done", round=cfg.rounds)
             except TransportError as exc:
@@ -428,6 +491,30 @@ class Node:
             )
         await self._flush_records()
         return self.records
+
+    async def _write_model(self) -> None:
+        """Write the trained model beside the records (``nodes/<id>.safetensors`` and
+        ``nodes/<id>.model.json``, :mod:`p2pfl.learning.artifacts`), in a worker thread; a
+        disk that refuses is logged, never fatal."""
+        if self.out_dir is None or self.method is None or self.data is None:
+            return
+        data, model = self.data, self.method.model
+        last = self.records[-1]["round"] if self.records else self.resumed_round
+        info = {
+            "model": self.cfg.model.model_dump(mode="json"),
+            "algorithm": self.cfg.algorithm.name,
+            "num_classes": data.num_classes,
+            "input_shape": list(data.input_shape),
+            "classes": getattr(data, "classes", None) or None,  # [] : not known
+            "input_spec": getattr(data, "input_spec", None) or None,
+            "round": last,
+        }
+        try:
+            await asyncio.to_thread(
+                write_model_artifacts, self.out_dir, self.id, model.export_module(), info
+            )
+        except (OSError, ExportError) as exc:
+            log.warning("%s: trained model not written: %s", self.id, exc)
 
     async def _drive(self, driver: RoundDriver) -> None:
         """Run the rounds while watching the broker: when it stays out of reach past

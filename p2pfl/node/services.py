@@ -335,7 +335,7 @@ class NodeServices:
         result = await asyncio.to_thread(
             train_local,
             method.model,
-            self.data.train_x,
+            self.data.train_inputs,  # train_set (a Dataset read by batches) or train_x
             self.data.train_y,
             cfg.training,
             lr,
@@ -361,7 +361,7 @@ class NodeServices:
         return await asyncio.to_thread(
             evaluate,
             self.method.model,
-            self.data.test_x,
+            self.data.test_inputs,  # test_set (a Dataset read by batches) or test_x
             self.data.test_y,
             EVAL_BATCH,
             self.device,

@@ -128,6 +128,14 @@ def test_imagefolder_zip(tmp_path, top):
     assert d.train_x.dtype == torch.float32 and d.input_shape == (3, 6, 5)
     assert len(d.train_y) == 6 and d.num_classes == 3
     assert float(d.train_x.min()) >= -1.0 and float(d.train_x.max()) <= 1.0
+    assert d.classes == ["ant", "cat", "dog"] and d.source == str(src)
+    assert d.input_spec == {
+        "kind": "image",
+        "channels": 3,
+        "size": [6, 5],
+        "mean": [0.5] * 3,
+        "std": [0.5] * 3,
+    }
     # a second load (fresh process state) reads the cache
     D.clear_cache()
     again = D.load_arrays(cfg, seed=0, cache_dir=cache)
@@ -190,6 +198,7 @@ def test_fashionmnist_from_shared_gz(tmp_path):
     d = D.load_node_data(cfg, [f"n{i}" for i in range(8)], "n1", seed=0, cache_dir=tmp_path)
     assert (tmp_path / "FashionMNIST" / "raw" / "train-images-idx3-ubyte").is_file()
     assert d.input_shape == (1, 28, 28) and d.num_classes == 10
+    assert d.classes[0] == "T-shirt/top" and d.input_spec["mean"] == [0.2860]
     assert d.train_x.dtype == torch.float32 and len(d.train_y) > 1000
     assert abs(float(d.train_x.mean())) < 0.5
     assert time.perf_counter() - t0 < 20

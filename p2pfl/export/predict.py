@@ -1,0 +1,332 @@
+"""Classify new data with a node's trained model: :func:`predict`, :func:`classify`.
+
+The node's ``model.json`` says how its inputs were made (``input_spec``,
+:mod:`p2pfl.learning.artifacts`), and the same is done to the new data:
+
+* a CSV (or Parquet) file, for tabular data: the columns ``input_spec.features``, each
+  normalised with its ``mean``/``std`` (a missing value becomes the feature's mean); the
+  label column ``input_spec.label``, when the file has it, is not read for predicting but
+  gives the accuracy. Labels are class names, or their indices;
+* a folder of images (every image file under it, recursively) or one image file, for image
+  data: converted to the model's channels (grey or RGB) and size (bilinear, as the training
+  data was), scaled to [0, 1] and normalised per channel. An image in a sub-folder named
+  after a class (the ImageFolder layout) counts towards the accuracy;
+* a ``.npy`` array of inputs shaped as the model takes them, used as given (uint8 arrays
+  divided by ``input_spec.scale`` where the spec has one, as the dataset did).
+
+The predictions are one CSV row per input: ``row`` (CSV, 0-based) or ``file`` (relative to
+the folder), ``predicted`` (the class index), ``label`` (its name) and ``p_<class>``, the
+softmax probability of each class.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from p2pfl.export.model import load_model_with_info
+from p2pfl.learning.artifacts import ExportError, info_path
+
+TABLE_SUFFIXES = (".csv", ".tsv", ".txt", ".parquet", ".pq")
+# image files predict reads (those the image datasets read, p2pfl.learning)
+IMAGE_EXTENSIONS = (
+    ".jpg",
+    ".jpeg",
+    ".png",
+    ".bmp",
+    ".gif",
+    ".ppm",
+    ".pgm",
+    ".tif",
+    ".tiff",
+    ".webp",
+)
+BATCH = 256
+
+
+@dataclass
+class Predictions:
+    """What :func:`classify` wrote: the CSV, how many inputs, and the accuracy over the
+    inputs that had a label (None when none had)."""
+
+    path: Path
+    rows: int
+    labelled: int = 0
+    accuracy: float | None = None
+
+
+def predict(
+    run_dir: str | Path, node_id: str, input_path: str | Path, out_path: str | Path | None = None
+) -> Path:
+    """Classify ``input_path`` (a CSV file, an image folder, an image, a ``.npy`` array)
+    with node ``node_id``'s trained model from ``run_dir``; write the predictions to
+    ``out_path`` (default ``predictions-<node>.csv`` in the current directory) and return
+    its path. :class:`~p2pfl.learning.artifacts.ExportError` names the file and what is
+    wrong (a missing feature column, an unreadable image, inputs of another kind)."""
+    return classify(run_dir, node_id, input_path, out_path).path
+
+
+def classify(
+    run_dir: str | Path, node_id: str, input_path: str | Path, out_path: str | Path | None = None
+) -> Predictions:
+    """:func:`predict`, returning also how many inputs there were and the accuracy."""
+    src = Path(input_path)
+    if not src.exists():
+        raise ExportError(f"{src}: no such file or folder")
+    module, info = load_model_with_info(run_dir, node_id)
+    classes = info["classes"] or [str(i) for i in range(info["num_classes"])]
+    spec = info.get("input_spec") or {}
+    kind = spec.get("kind")
+    suffix = src.suffix.lower()
+    if not spec and suffix != ".npy":
+        raise ExportError(
+            f"{info_path(run_dir, node_id)}: no input_spec (how the node's inputs were made): "
+            "predict cannot prepare CSV files or images for this model; give a .npy array of "
+            "inputs shaped and normalised as the model takes them"
+        )
+    if src.is_dir() or suffix in IMAGE_EXTENSIONS:
+        inputs = _image_inputs(src, spec, info)
+    elif suffix == ".npy":
+        inputs = _array_inputs(src, spec, info)
+    elif suffix in TABLE_SUFFIXES:
+        if kind != "tabular":
+            raise ExportError(
+                f"{src}: node {node_id!r}'s model was not trained on tabular data "
+                f"(input_spec kind {kind!r}); give {_wanted(kind)}"
+            )
+        inputs = _table_inputs(src, spec, info)
+    else:
+        raise ExportError(
+            f"{src}: not a CSV / Parquet file, an image folder, an image or a .npy array"
+        )
+    names, x_batches, labels = inputs
+    probs: list[np.ndarray] = []
+    with torch.no_grad():
+        for x in x_batches:
+            logits = module(torch.as_tensor(x, dtype=torch.float32))
+            probs.append(torch.softmax(logits.float(), dim=1).numpy())
+    p = np.concatenate(probs) if probs else np.zeros((0, len(classes)), dtype=np.float32)
+    pred = p.argmax(axis=1)
+    out = Path(out_path) if out_path is not None else Path.cwd() / f"predictions-{node_id}.csv"
+    _write_csv(out, names, pred, p, classes)
+    result = Predictions(path=out, rows=len(pred))
+    if labels is not None:
+        idx = [_label_index(v, classes) for v in labels]
+        known = [(i, int(k)) for i, k in zip(idx, pred, strict=True) if i is not None]
+        if known:
+            result.labelled = len(known)
+            result.accuracy = sum(i == k for i, k in known) / len(known)
+    return result
+
+
+def _wanted(kind: str | None) -> str:
+    return {
+        "image": "an image folder or an image",
+        "tabular": "a CSV or Parquet file",
+    }.get(kind or "", "a .npy array of inputs shaped and normalised as the model's")
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def _read_table(path: Path):
+    import pandas as pd
+
+    try:
+        if path.suffix.lower() in (".parquet", ".pq"):
+            return pd.read_parquet(path)
+        return pd.read_csv(path, sep="\t" if path.suffix.lower() == ".tsv" else ",")
+    except ImportError as exc:
+        raise ExportError(f"{path}: cannot be read: {exc}") from None
+    except (OSError, ValueError, pd.errors.ParserError) as exc:
+        raise ExportError(f"{path}: not a readable table: {exc}") from None
+
+
+def _table_inputs(path: Path, spec: dict[str, Any], info: dict[str, Any]):
+    import pandas as pd
+
+    features = spec.get("features")
+    if not isinstance(features, list) or not features:
+        raise ExportError(f"node {info['node']}: input_spec has no feature columns")
+    df = _read_table(path)
+    columns = [str(c) for c in df.columns]
+    df.columns = columns
+    missing = [f for f in features if f not in columns]
+    if missing:
+        raise ExportError(
+            f"{path}: missing feature column(s) {', '.join(map(repr, missing))} "
+            f"(the model reads {', '.join(features)})"
+        )
+    x = df[features].apply(pd.to_numeric, errors="coerce")
+    bad = [f for f in features if (x[f].isna() & df[f].notna()).any()]
+    if bad:
+        raise ExportError(f"{path}: column(s) {', '.join(map(repr, bad))} hold non-numbers")
+    arr = x.to_numpy(dtype=np.float64)
+    n_feat = len(features)
+    mean = _vector(spec.get("mean"), n_feat, 0.0, "mean", info)
+    std = _vector(spec.get("std"), n_feat, 1.0, "std", info)
+    std = np.where(std > 0, std, 1.0)
+    arr = np.nan_to_num((arr - mean) / std, nan=0.0).astype(np.float32)
+    shape = tuple(info["input_shape"])
+    if math.prod(shape) != n_feat:
+        raise ExportError(
+            f"node {info['node']}: {n_feat} features do not fit input shape {list(shape)}"
+        )
+    arr = arr.reshape(len(arr), *shape)
+    label = spec.get("label")
+    labels = df[label].tolist() if isinstance(label, str) and label in columns else None
+    names = {"row": list(range(len(arr)))}
+    return names, _chunks(arr), labels
+
+
+def _vector(values: Any, n: int, default: float, field: str, info: dict[str, Any]) -> np.ndarray:
+    if values is None:
+        return np.full(n, default)
+    try:
+        vec = np.asarray(values, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        vec = np.empty(0)
+    if len(vec) == 1:
+        vec = np.full(n, float(vec[0]))
+    if len(vec) != n:
+        raise ExportError(f"node {info['node']}: input_spec.{field} does not have {n} values")
+    return vec
+
+
+def _chunks(arr: np.ndarray) -> Iterator[np.ndarray]:
+    for i in range(0, len(arr), BATCH):
+        yield arr[i : i + BATCH]
+
+
+def _label_index(value: Any, classes: list[str]) -> int | None:
+    """The class index of a label (a class name, or its index); None for a missing label,
+    -1 for a label that is not one of the model's classes."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    text = str(value).strip()
+    if text in classes:
+        return classes.index(text)
+    try:
+        num = float(text)
+    except ValueError:
+        return -1
+    if num.is_integer() and 0 <= int(num) < len(classes):
+        return int(num)
+    return -1
+
+
+# ----------------------------------------------------------------------------- images
+
+
+def _image_inputs(src: Path, spec: dict[str, Any], info: dict[str, Any]):
+    if spec.get("kind") != "image":
+        raise ExportError(
+            f"{src}: node {info['node']}'s model was not trained on images "
+            f"(input_spec kind {spec.get('kind')!r}); give {_wanted(spec.get('kind'))}"
+        )
+    channels = int(spec.get("channels", info["input_shape"][0]))
+    if channels not in (1, 3):
+        raise ExportError(f"node {info['node']}: images of {channels} channels are not read")
+    size = spec.get("size") or info["input_shape"][1:]
+    height, width = int(size[0]), int(size[1])
+    mean = _vector(spec.get("mean"), channels, 0.0, "mean", info).reshape(channels, 1, 1)
+    std = _vector(spec.get("std"), channels, 1.0, "std", info).reshape(channels, 1, 1)
+    std = np.where(std > 0, std, 1.0)
+    if src.is_dir():
+        files = sorted(
+            p
+            for p in src.rglob("*")
+            if p.is_file()
+            and p.suffix.lower() in IMAGE_EXTENSIONS
+            and not any(part.startswith(".") for part in p.relative_to(src).parts)
+        )
+        if not files:
+            raise ExportError(f"{src}: no image files ({', '.join(IMAGE_EXTENSIONS)}) under it")
+        rel = [p.relative_to(src) for p in files]
+    else:
+        files, rel = [src], [Path(src.name)]
+    classes = info["classes"] or [str(i) for i in range(info["num_classes"])]
+    labels = [r.parts[0] if len(r.parts) > 1 and r.parts[0] in classes else None for r in rel]
+    mode = "L" if channels == 1 else "RGB"
+
+    def batches() -> Iterator[np.ndarray]:
+        for i in range(0, len(files), BATCH):
+            chunk = files[i : i + BATCH]
+            x = np.empty((len(chunk), channels, height, width), dtype=np.float32)
+            for j, path in enumerate(chunk):
+                x[j] = _read_image(path, mode, width, height)
+            yield ((x / 255.0 - mean) / std).astype(np.float32)
+
+    names = {"file": [r.as_posix() for r in rel]}
+    return names, batches(), labels if any(v is not None for v in labels) else None
+
+
+def _read_image(path: Path, mode: str, width: int, height: int) -> np.ndarray:
+    from PIL import Image
+
+    try:
+        with Image.open(path) as img:
+            img = img.convert(mode)
+            if img.size != (width, height):
+                img = img.resize((width, height), Image.BILINEAR)
+            arr = np.asarray(img, dtype=np.float32)
+    except (OSError, ValueError) as exc:  # PIL's UnidentifiedImageError is an OSError
+        raise ExportError(f"{path}: not a readable image: {exc}") from None
+    return arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
+
+
+# ----------------------------------------------------------------------------- arrays
+
+
+def _array_inputs(src: Path, spec: dict[str, Any], info: dict[str, Any]):
+    try:
+        arr = np.load(src, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise ExportError(f"{src}: not a readable .npy array: {exc}") from None
+    shape = tuple(info["input_shape"])
+    if tuple(arr.shape) == shape:
+        arr = arr[None]
+    if tuple(arr.shape[1:]) != shape:
+        raise ExportError(
+            f"{src}: arrays of shape {list(arr.shape)}; the model takes (N, {', '.join(map(str, shape))})"
+        )
+    scale = spec.get("scale") if spec.get("kind") == "array" else None
+    if scale and arr.dtype == np.uint8:  # as the dataset did: uint8 inputs divided by it
+        arr = arr.astype(np.float32) / float(scale)
+    arr = np.asarray(arr, dtype=np.float32)
+    return {"row": list(range(len(arr)))}, _chunks(arr), None
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def _write_csv(
+    out: Path, names: dict[str, list[Any]], pred: np.ndarray, probs: np.ndarray, classes: list[str]
+) -> None:
+    import pandas as pd
+
+    columns: dict[str, Any] = dict(names)
+    columns["predicted"] = pred.astype(np.int64)
+    columns["label"] = [classes[int(k)] for k in pred]
+    for c, name in enumerate(classes):
+        columns[f"p_{name}"] = probs[:, c]
+    df = pd.DataFrame(columns)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        df.to_csv(tmp, index=False)
+        tmp.replace(out)
+    except OSError as exc:
+        raise ExportError(f"{out}: predictions not written: {exc}") from None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
