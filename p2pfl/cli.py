@@ -124,6 +124,10 @@ def cmd_swarm(args: argparse.Namespace) -> int:
         extra.append(f"rounds={args.rounds}")
     cfg = _load(args, extra)
     out = Path(args.out or f"runs/{cfg.name}")
+    if cfg.dataset.own_data or cfg.model.is_user:  # every node's files, and the user's
+        from p2pfl.config.preflight import check_inputs  # model, before anything starts
+
+        check_inputs(cfg, source=str(args.topology))
 
     def on_term(signum, frame):  # SIGTERM behaves like Ctrl-C: stop everything we started
         raise KeyboardInterrupt

@@ -169,7 +169,6 @@ class UAPDFL(DecentralizedAlgorithm):
         self._dropout_peer: str | None = None
         self.drift: float | None = None  # d_i of the latest round; None before the first
         self._I_pre: torch.Tensor | None = None
-        self._unit_bn_eval = False  # see _unit_features
         self._refresh_representations()
 
     @torch.no_grad()
@@ -292,18 +291,14 @@ class UAPDFL(DecentralizedAlgorithm):
         return aux_term
 
     def _unit_features(self, model: SplitModel) -> torch.Tensor:
-        """``g(X_unit)`` in training mode. **Reading** (a ``g`` whose batch normalisation
-        needs more than one value per channel, e.g. ``BatchNorm1d`` on features): one unit
-        input has no batch statistics, so such a model computes ``g(X_unit)`` with its
-        batch-norm layers on their running statistics (eval mode), gradients still flowing;
-        every other model, the built-in ones included, is unaffected."""
-        if not self._unit_bn_eval:
-            try:
-                return model.features(self.x_unit)[0]
-            except ValueError as exc:
-                if "more than 1 value per channel" not in str(exc):
-                    raise
-                self._unit_bn_eval = True
+        """``g(X_unit)`` as the auxiliary term needs it during training. **Reading** (a ``g``
+        with batch normalisation, e.g. ResNet18 or a user's model): its batch-norm layers
+        run on their running statistics (eval mode) for this one synthetic input, gradients
+        still flowing to their affine weights. In training mode the constant ``X_unit`` would
+        be normalised by its own statistics (a constant image has no variance: a
+        ``BatchNorm1d`` refuses a batch of one) and every step would pull the running
+        statistics the model is evaluated with towards ``X_unit``'s. Models without batch
+        normalisation (the CNN, LeNet, the MLP) are unaffected."""
         norms = [m for m in model.modules() if isinstance(m, _BatchNorm) and m.training]
         for m in norms:
             m.eval()
