@@ -61,11 +61,13 @@ def write_csv(path: Path, rows: int, seed: int = 0) -> Path:
 def write_images(folder: Path, count: int) -> Path:
     """``count`` Fashion-MNIST training images as ``<folder>/<class>/<i>.png``."""
     from PIL import Image
-    from torchvision import datasets
 
-    ds = datasets.FashionMNIST(str(DATA_ROOT), train=True, download=False)
+    from p2pfl.config.schema import DatasetConfig
+    from p2pfl.learning.data import load_arrays
+
+    arrays = load_arrays(DatasetConfig(name="fashionmnist", root=str(DATA_ROOT)), 0)
     for i in range(count):
-        img, label = ds.data[i].numpy(), int(ds.targets[i])
+        img, label = arrays.train_x[i, 0], int(arrays.train_y[i])
         (folder / str(label)).mkdir(parents=True, exist_ok=True)
         Image.fromarray(img, mode="L").save(folder / str(label) / f"{i}.png")
     return folder

@@ -35,21 +35,9 @@ import torch
 
 from p2pfl.export.model import load_model_with_info
 from p2pfl.learning.artifacts import ExportError, info_path
+from p2pfl.learning.readers import IMAGE_EXTENSIONS
 
 TABLE_SUFFIXES = (".csv", ".tsv", ".txt", ".parquet", ".pq")
-# image files predict reads (those the image datasets read, p2pfl.learning)
-IMAGE_EXTENSIONS = (
-    ".jpg",
-    ".jpeg",
-    ".png",
-    ".bmp",
-    ".gif",
-    ".ppm",
-    ".pgm",
-    ".tif",
-    ".tiff",
-    ".webp",
-)
 BATCH = 256
 
 

@@ -162,7 +162,16 @@ def write_model_artifacts(
     weights, json_path = weights_path(out_dir, node_id), info_path(out_dir, node_id)
     validate_model_info(meta, json_path, node_id)  # never a file that would not read back
     text = json.dumps(meta, indent=2)
-    _atomic(weights, lambda tmp: save_file(state, str(tmp), metadata={"node": node_id}))
+
+    def write_weights(tmp: Path) -> None:
+        try:
+            save_file(state, str(tmp), metadata={"node": node_id})
+        except OSError:
+            raise
+        except Exception as exc:  # safetensors reports a full disk as its own error type
+            raise OSError(f"{weights}: cannot be written: {exc}") from None
+
+    _atomic(weights, write_weights)
     _atomic(json_path, lambda tmp: tmp.write_text(text))
     return weights, json_path
 

@@ -480,11 +480,11 @@ class Node:
                 self.neighbours,
             )
             await self._drive(driver)
-            await self._write_model()  # the trained model, for p2pfl export/predict
             try:
                 await self.transport.set_status("done", round=cfg.rounds)
             except TransportError as exc:
                 log.warning("%s: could not announce done: %s", self.id, exc)
+            await self._write_model()  # the trained model, for p2pfl export/predict
             await svc.wait_for(
                 lambda: all(svc.status(p) != "online" for p in self.neighbours),
                 time.monotonic() + cfg.timing.linger_s,
