@@ -127,6 +127,20 @@ def _train_batches(
         yield xb.to(device), torch.as_tensor(yb).to(device, torch.long)
 
 
+def _eval_batches(
+    x: torch.Tensor | Dataset, y: torch.Tensor | None, batch_size: int, device: torch.device | str
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The samples in order, by batches on ``device``: slices of the tensors, or a
+    ``DataLoader`` over a Dataset."""
+    if isinstance(x, torch.Tensor):
+        assert y is not None
+        for start in range(0, len(y), batch_size):
+            yield x[start : start + batch_size].to(device), y[start : start + batch_size].to(device)
+        return
+    for xb, yb in DataLoader(x, batch_size=batch_size, shuffle=False, num_workers=0):
+        yield xb.to(device), torch.as_tensor(yb).to(device, torch.long)
+
+
 @torch.no_grad()
 def evaluate(
     model: SplitModel,
@@ -137,34 +151,13 @@ def evaluate(
 ) -> tuple[float, float]:
     """``(accuracy, mean cross-entropy)`` of ``model`` on ``(x, y)``, or on a map-style
     Dataset ``x`` of ``(x, y)`` items (``y`` ignored), in order; NaNs when there is none."""
-    if not isinstance(x, torch.Tensor):
-        return _evaluate_dataset(model, x, batch_size, device)
-    assert y is not None
-    if len(y) == 0:
-        return float("nan"), float("nan")
-    model.eval()
-    correct = 0
-    loss = 0.0
-    for start in range(0, len(y), batch_size):
-        xb, yb = x[start : start + batch_size].to(device), y[start : start + batch_size].to(device)
-        logits = model(xb)
-        loss += float(F.cross_entropy(logits, yb, reduction="sum"))
-        correct += int((logits.argmax(dim=1) == yb).sum())
-    model.train()
-    return correct / len(y), loss / len(y)
-
-
-def _evaluate_dataset(
-    model: SplitModel, data: Dataset, batch_size: int, device: torch.device | str
-) -> tuple[float, float]:
-    n = len(data)  # type: ignore[arg-type]
+    n = len(x)  # type: ignore[arg-type]  # rows of the tensor, items of the Dataset
     if n == 0:
         return float("nan"), float("nan")
     model.eval()
     correct = 0
     loss = 0.0
-    for xb, yb in DataLoader(data, batch_size=batch_size, shuffle=False, num_workers=0):
-        xb, yb = xb.to(device), torch.as_tensor(yb).to(device, torch.long)
+    for xb, yb in _eval_batches(x, y, batch_size, device):
         logits = model(xb)
         loss += float(F.cross_entropy(logits, yb, reduction="sum"))
         correct += int((logits.argmax(dim=1) == yb).sum())
