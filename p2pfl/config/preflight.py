@@ -29,12 +29,22 @@ from p2pfl.learning.user_code import describe
 DOWNLOADABLE = ("fashionmnist", "mnist", "cifar10", "cifar100", "svhn")
 
 
+def missing_root(ds: DatasetConfig, root: str | None) -> Path | None:
+    """``root`` as a path when the dataset reads files there and it does not exist (and
+    cannot be downloaded); None otherwise (no root, synthetic data, a user function)."""
+    if not root or ds.name == "synthetic" or is_import_path(ds.name):
+        return None
+    path = Path(root).expanduser()
+    if path.exists() or (ds.download and ds.name in DOWNLOADABLE):
+        return None
+    return path
+
+
 def check_dataset(ds: DatasetConfig, seed: int, source: str, cache_dir=None) -> DatasetArrays:
     """The dataset's arrays, or a :class:`ConfigError` on ``dataset.root`` saying why not."""
-    if ds.name != "synthetic" and ds.root:
-        root = Path(ds.root).expanduser()
-        if not root.exists() and not (ds.download and ds.name in DOWNLOADABLE):
-            raise ConfigError(source, [("dataset.root", f"{root} does not exist")])
+    missing = missing_root(ds, ds.root)
+    if missing is not None:
+        raise ConfigError(source, [("dataset.root", f"{missing} does not exist")])
     try:
         return load_arrays(ds, seed, cache_dir)
     except DatasetError as exc:
@@ -56,13 +66,11 @@ def check_node_data(
     a :class:`ConfigError` naming ``source`` and the field to fix (``dataset.root``,
     ``dataset.label``, ``dataset.classes``, ``dataset.name``, ``dataset.stats``) whose
     message names the node and the file."""
-    ds = cfg.dataset if data_root is None else cfg.dataset.model_copy(update={"root": data_root})
+    ds = cfg.dataset.with_root(data_root)
     who = f"node {node_id!r}"
-    root = ds.root_for(node_id)
-    if root and ds.name != "synthetic" and not is_import_path(ds.name):
-        path = Path(root).expanduser()
-        if not path.exists() and not (ds.download and ds.name in DOWNLOADABLE):
-            raise ConfigError(source, [("dataset.root", f"{who}: {path} does not exist")])
+    missing = missing_root(ds, ds.root_for(node_id))
+    if missing is not None:
+        raise ConfigError(source, [("dataset.root", f"{who}: {missing} does not exist")])
     try:
         return load_node_data(ds, cfg.node_ids, node_id, cfg.seed, cache_dir)
     except DatasetError as exc:
@@ -85,7 +93,7 @@ def check_own_data(
     file and both shapes, and the same classes (they differ only where ``dataset.classes``
     is not set: ImageFolders of different folders), else one on ``dataset.classes``.
     Returns the first node's data."""
-    ds = cfg.dataset if data_root is None else cfg.dataset.model_copy(update={"root": data_root})
+    ds = cfg.dataset.with_root(data_root)
     first: NodeData | None = None
     first_id = ""
     seen: set[str | None] = set()
@@ -145,7 +153,7 @@ def check_inputs(
     if cfg.dataset.own_data:
         data = check_own_data(cfg, source=source, data_root=data_root, cache_dir=cache_dir)
         return check_model(cfg, data.num_classes, tuple(data.input_shape), source)
-    ds = cfg.dataset if data_root is None else cfg.dataset.model_copy(update={"root": data_root})
+    ds = cfg.dataset.with_root(data_root)
     arrays = check_dataset(ds, cfg.seed, source, cache_dir)
     spec = ds.partition.strip().replace(" ", "")
     try:

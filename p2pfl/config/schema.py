@@ -178,6 +178,11 @@ class DatasetConfig(_Strict):
             return [str(i) for i in range(self.classes)]
         return list(self.classes)
 
+    def with_root(self, root: str | None) -> DatasetConfig:
+        """This config with ``root`` in place of ``dataset.root`` (a device's ``data_root``);
+        itself when ``root`` is None."""
+        return self if root is None else self.model_copy(update={"root": root})
+
     def root_for(self, node_id: str, root: str | None = None) -> str | None:
         """``root`` (default ``self.root``) with ``{id}`` replaced by ``node_id``."""
         r = self.root if root is None else root

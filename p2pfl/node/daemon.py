@@ -51,7 +51,7 @@ from p2pfl.config.schema import BrokerAddress, TopologyConfig
 from p2pfl.config.topology import neighbours
 from p2pfl.errors import P2PFLError
 from p2pfl.learning.artifacts import ExportError, write_model_artifacts
-from p2pfl.learning.data import NodeData, load_node_data
+from p2pfl.learning.data import DatasetArrays, NodeData, load_node_data
 from p2pfl.learning.layout import describe_layout, layout_difference, parse_layout
 from p2pfl.learning.layout import summary as layout_summary
 from p2pfl.learning.models import SplitModel, build_model
@@ -179,25 +179,20 @@ class Node:
     # ------------------------------------------------------------------ set-up
     def _load(self) -> None:
         """Data shard, model and method (blocking: run in a thread)."""
-        ds = self.cfg.dataset
-        if self.opts.data_root:
-            ds = ds.model_copy(update={"root": self.opts.data_root})
+        data_root = self.opts.data_root or None
+        ds = self.cfg.dataset.with_root(data_root)
         # inputs that cannot work fail here naming the file and the field, not a traceback
         source = self.opts.source
         if ds.own_data:  # partition: none: this node's own root, whole
             self.data = check_node_data(
-                self.cfg,
-                self.id,
-                source=source,
-                data_root=self.opts.data_root or None,
-                cache_dir=self.opts.cache_dir,
+                self.cfg, self.id, source=source, data_root=data_root, cache_dir=self.opts.cache_dir
             )
-            with _MODEL_INIT_LOCK:  # it builds a model: torch's RNG is shared by co-hosted nodes
-                check_model(self.cfg, self.data.num_classes, tuple(self.data.input_shape), source)
+            shape_of: NodeData | DatasetArrays = self.data
         else:
-            arrays = check_dataset(ds, self.cfg.seed, source, self.opts.cache_dir)
-            with _MODEL_INIT_LOCK:  # it builds a model: torch's RNG is shared by co-hosted nodes
-                check_model(self.cfg, arrays.num_classes, tuple(arrays.input_shape), source)
+            shape_of = check_dataset(ds, self.cfg.seed, source, self.opts.cache_dir)
+        with _MODEL_INIT_LOCK:  # it builds a model: torch's RNG is shared by co-hosted nodes
+            check_model(self.cfg, shape_of.num_classes, tuple(shape_of.input_shape), source)
+        if not ds.own_data:
             try:
                 self.data = load_node_data(
                     ds, self.cfg.node_ids, self.id, self.cfg.seed, cache_dir=self.opts.cache_dir
@@ -505,8 +500,8 @@ class Node:
             "algorithm": self.cfg.algorithm.name,
             "num_classes": data.num_classes,
             "input_shape": list(data.input_shape),
-            "classes": getattr(data, "classes", None) or None,  # [] : not known
-            "input_spec": getattr(data, "input_spec", None) or None,
+            "classes": data.classes or None,  # []: not known
+            "input_spec": data.input_spec or None,
             "round": last,
         }
         try:
