@@ -38,7 +38,9 @@ import torch
 from p2pfl.config.schema import FILE_DATASETS, DatasetConfig, is_import_path
 from p2pfl.learning.arrays import DatasetArrays, DatasetError, NodeData, readonly
 from p2pfl.learning.cache import default_cache_dir
-from p2pfl.learning.own_data import load_own_data, whole_node_data
+from p2pfl.learning.own_data import read_imagefolder, read_npz, whole_node_data
+from p2pfl.learning.own_functions import read_function
+from p2pfl.learning.own_tables import read_table
 from p2pfl.learning.partition import (
     partition_indices,
     stable_rng,
@@ -227,9 +229,18 @@ def _source(cfg: DatasetConfig, cache_dir: str | Path | None) -> str:
 def _own_node_data(
     cfg: DatasetConfig, node_id: str, seed: int, cache_dir: str | Path | None
 ) -> NodeData:
-    """``partition: none``: the node's own root, whole."""
-    if cfg.name in ("imagefolder", *FILE_DATASETS) or is_import_path(cfg.name):
-        return load_own_data(cfg, node_id, seed, cache_dir)
+    """``partition: none``: the node's own root, whole: its files (csv, parquet, npz, an
+    image folder), the user's function, or a built-in dataset whole. A
+    :class:`DatasetError` names the file and the field to fix."""
+    root = cfg.root_for(node_id)
+    if cfg.name in ("csv", "parquet"):
+        return read_table(cfg, node_id, seed, root)
+    if cfg.name == "npz":
+        return read_npz(cfg, node_id, seed, root)
+    if is_import_path(cfg.name):
+        return read_function(cfg, node_id, seed, root)
+    if cfg.name == "imagefolder":
+        return read_imagefolder(cfg, node_id, seed, root, cache_dir)
     node_cfg = cfg.model_copy(update={"root": cfg.root_for(node_id)})
     arrays = load_arrays(node_cfg, seed, cache_dir)
     return whole_node_data(arrays, cfg, node_id, seed, _source(node_cfg, cache_dir))

@@ -4,12 +4,14 @@ node id), with no partition and nothing read from a peer.
 
 Contract:
 
-* Readers: ``csv`` and ``parquet`` (:func:`read_table`, pandas; the ``dataset.label`` column
-  is the label, every other column a numeric feature), ``npz`` (:func:`read_npz`: ``x_train,
-  y_train, x_test, y_test``), a user function ``package.module:function``
-  (:func:`read_function`: four arrays, or two map-style torch Datasets kept as datasets and
-  read item by item), an ImageFolder zip or directory (:func:`read_imagefolder`), and the
-  built-in datasets whole (:func:`whole_node_data`). :func:`load_own_data` picks one.
+* Readers: ``npz`` (:func:`read_npz`: ``x_train, y_train, x_test, y_test``), an ImageFolder
+  zip or directory (:func:`read_imagefolder`) and the built-in datasets whole
+  (:func:`whole_node_data`) here; ``csv`` and ``parquet`` in :mod:`p2pfl.learning.own_tables`,
+  a user function ``package.module:function`` in :mod:`p2pfl.learning.own_functions`.
+  :func:`p2pfl.learning.data.load_node_data` picks one. This module holds what they share:
+  the swarm's labels (:func:`map_labels`), the held-out split (:func:`split_fraction`), the
+  node's files (:func:`own_files`), arrays checked into a :class:`NodeData`
+  (:func:`from_four_arrays`, :func:`node_data`).
 * The label space is the swarm's (``dataset.classes``): every node's labels are indices into
   it, ``num_classes`` is its length (required for files and functions; for image folders
   and built-ins, the dataset's own classes when it is not set). A node lacking some classes
@@ -27,8 +29,6 @@ Contract:
 
 from __future__ import annotations
 
-import json
-import sys
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from p2pfl.config.schema import DatasetConfig, is_import_path
+from p2pfl.config.schema import DatasetConfig
 from p2pfl.learning.arrays import (
     DatasetArrays,
     DatasetError,
@@ -47,7 +47,7 @@ from p2pfl.learning.arrays import (
 )
 from p2pfl.learning.partition import stable_rng, subsample_like
 from p2pfl.learning.readers import load_imagefolder
-from p2pfl.learning.user_code import UserCodeError, describe, import_object
+from p2pfl.learning.user_code import describe
 
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 SHOWN = 5  # offending labels shown in an error
@@ -131,11 +131,11 @@ def split_fraction(
     return train, test
 
 
-def _split_rng(seed: int, node_id: str) -> np.random.Generator:
+def split_rng(seed: int, node_id: str) -> np.random.Generator:
     return stable_rng(seed, "split", node_id)
 
 
-def _node_data(
+def node_data(
     train_x: torch.Tensor | None,
     train_y: np.ndarray,
     test_x: torch.Tensor | None,
@@ -189,7 +189,7 @@ def _from_dataset_arrays(
     (tx, tidx, ty), (vx, vidx, vy) = train, test
     tidx = _capped(ty, tidx, cfg.train_per_node, c, stable_rng(seed, cfg.name, node_id, "cap"))
     vidx = _capped(vy, vidx, cfg.test_per_node, c, stable_rng(seed, cfg.name, node_id, "test"))
-    return _node_data(
+    return node_data(
         arrays.to_tensor(tx, tidx),
         ty[tidx],
         arrays.to_tensor(vx, vidx),
@@ -270,7 +270,7 @@ def read_imagefolder(
         test_y = lut[np.asarray(arrays.test_y, dtype=np.int64)]
         test = (arrays.test_x, np.arange(len(test_y), dtype=np.int64), test_y)
     else:
-        tr, te = split_fraction(all_y, cfg.test_fraction, len(names), _split_rng(seed, node_id))
+        tr, te = split_fraction(all_y, cfg.test_fraction, len(names), split_rng(seed, node_id))
         every = np.arange(len(all_y), dtype=np.int64)
         train = (arrays.train_x, every[tr], all_y)
         test = (arrays.train_x, every[te], all_y)
@@ -279,10 +279,10 @@ def read_imagefolder(
     )
 
 
-# ----------------------------------------------------------------------------- tables
+# ----------------------------------------------------------------------------- files
 
 
-def _own_files(root: str | None, kind: str, ext: str) -> tuple[Path, Path | None]:
+def own_files(root: str | None, kind: str, ext: str) -> tuple[Path, Path | None]:
     """``(train file, test file or None)`` at ``root``: the file itself, or a directory
     holding ``train<ext>`` and ``test<ext>``, or ``train<ext>`` alone, or one ``*<ext>``."""
     if not root:
@@ -310,151 +310,6 @@ def _own_files(root: str | None, kind: str, ext: str) -> tuple[Path, Path | None
     )
 
 
-def _read_frame(kind: str, path: Path) -> Any:
-    try:
-        import pandas as pd
-    except ImportError as exc:  # pragma: no cover - pandas is installed with p2pfl
-        raise DatasetError(f"{path}: reading {kind} files needs pandas: {exc}") from None
-    if path.stat().st_size == 0:
-        raise DatasetError(f"{path}: empty file (0 bytes)")
-    try:
-        if kind == "csv":
-            df = pd.read_csv(path)
-        else:
-            df = pd.read_parquet(path, engine="pyarrow")
-    except pd.errors.EmptyDataError:
-        raise DatasetError(f"{path}: empty file (no columns, no rows)") from None
-    except Exception as exc:  # a parser's or pyarrow's error: the file is not what it says
-        raise DatasetError(f"{path}: cannot be read as {kind}: {describe(exc)}") from None
-    if len(df) == 0:
-        raise DatasetError(f"{path}: empty file (no rows)")
-    return df
-
-
-def _columns_text(columns: Sequence[Any]) -> str:
-    cols = [str(c) for c in columns]
-    return ", ".join(cols[:20]) + (f", … ({len(cols)} in all)" if len(cols) > 20 else "")
-
-
-def _frame_xy(df: Any, label: str, path: Path, features: list[str] | None) -> tuple[Any, ...]:
-    """``(x float64 N x D, raw labels, feature names)`` of a data frame, checked."""
-    from pandas.api import types as pt
-
-    columns = [str(c) for c in df.columns]
-    if label not in columns:
-        raise DatasetError(
-            f"{path}: no label column {label!r} (its columns: {_columns_text(columns)})",
-            field="dataset.label",
-        )
-    df.columns = columns
-    mine = [c for c in columns if c != label]
-    if features is None:
-        features = mine
-        if not features:
-            raise DatasetError(f"{path}: no feature columns beside the label column {label!r}")
-    elif set(mine) != set(features):
-        missing = [c for c in features if c not in mine]
-        extra = [c for c in mine if c not in features]
-        raise DatasetError(
-            f"{path}: its feature columns differ from the train file's"
-            + (f"; missing: {_columns_text(missing)}" if missing else "")
-            + (f"; not in the train file: {_columns_text(extra)}" if extra else "")
-        )
-    for col in features:
-        s = df[col]
-        if not (pt.is_bool_dtype(s) or pt.is_integer_dtype(s) or pt.is_float_dtype(s)):
-            raise DatasetError(
-                f"{path}: column {col!r} is not numeric ({s.dtype}): every column but the "
-                f"label {label!r} is a feature and must be a number (bool, int or float)"
-            )
-    x = df[features].to_numpy(dtype=np.float64, na_value=np.nan)
-    bad = ~np.isfinite(x)
-    if bad.any():
-        cols = [features[j] for j in np.flatnonzero(bad.any(axis=0))]
-        rows = int(bad.any(axis=1).sum())
-        raise DatasetError(
-            f"{path}: missing (NaN) or infinite values in column(s) {_columns_text(cols)} "
-            f"({rows} row(s))"
-        )
-    return x, df[label].to_numpy(), features
-
-
-def _read_stats(stats: str, node_id: str, features: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Per-feature ``(mean, std)`` from a JSON file ``{"mean": {col: v}, "std": {col: v}}``."""
-    path = Path(stats.replace("{id}", node_id)).expanduser()
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise DatasetError(
-            f"{path}: cannot read the stats file: {exc}", field="dataset.stats"
-        ) from None
-    except ValueError as exc:
-        raise DatasetError(f"{path}: not JSON: {exc}", field="dataset.stats") from None
-    out = []
-    for key in ("mean", "std"):
-        table = data.get(key) if isinstance(data, dict) else None
-        if not isinstance(table, dict):
-            raise DatasetError(
-                f'{path}: expected {{"mean": {{column: value}}, "std": {{column: value}}}}',
-                field="dataset.stats",
-            )
-        missing = [f for f in features if f not in table]
-        if missing:
-            raise DatasetError(
-                f"{path}: no {key} for column(s) {_columns_text(missing)}", field="dataset.stats"
-            )
-        try:
-            values = np.array([float(table[f]) for f in features], dtype=np.float64)
-        except (TypeError, ValueError):
-            raise DatasetError(
-                f"{path}: {key}: values must be numbers", field="dataset.stats"
-            ) from None
-        if not np.isfinite(values).all() or (key == "std" and (values < 0).any()):
-            raise DatasetError(
-                f"{path}: {key}: values must be finite" + (" and >= 0" if key == "std" else ""),
-                field="dataset.stats",
-            )
-        out.append(values)
-    return out[0], out[1]
-
-
-def read_table(cfg: DatasetConfig, node_id: str, seed: int, root: str | None) -> NodeData:
-    """A device's own ``csv`` / ``parquet`` file(s): the ``dataset.label`` column is the
-    label, every other column a numeric feature (float32 ``N x D``, input shape ``(D,)``),
-    standardised with the stats of the node's own train split or of ``dataset.stats``."""
-    kind = cfg.name
-    ext = ".csv" if kind == "csv" else ".parquet"
-    train_path, test_path = _own_files(root, kind, ext)
-    names = swarm_classes(cfg, str(train_path))
-    counted = isinstance(cfg.classes, int)
-    x, raw_y, features = _frame_xy(_read_frame(kind, train_path), cfg.label, train_path, None)
-    y = map_labels(raw_y, names, str(train_path), counted=counted)
-    if test_path is not None:
-        tx, raw_ty, _ = _frame_xy(_read_frame(kind, test_path), cfg.label, test_path, features)
-        ty = map_labels(raw_ty, names, str(test_path), counted=counted)
-    else:
-        tr, te = split_fraction(y, cfg.test_fraction, len(names), _split_rng(seed, node_id))
-        x, tx, y, ty = x[tr], x[te], y[tr], y[te]
-    if cfg.stats:
-        mean, std = _read_stats(cfg.stats, node_id, features)
-    else:
-        mean, std = x.mean(axis=0), x.std(axis=0)
-    std = np.where(std > 0, std, 1.0)
-
-    def norm(a: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(((a - mean) / std).astype(np.float32))
-
-    source = train_path.parent if test_path is not None else train_path
-    spec = {
-        "kind": "tabular",
-        "features": list(features),
-        "label": cfg.label,
-        "mean": [float(v) for v in mean],
-        "std": [float(v) for v in std],
-    }
-    return _node_data(norm(x), y, norm(tx), ty, names, (len(features),), str(source), spec)
-
-
 # ----------------------------------------------------------------------------- arrays
 
 
@@ -474,7 +329,7 @@ def _float_inputs(x: Any, where: str, may_be_empty: bool = False) -> tuple[np.nd
     return out, scaled
 
 
-def _from_four_arrays(
+def from_four_arrays(
     parts: Sequence[Any], names: list[str], where: str, counted: bool, source: str
 ) -> NodeData:
     """NodeData from ``(x_train, y_train, x_test, y_test)`` (numpy or torch)."""
@@ -500,7 +355,7 @@ def _from_four_arrays(
     spec = array_spec(tuple(x.shape[1:]))
     if scaled:
         spec["scale"] = 255.0
-    return _node_data(
+    return node_data(
         torch.from_numpy(np.ascontiguousarray(x)),
         y,
         torch.from_numpy(np.ascontiguousarray(tx)),
@@ -515,7 +370,7 @@ def _from_four_arrays(
 def read_npz(cfg: DatasetConfig, node_id: str, seed: int, root: str | None) -> NodeData:
     """A device's own ``.npz`` with ``x_train, y_train, x_test, y_test``: x used as float32
     as given (uint8 divided by 255), labels into ``dataset.classes``."""
-    path, _ = _own_files(root, "npz", ".npz")
+    path, _ = own_files(root, "npz", ".npz")
     names = swarm_classes(cfg, str(path))
     if not zipfile.is_zipfile(path):
         raise DatasetError(f"{path}: not an .npz file (a zip of .npy arrays: numpy.savez)")
@@ -533,196 +388,19 @@ def read_npz(cfg: DatasetConfig, node_id: str, seed: int, root: str | None) -> N
     except Exception as exc:  # not a zip, a truncated one, object arrays (pickles)
         raise DatasetError(f"{path}: not a readable .npz: {describe(exc)}") from None
     counted = isinstance(cfg.classes, int)
-    return _from_four_arrays(parts, names, str(path), counted, str(path))
-
-
-# ----------------------------------------------------------------------------- functions
-
-
-def _plain(v: Any) -> Any:
-    """A label as a plain Python value (a one-element tensor or array: its element)."""
-    if isinstance(v, torch.Tensor | np.ndarray):
-        if (v.numel() if isinstance(v, torch.Tensor) else v.size) != 1:
-            raise TypeError(f"a label must be one value, got shape {list(v.shape)}")
-        return v.reshape(-1)[0].item()
-    if isinstance(v, np.generic):
-        return v.item()
-    return v
-
-
-def as_input(x: Any) -> torch.Tensor:
-    """One item's input as a float32 tensor (uint8 divided by 255)."""
-    t = x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
-    if t.dtype == torch.uint8:
-        return t.to(torch.float32).div_(255.0)
-    return t if t.dtype == torch.float32 else t.to(torch.float32)
-
-
-class LabelledDataset(torch.utils.data.Dataset):
-    """A user's map-style dataset read item by item: item ``i`` is ``(x, label)`` with ``x``
-    the dataset's own input (as float32, uint8 divided by 255) and ``label`` the int64
-    index its label maps to in the swarm's classes (read once, when the node loads)."""
-
-    def __init__(self, dataset: Any, labels: torch.Tensor):
-        self.dataset = dataset
-        self.labels = labels
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return as_input(self.dataset[i][0]), self.labels[i]
-
-
-def _is_dataset(obj: Any) -> bool:
-    return (
-        not isinstance(obj, torch.Tensor | np.ndarray)
-        and hasattr(obj, "__getitem__")
-        and hasattr(obj, "__len__")
-    )
-
-
-def _dataset_labels(ds: Any, where: str) -> np.ndarray:
-    """The raw labels of ``ds``: its ``targets`` attribute when it has one, else its items'
-    second element, read one item at a time (no input kept)."""
-    targets = getattr(ds, "targets", None)
-    if targets is not None:
-        if isinstance(targets, torch.Tensor):
-            targets = targets.detach().cpu().numpy()
-        arr = np.asarray(targets).reshape(-1)
-        if len(arr) != len(ds):
-            raise DatasetError(
-                f"{where}: {len(arr)} targets for {len(ds)} items", field="dataset.name"
-            )
-        return arr
-    labels = []
-    i = 0
-    try:
-        for i in range(len(ds)):
-            labels.append(_plain(ds[i][1]))
-    except Exception as exc:
-        raise DatasetError(
-            f"{where}: item {i} is not an (x, y) pair: {describe(exc)}", field="dataset.name"
-        ) from None
-    return np.asarray(labels)
-
-
-def _first_input(ds: Any, where: str) -> tuple[tuple[int, ...], bool]:
-    """The input shape of ``ds``'s first item, and whether its x is uint8 (divided by 255)."""
-    try:
-        x = ds[0][0]
-        raw = x if isinstance(x, torch.Tensor) else np.asarray(x)
-        return tuple(as_input(x).shape), raw.dtype in (torch.uint8, np.uint8)
-    except Exception as exc:
-        raise DatasetError(
-            f"{where}: its first item's x is not an array: {describe(exc)}", field="dataset.name"
-        ) from None
-
-
-def read_function(cfg: DatasetConfig, node_id: str, seed: int, root: str | None) -> NodeData:
-    """A user's dataset function ``package.module:function``, called as
-    ``fn(node_id=node_id, root=root)``. It returns ``(x_train, y_train, x_test, y_test)``
-    (numpy or torch; as for npz) or ``(train, test)`` map-style torch Datasets of ``(x, y)``
-    items, kept as datasets (:class:`LabelledDataset`): their labels are read once (a
-    ``targets`` attribute, else item by item), the input shape from the first item."""
-    path = cfg.name
-    what = f"dataset function {path!r}"
-    try:
-        fn = import_object(path, "dataset function")
-    except UserCodeError as exc:
-        raise DatasetError(str(exc), field="dataset.name") from None
-    module = sys.modules.get(getattr(fn, "__module__", "") or "")
-    file = getattr(module, "__file__", None)
-    where = f"{what} ({file})" if file else what
-    names = swarm_classes(cfg, where)
-    counted = isinstance(cfg.classes, int)
-    try:
-        out = fn(node_id=node_id, root=root)
-    except Exception as exc:
-        raise DatasetError(
-            f"{where} raised {describe(exc)} (called with node_id={node_id!r}, root={root!r})",
-            field="dataset.name",
-        ) from None
-    if isinstance(out, tuple | list) and len(out) == 4 and not any(map(_is_dataset, out)):
-        try:
-            return _from_four_arrays(out, names, where, counted, path)
-        except DatasetError as exc:  # the function's output is wrong, or its labels are
-            field = exc.field if exc.field == "dataset.classes" else "dataset.name"
-            raise DatasetError(str(exc), field=field) from None
-    if isinstance(out, tuple | list) and len(out) == 2 and all(map(_is_dataset, out)):
-        train, test = out
-        if len(train) == 0:
-            raise DatasetError(f"{where}: its train dataset is empty", field="dataset.name")
-        y = map_labels(
-            _dataset_labels(train, f"{where} (train)"), names, f"{where} (train)", counted=counted
-        )
-        ty = map_labels(
-            _dataset_labels(test, f"{where} (test)"), names, f"{where} (test)", counted=counted
-        )
-        shape, scaled = _first_input(train, f"{where} (train)")
-        test_shape = _first_input(test, f"{where} (test)")[0] if len(test) else shape
-        if test_shape != shape:
-            raise DatasetError(
-                f"{where}: its test items' x is {list(test_shape)}, its train items' {list(shape)}",
-                field="dataset.name",
-            )
-        spec = array_spec(shape)
-        if scaled:
-            spec["scale"] = 255.0
-        train_set = LabelledDataset(train, torch.from_numpy(y.copy()))
-        test_set = LabelledDataset(test, torch.from_numpy(ty.copy()))
-        return _node_data(
-            None,
-            y,
-            None,
-            ty,
-            names,
-            shape,
-            path,
-            spec,
-            train_set=train_set,
-            test_set=test_set,
-        )
-    got = f"a {len(out)}-tuple" if isinstance(out, tuple | list) else type(out).__name__
-    raise DatasetError(
-        f"{where} returned {got}: expected (x_train, y_train, x_test, y_test) arrays or "
-        "(train, test) map-style torch Datasets of (x, y) items",
-        field="dataset.name",
-    )
-
-
-# ----------------------------------------------------------------------------- entry point
-
-
-def load_own_data(
-    cfg: DatasetConfig, node_id: str, seed: int, cache_dir: str | Path | None = None
-) -> NodeData:
-    """Node ``node_id``'s own data at ``cfg.root_for(node_id)``: csv, parquet, npz, a user
-    function or an ImageFolder (the built-in datasets go through :func:`whole_node_data`).
-    Raises :class:`DatasetError` naming the file, with the field to fix."""
-    root = cfg.root_for(node_id)
-    if cfg.name in ("csv", "parquet"):
-        return read_table(cfg, node_id, seed, root)
-    if cfg.name == "npz":
-        return read_npz(cfg, node_id, seed, root)
-    if is_import_path(cfg.name):
-        return read_function(cfg, node_id, seed, root)
-    if cfg.name == "imagefolder":
-        return read_imagefolder(cfg, node_id, seed, root, cache_dir)
-    raise ValueError(f"dataset {cfg.name!r} is not read by load_own_data")
+    return from_four_arrays(parts, names, str(path), counted, str(path))
 
 
 __all__ = [
     "NPZ_KEYS",
-    "LabelledDataset",
-    "as_input",
-    "load_own_data",
+    "from_four_arrays",
     "map_labels",
-    "read_function",
+    "node_data",
+    "own_files",
     "read_imagefolder",
     "read_npz",
-    "read_table",
     "split_fraction",
+    "split_rng",
     "swarm_classes",
     "whole_node_data",
 ]
