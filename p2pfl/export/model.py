@@ -27,13 +27,13 @@ from p2pfl.config.schema import ModelConfig
 from p2pfl.learning.artifacts import (
     ExportError,
     info_path,
-    layout_of,
     layout_problems,
     nodes_with_models,
     read_model_info,
     restore_buffers,
     weights_path,
 )
+from p2pfl.learning.layout import tensor_specs
 from p2pfl.node.daemon import build_node_model
 
 FORMATS = ("safetensors", "onnx", "torchscript")
@@ -103,7 +103,7 @@ def load_model_with_info(run_dir: str | Path, node_id: str) -> tuple[nn.Module, 
         weights = load_file(str(path))
     except (SafetensorError, OSError) as exc:
         raise ExportError(f"{path}: not a readable safetensors file: {exc}") from None
-    problems = layout_problems(layout_of(module.state_dict()), weights)
+    problems = layout_problems(tensor_specs(module.state_dict()), weights)
     if problems:
         raise ExportError(
             f"{path}: the weights do not fit the model rebuilt from {run / info['config']}: "

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from p2pfl.errors import P2PFLError
+from p2pfl.learning.layout import tensor_specs, valid_tensor_specs
 
 FORMAT = 1
 MAX_BUFFER_VALUES = 65536  # non-persistent buffers larger than this are not recorded
@@ -113,11 +114,6 @@ def restore_buffers(module: nn.Module, buffers: dict[str, Any], where: str) -> N
             buf.copy_(value.to(dtype=buf.dtype, device=buf.device))
 
 
-def layout_of(state: dict[str, torch.Tensor]) -> list[list[Any]]:
-    """``[[name, shape, dtype], ...]`` of a state dict, in its order."""
-    return [[k, list(v.shape), str(v.dtype).removeprefix("torch.")] for k, v in state.items()]
-
-
 def _atomic(path: Path, write: Callable[[Path], None]) -> None:
     """``write(tmp)`` then rename ``tmp`` to ``path``; no temporary file is left behind."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -155,7 +151,7 @@ def write_model_artifacts(
         "classes": list(info["classes"]) if info.get("classes") else None,  # [] : unknown
         "input_spec": info.get("input_spec") or None,
         "round": int(info["round"]),
-        "layout": layout_of(state),
+        "layout": tensor_specs(state),
         "buffers": extra_buffers(module),
         "config": "config.yaml",
     }
@@ -222,17 +218,8 @@ def validate_model_info(meta: Any, where: Path, node_id: str | None = None) -> d
     _check(spec is None or isinstance(spec, dict), where, "input_spec", "not an object")
     rnd = meta.get("round")
     _check(isinstance(rnd, int) and not isinstance(rnd, bool), where, "round", "not an int")
-    layout = meta.get("layout")
     _check(
-        isinstance(layout, list)
-        and all(
-            isinstance(e, list)
-            and len(e) == 3
-            and isinstance(e[0], str)
-            and isinstance(e[1], list)
-            and isinstance(e[2], str)
-            for e in layout
-        ),
+        valid_tensor_specs(meta.get("layout")),
         where,
         "layout",
         "expected [[name, shape, dtype], ...]",

@@ -17,15 +17,14 @@ from typing import Any
 
 import torch
 
-TensorSpec = tuple[str, tuple[int, ...], str]
 MAX_TENSORS = 100_000  # a presence announcing more is malformed
 
 
-def tensor_specs(state: Mapping[str, torch.Tensor]) -> list[TensorSpec]:
-    """``(name, shape, dtype)`` of each tensor of ``state``, in its order; dtypes as torch
-    spells them without ``torch.`` (``float32``)."""
+def tensor_specs(state: Mapping[str, torch.Tensor]) -> list[list[Any]]:
+    """``[[name, shape, dtype], ...]`` of the tensors of ``state``, in its order, as JSON
+    and msgpack carry it; dtypes as torch spells them without ``torch.`` (``float32``)."""
     return [
-        (k, tuple(int(d) for d in v.shape), str(v.dtype).removeprefix("torch."))
+        [k, [int(d) for d in v.shape], str(v.dtype).removeprefix("torch.")]
         for k, v in state.items()
     ]
 
@@ -38,11 +37,29 @@ def describe_layout(
     body = {
         "input_shape": [int(v) for v in input_shape],
         "num_classes": int(num_classes),
-        "tensors": [[n, list(s), d] for n, s, d in tensor_specs(state)],
+        "tensors": tensor_specs(state),
     }
     keyed = {**body, "tensors": sorted(body["tensors"])}  # a state's order carries no meaning
     fp = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16]
     return {"fp": fp, **body}
+
+
+def valid_tensor_specs(value: Any) -> bool:
+    """Whether untrusted ``value`` is a :func:`tensor_specs` list: ``[name, [ints], dtype]``
+    entries, at most :data:`MAX_TENSORS` of them."""
+    return (
+        isinstance(value, list)
+        and len(value) <= MAX_TENSORS
+        and all(
+            isinstance(t, list)
+            and len(t) == 3
+            and isinstance(t[0], str)
+            and isinstance(t[1], list)
+            and all(isinstance(d, int) and not isinstance(d, bool) for d in t[1])
+            and isinstance(t[2], str)
+            for t in value
+        )
+    )
 
 
 def parse_layout(value: Any) -> dict[str, Any] | None:
@@ -52,23 +69,12 @@ def parse_layout(value: Any) -> dict[str, Any] | None:
     fp, shape, classes, tensors = (
         value.get(k) for k in ("fp", "input_shape", "num_classes", "tensors")
     )
-    if not isinstance(fp, str) or not isinstance(shape, list) or not isinstance(tensors, list):
+    if not isinstance(fp, str) or not isinstance(shape, list):
         return None
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in shape):
         return None
-    if not isinstance(classes, int) or isinstance(classes, bool) or len(tensors) > MAX_TENSORS:
+    if not isinstance(classes, int) or isinstance(classes, bool) or not valid_tensor_specs(tensors):
         return None
-    for t in tensors:
-        ok = (
-            isinstance(t, list)
-            and len(t) == 3
-            and isinstance(t[0], str)
-            and isinstance(t[1], list)
-            and all(isinstance(d, int) and not isinstance(d, bool) for d in t[1])
-            and isinstance(t[2], str)
-        )
-        if not ok:
-            return None
     return {"fp": fp, "input_shape": shape, "num_classes": classes, "tensors": tensors}
 
 
