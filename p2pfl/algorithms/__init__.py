@@ -91,26 +91,24 @@ def register_method(cls: type[Method], *, name: str | None = None) -> type[Metho
 
 def _load_entry_points() -> None:
     """Import every ``p2pfl.methods`` entry point; a class it names is registered under the
-    entry point's name unless its module registered it already."""
+    entry point's name unless its module registered it already. Every method that appears
+    while one entry point loads comes from that entry point's package."""
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         dist = getattr(ep, "dist", None)
         origin = f"package {dist.name}" if dist is not None else f"entry point {ep.value}"
+        before = set(REGISTRY)
         try:
             obj = ep.load()
         except Exception as exc:  # a broken plugin must not break the built-in methods
             _PLUGIN_ERRORS[ep.name] = f"entry point {ep.value!r} failed to load: {exc!r}"
-            continue
+            obj = None
         if isinstance(obj, type) and obj not in REGISTRY.values():
             try:
                 register_method(obj, name=ep.name)
-            except (TypeError, ValueError) as exc:
+            except (TypeError, ValueError) as exc:  # not a method, or a name already taken
                 _PLUGIN_ERRORS[ep.name] = f"entry point {ep.value!r}: {exc}"
-                continue
-        for key, cls in REGISTRY.items():
-            if key not in _SOURCES and cls.__module__ == getattr(obj, "__module__", ep.module):
-                _SOURCES[key] = origin
-        if ep.name in REGISTRY:
-            _SOURCES[ep.name] = origin
+        for key in set(REGISTRY) - before:
+            _SOURCES[key] = origin
 
 
 def _load_all() -> None:
