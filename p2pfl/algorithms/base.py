@@ -46,6 +46,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from p2pfl.learning.defence import Defence
 from p2pfl.learning.hooks import ExtraLoss, LossFn, StepHook
 from p2pfl.learning.models import SplitModel
 from p2pfl.learning.state import State, layout_mismatch, select_part
@@ -80,6 +81,9 @@ class AlgorithmContext:
     input_shape: tuple[int, ...]
     rng: np.random.Generator
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    # the robust combination a method uses in place of its mean (the topology's
+    # ``defence:``; docs/design.md, "Robust aggregation"); the plain mean by default
+    defence: Defence = field(default_factory=Defence)
 
 
 class Method(ABC):
@@ -88,6 +92,10 @@ class Method(ABC):
     name: ClassVar[str]
     kind: ClassVar[str] = "decentralized"
     Params: ClassVar[type[BaseModel]] = Params
+    # the ``defence.rule``s this method can combine under (None: every rule); a method with
+    # its own arithmetic lists the rules that select whole states (docs/design.md,
+    # "Robust aggregation"), checked at load
+    defences: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, params: dict[str, Any], ctx: AlgorithmContext):
         self.params = self.Params.model_validate(params)
@@ -214,7 +222,17 @@ class DecentralizedAlgorithm(Method):
     @abstractmethod
     def merge(self, gossip: dict[str, dict[str, Any]], pulled: dict[str, State]) -> dict[str, Any]:
         """Combine the pulled parts (peers whose pull failed are absent) into the local model;
-        return facts to log."""
+        return facts to log.
+
+        Every pulled state, and every peer's gossip, comes from an untrusted peer. A pulled
+        state that does not have the layout the method expects of it (keys, shapes and
+        dtypes of the matching part of the node's own model or snapshot:
+        :func:`peer_state_mismatch`) or whose values are unusable (not tensors) is **left
+        out**, as if its pull had failed, and named in the facts as ``"rejected": {peer:
+        reason}``; the method carries on with the others. The model is never partly loaded
+        from a rejected state, and when every pulled state is rejected the node keeps its
+        own model. Nothing pulled or gossiped makes merge raise (no ``RuntimeError``,
+        ``KeyError``, ``IndexError``, ``TypeError``, ``AttributeError``, ``ValueError``)."""
 
 
 def check_keys(value: Any, keys: Sequence[str], what: str) -> dict[str, Any]:
@@ -249,6 +267,20 @@ def check_state(value: Any, template: State, what: str) -> State:
     if why is not None:
         raise ValueError(f"{what}: {why}")
     return dict(value)
+
+
+def peer_state_mismatch(state: Any, template: State, *, dtype: bool = True) -> str | None:
+    """Why a state a peer sent cannot stand for ``template`` (None when it can):
+    :func:`~p2pfl.learning.state.layout_mismatch` for any decoded content. It must first be
+    a map whose keys are all ``str`` (the codec lets ``bytes`` keys through, which do not
+    even sort with ``str``). For :meth:`DecentralizedAlgorithm.merge` and
+    :meth:`CentralizedAlgorithm.apply`."""
+    if not isinstance(state, Mapping):
+        return f"not a map ({type(state).__name__})"
+    odd = [type(k).__name__ for k in state if not isinstance(k, str)]
+    if odd:
+        return f"keys differ ({len(odd)} not str, e.g. a {odd[0]} key)"
+    return layout_mismatch(state, template, dtype=dtype)
 
 
 def draw_peers(candidates: list[str], k: int | None, rng: np.random.Generator) -> list[str]:
@@ -329,6 +361,16 @@ class Aggregate:
     facts: dict[str, Any] = field(default_factory=dict)
 
 
+def kept_uploads(uploads: dict[str, Upload], defence: Defence, own: str) -> dict[str, Upload]:
+    """The uploads ``defence`` keeps (:meth:`~p2pfl.learning.defence.Defence.select`, around
+    the aggregator ``own``'s upload when it has one), for a server rule with its own
+    arithmetic; the others are named in the defence's rejections."""
+    nodes = sorted(uploads)
+    mine = nodes.index(own) if own in uploads else None
+    kept = defence.select([uploads[n].state for n in nodes], who=nodes, own=mine)
+    return {nodes[i]: uploads[nodes[i]] for i in kept}
+
+
 class CentralizedAlgorithm(Method):
     """One server-based method run by a rotating aggregator peer (:mod:`p2pfl.node.centralized`).
 
@@ -357,7 +399,15 @@ class CentralizedAlgorithm(Method):
     @abstractmethod
     def apply(self, received: State, announcement: dict[str, Any]) -> dict[str, Any]:
         """Install what the aggregator sent this node (from :attr:`Aggregate.results` or
-        :attr:`Aggregate.common`); return facts to log."""
+        :attr:`Aggregate.common`); return facts to log.
+
+        ``received`` comes from an untrusted peer (the round's aggregator). When it does not
+        have the layout the method expects (keys, shapes and dtypes of the matching part of
+        the node's model: :func:`peer_state_mismatch`), holds unusable values (not
+        tensors), or a value the method reads from ``announcement`` does not fit what it
+        indexes, apply raises ``ValueError`` naming the mismatch **before** anything in the
+        model or the method's state changes (the driver catches it and the node keeps its
+        model). It raises nothing else for any received content."""
 
     def needs_result(self, participated: bool, participates_next: bool, last_round: bool) -> bool:
         """Whether this node pulls the round's result (default: always)."""

@@ -67,8 +67,10 @@ from p2pfl.algorithms.base import (
     WholeModelExchange,
     check_keys,
     check_state,
+    peer_state_mismatch,
     register,
 )
+from p2pfl.learning.defence import Combine
 from p2pfl.learning.state import layout_mismatch, weighted_mean
 
 FP16_MAX = float(torch.finfo(torch.float16).max)  # 65504
@@ -121,12 +123,15 @@ def model_delta(after: State, before: State, fp16: bool) -> State:
     return out
 
 
-def average_deltas(deltas: list[State], weights: list[float]) -> State:
+def average_deltas(
+    deltas: list[State], weights: list[float], combine: Combine | None = None
+) -> State:
     """``Σ w_u Δ_u / Σ w_u`` per floating key with the shared weighted mean
     (docs/algorithms.md, "Shared aggregation": float64 accumulation, a weight 0 left out),
     returned in the first delta's dtype promoted to at least float32 (float16 deltas come
     back as float32): every delta's floating tensors are first widened, exactly, to that
-    dtype. Non-floating keys are taken from the first delta (the node's own).
+    dtype. Non-floating keys are taken from the first delta (the node's own). ``combine``
+    (the node's defence, docs/design.md, "Robust aggregation") replaces the weighted mean.
 
     Raises ``ValueError`` for no deltas, a length mismatch, mismatched keys or shapes, a
     floating delta wider than that dtype or a non-floating one of another dtype than the
@@ -152,7 +157,7 @@ def average_deltas(deltas: list[State], weights: list[float]) -> State:
         }
         for d in deltas
     ]
-    return weighted_mean(widened, weights)
+    return (combine or weighted_mean)(widened, weights)
 
 
 def apply_delta(base: State, delta: State) -> State:
@@ -172,9 +177,9 @@ def apply_delta(base: State, delta: State) -> State:
 
 def check_peer_delta(own: State, peer: State) -> str | None:
     """Why a pulled delta cannot be averaged with ``own`` (None when it can): it must be a
-    map of tensors with ``own``'s keys and shapes, floating entries float16 or float32 and
-    finite, other entries of ``own``'s dtype."""
-    why = layout_mismatch(peer, own, dtype=False)
+    map with ``str`` keys, exactly ``own``'s, of tensors of ``own``'s shapes, floating
+    entries float16 or float32 and finite, other entries of ``own``'s dtype."""
+    why = peer_state_mismatch(peer, own, dtype=False)
     if why is not None:
         return why
     for key, ref in own.items():
@@ -254,7 +259,17 @@ class DFedAvgM(WholeModelExchange):
             merged_from.append(peer)
         if sum(weights) <= 0:  # own count unusable (n = 0): fall back to uniform
             weights = [1.0] * len(deltas)
-        avg = average_deltas(deltas, weights)
+        defence = self.ctx.defence
+        # deltas are measured against the model's norm (clip), not the own delta's
+        scale = None if models else _norm(self.x)
+        avg = average_deltas(
+            deltas,
+            weights,
+            lambda states, w: defence.combine(
+                states, w, who=[self.ctx.node_id, *merged_from], own=0, scale=scale
+            ),
+        )
+        merged_from = [p for p in merged_from if p not in defence.rejected]
         if models:  # the mean in float32 or wider, back in the model's dtypes
             new_x = {k: v.to(self.x[k].dtype) for k, v in avg.items()}
             step = model_delta(new_x, self.x, fp16=False)

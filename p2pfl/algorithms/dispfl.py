@@ -70,6 +70,7 @@ from p2pfl.algorithms.base import (
     check_tensor,
     register,
 )
+from p2pfl.learning.defence import Combine
 from p2pfl.learning.models import SplitModel
 from p2pfl.learning.state import weighted_mean
 
@@ -150,7 +151,9 @@ def random_masks(
     return masks
 
 
-def masked_average(models: list[tuple[float, State, Masks]], own_masks: Masks) -> State:
+def masked_average(
+    models: list[tuple[float, State, Masks]], own_masks: Masks, combine: Combine | None = None
+) -> State:
     """The mask-aware average of step 3: for a masked key,
     ``m_own ⊙ (Σ_u c_u m_u ⊙ w_u) / (Σ_u c_u m_u)`` element-wise (0 where no model holds the
     element); for a dense floating key, ``Σ c_u w_u / Σ c_u``; a non-floating key is the
@@ -158,14 +161,20 @@ def masked_average(models: list[tuple[float, State, Masks]], own_masks: Masks) -
     has the masked keys of ``own_masks``. The shared weighted mean with masks
     (docs/algorithms.md, "Shared aggregation": float64 accumulation, numerator and
     denominator summed, then divided), then ``m_own ⊙``; returns the first model's dtypes.
-    Raises ``ValueError`` for no models, a negative weight or a non-positive total weight,
-    or models whose layout differs from the first's."""
+    ``combine`` (the node's defence with its names bound; a rule that selects whole
+    states) stands in for the weighted mean. Raises ``ValueError`` for no models, a
+    negative weight or a non-positive total weight, or models whose layout differs from
+    the first's."""
     if not models:
         raise ValueError("masked_average needs at least one model")
     if any(k not in m for _, _, m in models for k in own_masks):
         raise ValueError("masked_average: a model lacks a mask of the node's masked keys")
     masks = [{k: m[k] for k in own_masks} for _, _, m in models]
-    out = weighted_mean([s for _, s, _ in models], [c for c, _, _ in models], masks=masks)
+    states, weights = [s for _, s, _ in models], [c for c, _, _ in models]
+    if combine is None:
+        out = weighted_mean(states, weights, masks=masks)
+    else:
+        out = combine(states, weights, masks=masks)
     for key, own in own_masks.items():  # m_own ⊙: exact, the mask is 0 or 1
         if torch.is_floating_point(out[key]):
             out[key] = out[key] * own.to(device=out[key].device, dtype=out[key].dtype)
@@ -232,11 +241,14 @@ def encode_sparse(state: State, masks: Masks) -> State:
 def decode_sparse(wire: Any, template: State, masked: list[str]) -> tuple[State, Masks]:
     """A peer's wire form back to ``(dense state, masks)``, checked against ``template`` (the
     node's own state) and the list of masked keys. Raises ``ValueError`` naming the first
-    problem: not a map, missing or extra keys, a wrong dtype or shape, values that do not
-    match the mask's count, non-zero padding bits, or non-finite values. The float32 values
-    come back in the template's dtypes."""
+    problem: not a map, keys that are not all ``str``, missing or extra keys, a wrong dtype
+    or shape, values that do not match the mask's count, non-zero padding bits, or non-finite
+    values. The float32 values come back in the template's dtypes."""
     if not isinstance(wire, dict):
         raise ValueError("not a map")
+    odd = [type(k).__name__ for k in wire if not isinstance(k, str)]
+    if odd:  # e.g. bytes keys, which the codec lets through (and which do not sort with str)
+        raise ValueError(f"keys differ ({len(odd)} not str, e.g. a {odd[0]} key)")
     expected = {k for k in template if k not in masked}
     expected |= {k + s for k in masked for s in (MASK_SUFFIX, VALUES_SUFFIX)}
     if set(wire) != expected:
@@ -295,6 +307,7 @@ def mask_overlap(a: Masks, b: Masks) -> float:
 @register
 class DisPFL(WholeModelExchange):
     name = "dispfl"
+    defences = ("mean", "clip", "multikrum")  # the masked mean: whole states only
     Params = DisPFLParams
 
     def __init__(self, params: dict[str, Any], ctx: AlgorithmContext):
@@ -341,8 +354,15 @@ class DisPFL(WholeModelExchange):
             models.append((w, state, masks))
             merged_from.append(peer)
             overlaps.append(mask_overlap(self.masks, masks))
-        new = masked_average(models, self.masks)
+        defence = self.ctx.defence
+        who = [self.ctx.node_id, *merged_from]
+        new = masked_average(
+            models,
+            self.masks,
+            lambda states, w, masks: defence.combine(states, w, who=who, own=0, masks=masks),
+        )
         self.model.load_state_dict(new)
+        merged_from = [p for p in merged_from if p not in defence.rejected]
         facts: dict[str, Any] = {"merged_from": merged_from}
         if overlaps:
             facts["mask_overlap"] = round(float(np.mean(overlaps)), 4)

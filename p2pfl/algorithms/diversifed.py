@@ -61,9 +61,10 @@ from p2pfl.algorithms.base import (
     Upload,
     check_keys,
     check_state,
+    kept_uploads,
+    peer_state_mismatch,
     register,
 )
-from p2pfl.learning.state import layout_mismatch
 
 
 class DiversiFedParams(Params):
@@ -157,6 +158,7 @@ class DiversiFed(CentralizedAlgorithm):
     name = "diversifed"
     Params = DiversiFedParams
     upload_part = "all"
+    defences = ("mean", "clip", "multikrum")  # its own arithmetic: over the states kept
 
     def __init__(self, params: dict[str, Any], ctx: AlgorithmContext):
         super().__init__(params, ctx)
@@ -184,10 +186,11 @@ class DiversiFed(CentralizedAlgorithm):
 
     def apply(self, received: State, announcement: dict[str, Any]) -> dict[str, Any]:
         """Store ``z_i`` as the proximal target; the model keeps its own trained ``w_i``.
-        Raises ``ValueError`` when the keys or shapes differ from the model's state or a
-        floating value is not finite."""
+        Raises ``ValueError``, before anything changes, when the keys, shapes or dtypes
+        differ from the model's state, a value is not a tensor or a floating value is not
+        finite."""
         own = self.model.state_dict()
-        why = layout_mismatch(received, own, dtype=False)
+        why = peer_state_mismatch(received, own)
         if why is not None:
             raise ValueError(f"target: {why}")
         for k in own:
@@ -231,7 +234,10 @@ class DiversiFed(CentralizedAlgorithm):
         roster: list[str],
         round_no: int,
     ) -> Aggregate:
-        """Each finite uploader ``i`` receives its own ``z_i`` (module docstring)."""
+        """Each finite uploader ``i`` receives its own ``z_i`` (module docstring), over the
+        uploads the aggregator's defence keeps (docs/design.md, "Robust aggregation"); a
+        refused uploader receives nothing."""
+        uploads = kept_uploads(uploads, self.ctx.defence, self.ctx.node_id)
         nodes = sorted(uploads)
         keys = float_keys(uploads[nodes[0]].state)
         rows: list[torch.Tensor] = []

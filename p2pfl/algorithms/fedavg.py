@@ -25,16 +25,25 @@ from p2pfl.algorithms.base import (
     CentralizedAlgorithm,
     State,
     Upload,
+    peer_state_mismatch,
     register,
 )
-from p2pfl.learning.state import layout_mismatch, part_keys, weighted_mean
+from p2pfl.learning.defence import Defence
+from p2pfl.learning.state import part_keys, weighted_mean
 
 # ----------------------------------------------------------------------------- pure math
 
 
-def fedavg_aggregate(uploads: dict[str, Upload], part: str = "all") -> tuple[State, int]:
+def fedavg_aggregate(
+    uploads: dict[str, Upload],
+    part: str = "all",
+    defence: Defence | None = None,
+    own: str | None = None,
+) -> tuple[State, int]:
     """The sample-weighted mean of the ``part`` (``g``, ``h``, ``all``) of every upload, in
-    sorted node order, and the total sample count. Raises ``ValueError`` as
+    sorted node order, and the total sample count of the uploads it kept. With ``defence``
+    (the aggregator's, docs/design.md, "Robust aggregation") its rule replaces the mean,
+    around ``own``'s upload when the aggregator uploaded one. Raises ``ValueError`` as
     :func:`~p2pfl.learning.state.weighted_mean` does (no uploads, mismatched states)."""
     peers = sorted(uploads)
     states = []
@@ -42,15 +51,20 @@ def fedavg_aggregate(uploads: dict[str, Upload], part: str = "all") -> tuple[Sta
         state = uploads[p].state
         states.append({k: state[k] for k in part_keys(list(state), part)})
     weights = [float(uploads[p].n) for p in peers]
-    return weighted_mean(states, weights), int(sum(uploads[p].n for p in peers))
+    if defence is None:
+        return weighted_mean(states, weights), int(sum(uploads[p].n for p in peers))
+    mine = peers.index(own) if own in uploads else None
+    glob = defence.combine(states, weights, who=peers, own=mine)
+    kept = [p for p in peers if p not in defence.rejected]
+    return glob, int(sum(uploads[p].n for p in kept))
 
 
-def check_received(model_keys: list[str], received: State, model_state: State, part: str) -> None:
-    """Raise ``ValueError`` unless ``received`` holds exactly the model's ``part`` keys with
-    the model's shapes (what a peer sent is untrusted): the shared layout check without the
-    dtype, which loading casts."""
+def check_received(model_keys: list[str], received: Any, model_state: State, part: str) -> None:
+    """Raise ``ValueError`` unless ``received`` is a map holding exactly the model's ``part``
+    keys, each a tensor of the model's shape and dtype (what a peer sent is untrusted; the
+    server rules keep every tensor's dtype, so an honest result always has the model's)."""
     template = {k: model_state[k] for k in part_keys(model_keys, part)}
-    why = layout_mismatch(received, template, dtype=False)
+    why = peer_state_mismatch(received, template)
     if why is not None:
         raise ValueError(f"received state does not match part {part!r}: {why}")
 
@@ -72,7 +86,9 @@ class FedAvg(CentralizedAlgorithm):
     ) -> Aggregate:
         """``w ← Σ n_i w_i / Σ n_i``; the same global model for every uploader and as
         ``common``. No server state."""
-        glob, total = fedavg_aggregate(uploads, self.upload_part)
+        glob, total = fedavg_aggregate(
+            uploads, self.upload_part, self.ctx.defence, self.ctx.node_id
+        )
         return Aggregate(
             results=dict.fromkeys(uploads, glob),
             common=glob,
@@ -82,8 +98,9 @@ class FedAvg(CentralizedAlgorithm):
 
     def apply(self, received: State, announcement: dict[str, Any]) -> dict[str, Any]:
         """Install the received part (``upload_part``) into the model. Tensors are copied into
-        the existing parameters and buffers, which moves them to the model's device and
-        dtype. Raises ``ValueError`` if the keys or shapes do not match the model."""
+        the existing parameters and buffers, which moves them to the model's device. Raises
+        ``ValueError``, before anything changes, if the keys, shapes or dtypes do not match
+        the model's part or a value is not a tensor."""
         own = self.model.state_dict()
         check_received(list(own), received, own, self.upload_part)
         strict = self.upload_part == "all"

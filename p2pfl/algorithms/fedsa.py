@@ -70,8 +70,10 @@ from p2pfl.algorithms.base import (
     Params,
     State,
     Upload,
+    kept_uploads,
     register,
 )
+from p2pfl.algorithms.fedavg import check_received
 
 
 class FedSAParams(Params):
@@ -307,6 +309,7 @@ class FedSA(CentralizedAlgorithm):
     name = "fedsa"
     Params = FedSAParams
     upload_part = "all"
+    defences = ("mean", "clip", "multikrum")  # its own arithmetic: over the states kept
 
     def aggregate(
         self,
@@ -315,21 +318,27 @@ class FedSA(CentralizedAlgorithm):
         roster: list[str],
         round_no: int,
     ) -> Aggregate:
-        """One global model from every upload; every node receives it (the same object)."""
-        nodes = sorted(uploads)
+        """One global model from the uploads the aggregator's defence keeps (docs/design.md,
+        "Robust aggregation"); every uploader receives it (the same object)."""
+        everyone = sorted(uploads)
+        kept = kept_uploads(uploads, self.ctx.defence, self.ctx.node_id)
+        nodes = sorted(kept)
         stats: dict[str, Any] = {}
         glob = fedsa_aggregate_states(
-            [uploads[n].state for n in nodes], [uploads[n].n for n in nodes], self.params, stats
+            [kept[n].state for n in nodes], [kept[n].n for n in nodes], self.params, stats
         )
         facts = {
             "high_fraction": round(float(stats["high_fraction"]), 6),
             "clusters": round(float(stats["clusters"]), 4),
             "unclustered": round(float(stats["unclustered"]), 4),
         }
-        return Aggregate(results={n: glob for n in nodes}, common=glob, facts=facts)
+        return Aggregate(results={n: glob for n in everyone}, common=glob, facts=facts)
 
     def apply(self, received: State, announcement: dict[str, Any]) -> dict[str, Any]:
-        """Install the global model (whole state, strict)."""
+        """Install the global model (whole state, strict). Raises ``ValueError``, before
+        anything changes, unless ``received`` has the model's keys, shapes and dtypes."""
+        own = self.model.state_dict()
+        check_received(list(own), received, own, "all")
         dev = self.ctx.device
         self.model.load_state_dict({k: v.to(dev) for k, v in received.items()}, strict=True)
         return {}

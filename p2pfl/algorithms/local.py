@@ -25,4 +25,8 @@ class Local(DecentralizedAlgorithm):
         return {}, {}
 
     def merge(self, gossip: dict[str, dict[str, Any]], pulled: dict[str, State]) -> dict[str, Any]:
-        return {}
+        """Nothing: Local pulls nothing, so a state handed in all the same is refused
+        (``rejected``), unused."""
+        if not pulled:
+            return {}
+        return {"rejected": dict.fromkeys(pulled, "local pulls nothing")}

@@ -78,7 +78,7 @@ scores as the original (binary) and draws nothing from the RNG.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -94,10 +94,12 @@ from p2pfl.algorithms.base import (
     Params,
     State,
     Upload,
+    peer_state_mismatch,
     register,
 )
+from p2pfl.learning.defence import Defence
 from p2pfl.learning.models import SplitModel
-from p2pfl.learning.state import layout_mismatch, weighted_mean
+from p2pfl.learning.state import weighted_mean
 
 # CIFAR-100's coarse label (one of its 20 superclasses) of each fine class 0..99, from the
 # dataset's own metadata
@@ -502,8 +504,12 @@ def _aggregate_parts(
     weights: dict[str, float],
     pis: dict[str, list[int]],
     head_keys: dict[int, list[str]],
+    defence: Defence | None = None,
+    own: str | None = None,
 ) -> tuple[State, dict[str, State]]:
-    """``(φ, per-node heads)``: see :func:`pfedc_aggregate`."""
+    """``(φ, per-node heads)``: see :func:`pfedc_aggregate`. With ``defence`` (the
+    aggregator's, docs/design.md, "Robust aggregation") its rule combines ``φ`` around
+    ``own``'s upload; each head stays the plain mean over its holders."""
     if not states:
         raise ValueError("pfedc_aggregate needs at least one state")
     nodes = sorted(states)
@@ -513,7 +519,12 @@ def _aggregate_parts(
     first = states[nodes[0]]
     ordered = [states[n] for n in nodes]
     w = [float(weights[n]) for n in nodes]
-    shared = weighted_mean(ordered, w, [k for k in first if k not in in_head])
+    shared_keys = [k for k in first if k not in in_head]
+    if defence is None:
+        shared = weighted_mean(ordered, w, shared_keys)
+    else:
+        mine = nodes.index(own) if own in states else None
+        shared = defence.combine(ordered, w, who=nodes, own=mine, keys=shared_keys)
     heads: dict[str, State] = {n: {} for n in nodes}
     for t, keys in sorted(head_keys.items()):
         holders = [n for n in nodes if t < len(pis.get(n, [])) and pis[n][t] == 1]
@@ -612,13 +623,28 @@ class PFedC(CentralizedAlgorithm):
         return {**report, "pi": check_pi(report.get("pi"), self.num_tasks)}
 
     def apply(self, received: State, announcement: dict[str, Any]) -> dict[str, Any]:
-        """Load ``φ`` and the received heads (each key must be in the model with its shape);
-        heads not received stay as they are."""
+        """Load ``φ`` and the received heads; heads not received stay as they are.
+
+        ``received`` must hold every key of ``φ`` and, of each head it holds, all its keys,
+        each a tensor of the model's shape and dtype, and only heads of tasks this node
+        holds (``π^t = 1``: the server rule sends no other, and a head the node lacks is
+        its own); else ``ValueError``, before anything changes."""
         own = self.model.state_dict()
+        if not isinstance(received, Mapping) or any(not isinstance(k, str) for k in received):
+            raise ValueError(f"pfedc: received {peer_state_mismatch(received, own)}")
         unknown = [k for k in received if k not in own]
         if unknown:
             raise ValueError(f"pfedc: received unknown tensor {unknown[0]!r}")
-        why = layout_mismatch(received, {k: own[k] for k in received}, dtype=False)
+        why = peer_state_mismatch(received, {k: own[k] for k in received})
+        if why is not None:
+            raise ValueError(f"pfedc: received {why}")
+        task_of = {k: t for t, keys in self.head_keys.items() for k in keys}
+        heads = {task_of[k] for k in received if k in task_of}
+        lacked = sorted(t for t in heads if not self.pi[t])
+        if lacked:
+            raise ValueError(f"pfedc: received the head of task {lacked[0]}, which it lacks")
+        whole = {k: v for k, v in own.items() if k not in task_of or task_of[k] in heads}
+        why = peer_state_mismatch(received, whole)  # all of φ, and whole heads
         if why is not None:
             raise ValueError(f"pfedc: received {why}")
         self.model.load_state_dict(received, strict=False)
@@ -645,7 +671,9 @@ class PFedC(CentralizedAlgorithm):
                 bad.append(node)
         states = {n: up.state for n, up in uploads.items()}
         weights = {n: float(up.n) for n, up in uploads.items()}
-        shared, heads = _aggregate_parts(states, weights, pis, self.head_keys)
+        shared, heads = _aggregate_parts(
+            states, weights, pis, self.head_keys, self.ctx.defence, self.ctx.node_id
+        )
         results = {n: {**shared, **heads[n]} for n in sorted(uploads)}
         holders = [sum(pis[n][t] for n in uploads) for t in range(self.num_tasks)]
         facts: dict[str, Any] = {

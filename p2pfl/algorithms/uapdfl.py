@@ -12,8 +12,11 @@ Decentralized Federated Learning", 2024):
 - otherwise layer-wise personalization: ``g`` averaged over ``{i} ∪ Q_i``, ``h`` over
   ``{i} ∪ H_i`` (``H_i = {j : Div(i,j) < th_I}``), both weighted by sample counts, with the
   shared weighted mean (docs/algorithms.md, "Shared aggregation"; float64 accumulation,
-  non-floating buffers such as ``num_batches_tracked`` are the node's own, listed first); a
-  pulled part that does not have the node's own layout is left out of its mean;
+  non-floating buffers such as ``num_batches_tracked`` are the node's own, listed first);
+- a pulled state (the dropout peer's whole model, a peer's ``g`` or whole model) that does
+  not have the layout of the matching part of the node's own model (keys, shapes, dtypes)
+  is left out as if its pull had failed and named in the facts (``rejected``): the model is
+  never partly loaded from it, and a rejected dropout peer leaves the node its own model;
 - local loss ``CE + μ ‖g_i(X_unit) − A_avg‖²`` with
   ``A_avg = (A_i + Σ_j A_j) / (|Q_i| + 1)`` over the peers that answered.
 
@@ -56,7 +59,7 @@ for any model.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -75,10 +78,11 @@ from p2pfl.algorithms.base import (
     check_tensor,
     draw_peers,
     gossiped_count,
+    peer_state_mismatch,
     register,
 )
 from p2pfl.learning.split_model import SplitModel
-from p2pfl.learning.state import layout_mismatch, select_part, weighted_mean
+from p2pfl.learning.state import select_part
 
 
 class UAPDFLParams(Params):
@@ -194,6 +198,8 @@ class UAPDFL(DecentralizedAlgorithm):
         """Keep peers whose representations have the right shapes and a positive ``n``."""
         ok = {}
         for peer, g in gossip.items():
+            if not isinstance(g, dict):
+                continue
             I_j, A_j = g.get("I"), g.get("A")
             if (
                 isinstance(I_j, torch.Tensor)
@@ -258,23 +264,55 @@ class UAPDFL(DecentralizedAlgorithm):
             peer = self._dropout_peer
             if peer not in pulled:  # its pull failed: keep the own model this round
                 return {"merged_from": []}
+            why = peer_state_mismatch(pulled[peer], own)
+            if why is not None:  # as if its pull had failed
+                return {"merged_from": [], "rejected": {peer: why}}
+            # the defence's test of a single state (clip: its distance to the own model)
+            if not self.ctx.defence.screen(self.model_state(), {peer: pulled[peer]}):
+                return {"merged_from": []}  # refused: named in the defence's rejections
             self.model.load_state_dict(pulled[peer])
             return {"merged_from": [peer]}
         if not pulled:
             return {"merged_from": []}
-        n = {j: int(gossip[j]["n"]) for j in pulled}
+        g_own = select_part(own, "g")
+        n: dict[str, int] = {}
+        parts: dict[str, tuple[str, ...]] = {}  # peer -> the parts it sent
+        rejected: dict[str, str] = {}
+        for j in sorted(pulled):
+            state = pulled[j]
+            # a g pull holds the g keys only; anything else must be the whole model
+            only_g = isinstance(state, Mapping) and all(
+                isinstance(k, str) and k.startswith("g.") for k in state
+            )
+            why = peer_state_mismatch(state, g_own if only_g else own)
+            count = gossiped_count(gossip.get(j))
+            if why is None and count is None:
+                why = "no usable sample count"
+            if why is not None:
+                rejected[j] = why
+                continue
+            n[j] = count
+            parts[j] = ("g",) if only_g else ("g", "h")
+        facts: dict[str, Any] = {"merged_from": sorted(n)}
+        if rejected:
+            facts["rejected"] = rejected
+        if not n:  # every pulled state rejected: the node keeps its own model
+            return facts
         new = dict(own)
+        defence = self.ctx.defence
         for part in ("g", "h"):  # each over {i} ∪ the peers that sent it, own first
             mine = select_part(own, part)
-            states, weights = [mine], [self.ctx.num_samples]
-            for j in sorted(pulled):
-                theirs = select_part(pulled[j], part)
-                if layout_mismatch(theirs, mine) is None:
-                    states.append(theirs)
+            states, weights, who = [mine], [self.ctx.num_samples], [self.ctx.node_id]
+            for j in sorted(n):
+                if part in parts[j]:
+                    states.append(select_part(pulled[j], part))
                     weights.append(n[j])
-            new.update(weighted_mean(states, weights))
+                    who.append(j)
+            if sum(weights) > 0:  # else own alone with no samples: it keeps its part
+                new.update(defence.combine(states, weights, who=who, own=0))
         self.model.load_state_dict(new)
-        return {"merged_from": sorted(pulled)}
+        facts["merged_from"] = [j for j in sorted(n) if j not in defence.rejected]
+        return facts
 
     def extra_loss(self) -> ExtraLoss | None:
         """``μ ‖g_i(X_unit) − A_avg‖²`` (step 7); none when no peer answered or μ = 0."""

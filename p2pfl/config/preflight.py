@@ -20,9 +20,11 @@ import torch
 from p2pfl.algorithms import AlgorithmContext, DecentralizedAlgorithm, get_algorithm
 from p2pfl.config.load import ConfigError
 from p2pfl.config.schema import DatasetConfig, TopologyConfig, is_import_path
+from p2pfl.config.topology import build_graph
 from p2pfl.learning.data import DatasetArrays, DatasetError, NodeData, load_arrays, load_node_data
 from p2pfl.learning.models import UserModelError, build_model
 from p2pfl.learning.partition import partition_indices
+from p2pfl.learning.robust import check_bounds
 from p2pfl.learning.split_model import SplitModel
 from p2pfl.learning.user_code import describe
 
@@ -207,6 +209,7 @@ def check_method(
     decentralized method, its gossip); a :class:`ConfigError` on ``algorithm.name`` naming
     the method, the model and what failed, so a method that cannot work with a user's
     model says so before the swarm starts."""
+    check_defence(cfg, source)
     cls = get_algorithm(cfg.algorithm.name)
     try:
         with torch.random.fork_rng(devices=[]):
@@ -254,3 +257,29 @@ def split_summary(model: SplitModel) -> dict[str, list[str]]:
     for (part, module), n in counts.items():
         out.setdefault(part, []).append(f"{module} ({n:,})")
     return out
+
+
+def check_defence(cfg: TopologyConfig, source: str = "topology") -> None:
+    """The ``defence:`` rule fits the swarm: its bounds hold for the most inputs a node can
+    combine (a decentralized node: itself and its neighbours, checked on the node with the
+    fewest; the round's aggregator: every node), and the method can combine under it (a
+    method's ``defences``, when it lists them). A :class:`ConfigError` on ``defence.rule``
+    naming the rule, n and f otherwise. At run time a round with fewer inputs than the rule
+    needs (peers absent) falls back to the coordinate-wise median, recorded."""
+    d = cfg.defence
+    cls = get_algorithm(cfg.algorithm.name)
+    supported = getattr(cls, "defences", None)
+    if supported is not None and d.rule not in supported:
+        why = f"{cls.name} combines with {', '.join(supported)} only, not {d.rule}"
+        raise ConfigError(source, [("defence.rule", why)])
+    if cls.kind == "centralized":
+        n, where = len(cfg.nodes), f"the aggregator combines at most {len(cfg.nodes)} uploads"
+    else:
+        graph = build_graph(cfg)
+        node = min(cfg.node_ids, key=lambda x: (graph.degree(x), x))
+        n = 1 + graph.degree(node)
+        where = f"node {node} combines at most {n} states (itself and {n - 1} neighbours)"
+    try:
+        check_bounds(d.rule, n, d.f, d.m, d.beta)
+    except ValueError as exc:
+        raise ConfigError(source, [("defence.rule", f"{exc}: {where}")]) from None

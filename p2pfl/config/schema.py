@@ -10,6 +10,7 @@ of p2pfl (the method registry included) builds on, so it imports none of it
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Callable
 from typing import Any, Literal
@@ -373,6 +374,126 @@ class SecurityConfig(_Strict):
         return self.tls or self.sign
 
 
+DEFENCE_RULES = ("mean", "median", "trimmed_mean", "multikrum", "bulyan", "clip")
+
+
+class DefenceConfig(_Strict):
+    """How a node screens and combines its peers' states (docs/design.md, "Robust
+    aggregation"). Admission (``max_norm_ratio``, ``max_sample_ratio``, ``max_samples``) is
+    always on; ``rule`` picks the combination every method uses in place of its mean."""
+
+    rule: Literal["mean", "median", "trimmed_mean", "multikrum", "bulyan", "clip"] = Field(
+        "clip",
+        description="mean (plain weighted mean), median (coordinate-wise), trimmed_mean "
+        "(beta), multikrum (f, m), bulyan (f; n >= 4f + 3), clip (accept a peer's state "
+        "when ||w_j - w_i|| <= gamma * exp(-kappa t / T) * ||w_i||, then the mean)",
+    )
+    f: int = Field(1, ge=0, description="multikrum, bulyan: the Byzantine inputs tolerated")
+    m: int | None = Field(
+        None,
+        ge=1,
+        description="multikrum: how many of the best-scored states are averaged (default: n - f)",
+    )
+    beta: float = Field(
+        0.1, ge=0, lt=0.5, description="trimmed_mean: the fraction cut from each end"
+    )
+    gamma: float = Field(
+        0.5, gt=0, description="clip: the distance bound at t = 0, relative to ||w_i||"
+    )
+    kappa: float = Field(
+        0.5, ge=0, description="clip: how fast the bound tightens over the run's rounds"
+    )
+    max_norm_ratio: float = Field(
+        10.0,
+        gt=1,
+        description="admission: a state whose norm exceeds this many times the norm of "
+        "the node's own matching state is refused",
+    )
+    max_sample_ratio: float = Field(
+        10.0,
+        gt=1,
+        description="admission: a claimed sample count above this many times the median "
+        "of the counts seen in the round (the node's own included) is capped there",
+    )
+    max_samples: int | None = Field(
+        None, ge=1, description="admission: a hard cap on any claimed sample count"
+    )
+    distrust_rounds: int = Field(
+        2,
+        ge=0,
+        description="reputation: a peer refused in a round is left out of the draws for "
+        "this many rounds, doubling with each further refusal (0: never)",
+    )
+
+
+ATTACK_KINDS = (
+    "sign_flip",
+    "scale",
+    "noise",
+    "nan",
+    "alie",
+    "ipm",
+    "free_rider",
+    "label_flip",
+    "inflate_n",
+    "delay",
+)
+
+
+class AttackSpec(_Strict):
+    """One attack of an experiment (docs/design.md, "Attack scenarios"): which nodes, when,
+    and what they do. An attack wraps what a node serves or how it trains; the methods'
+    code paths stay the honest ones."""
+
+    kind: Literal[
+        "sign_flip",
+        "scale",
+        "noise",
+        "nan",
+        "alie",
+        "ipm",
+        "free_rider",
+        "label_flip",
+        "inflate_n",
+        "delay",
+    ]
+    nodes: list[str] | None = Field(None, description="the attackers, by id")
+    fraction: float | None = Field(
+        None, gt=0, le=1, description="or: this fraction of the nodes, drawn with the seed"
+    )
+    from_round: int = Field(1, ge=1)
+    to_round: int | None = Field(None, ge=1)
+    corrupts: Literal["model", "result", "both"] = Field(
+        "model",
+        description="what the attacker corrupts: the model it serves (snapshot or upload), "
+        "the aggregate it serves as the round's aggregator (a malicious aggregator), or both",
+    )
+    factor: float = Field(100.0, description="scale: the multiplier (model replacement)")
+    sigma: float = Field(1.0, gt=0, description="noise: the Gaussian's standard deviation")
+    z: float | None = Field(
+        None, description="alie: the standard deviations shifted (default: from n and f)"
+    )
+    epsilon: float = Field(0.5, gt=0, description="ipm: the inner-product manipulation scale")
+    source: int | None = Field(
+        None, ge=0, description="label_flip: the class relabelled (default: every class)"
+    )
+    target: int | None = Field(
+        None, ge=0, description="label_flip: the class it becomes (default: C - 1 - y)"
+    )
+    claim: int = Field(10**9, ge=1, description="inflate_n: the sample count claimed")
+    delay_s: float = Field(5.0, ge=0, description="delay: seconds before serving a pull")
+
+    @model_validator(mode="after")
+    def _check_who(self) -> AttackSpec:
+        if (self.nodes is None) == (self.fraction is None):
+            raise ValueError(f"attack {self.kind}: give nodes or fraction (one of them)")
+        if self.to_round is not None and self.to_round < self.from_round:
+            raise ValueError(f"attack {self.kind}: to_round before from_round")
+        if (self.source is None) != (self.target is None):
+            raise ValueError(f"attack {self.kind}: source and target go together")
+        return self
+
+
 class TopologyConfig(_Strict):
     """One swarm: nodes, edges, algorithm, data, model, training."""
 
@@ -387,6 +508,10 @@ class TopologyConfig(_Strict):
     timing: TimingConfig = Field(default_factory=TimingConfig)
     security: SecurityConfig = Field(default_factory=SecurityConfig)
     transfer: TransferConfig = Field(default_factory=TransferConfig)
+    defence: DefenceConfig = Field(default_factory=DefenceConfig)
+    attacks: list[AttackSpec] = Field(
+        default_factory=list, description="attack scenarios for experiments (none: honest)"
+    )
     nodes: list[NodeSpec]
     edges: GeneratedEdges | list[tuple[str, str]] = Field(
         default_factory=lambda: GeneratedEdges(kind="ring")
@@ -437,7 +562,27 @@ class TopologyConfig(_Strict):
                 raise ValueError("edges: erdos needs p")
             if self.edges.center is not None and self.edges.center not in ids:
                 raise ValueError(f"edges.center: unknown node id {self.edges.center!r}")
+        for i, attack in enumerate(self.attacks):
+            unknown = sorted(set(attack.nodes or ()) - set(ids))
+            if unknown:
+                raise ValueError(f"attacks[{i}].nodes: unknown node ids {unknown}")
         return self
+
+    def attackers(self) -> dict[str, list[AttackSpec]]:
+        """Each attacking node's attacks: ``nodes`` as given, ``fraction`` as
+        ``round(fraction * N)`` (at least 1) nodes drawn by a permutation seeded with
+        ``seed`` and the attack's position, so every node computes the same set."""
+        out: dict[str, list[AttackSpec]] = {}
+        ids = sorted(self.node_ids)
+        for i, attack in enumerate(self.attacks):
+            if attack.nodes is not None:
+                chosen = attack.nodes
+            else:
+                k = max(1, round((attack.fraction or 0) * len(ids)))
+                chosen = random.Random(f"{self.seed}:attack:{i}").sample(ids, k)
+            for node in chosen:
+                out.setdefault(node, []).append(attack)
+        return out
 
     @property
     def node_ids(self) -> list[str]:

@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 
 from p2pfl.algorithms.base import Aggregate, CentralizedAlgorithm, Upload
-from p2pfl.learning.state import State, layout_mismatch
+from p2pfl.learning.state import State
 from p2pfl.learning.train import round_lr
 from p2pfl.node.election import succession
 from p2pfl.node.services import NodeServices
@@ -253,9 +253,10 @@ class CentralizedRounds:
 
     async def _prepared_for(self, key: tuple[int, int, str], state: State) -> PreparedState:
         full = (*key, id(state))
+        what = "result" if key[2] == "result" else "model"
         async with self._prepare_lock:
             if full not in self._prepared:
-                self._prepared[full] = await self.services.prepare(state)
+                self._prepared[full] = await self.services.prepare(state, key[0], what)
         return self._prepared[full]
 
     async def serve_pull(self, env: Envelope) -> None:
@@ -286,7 +287,7 @@ class CentralizedRounds:
             await self.services.refuse_pull(env, reason or "nothing for this node")
             return
         prepared = await self._prepared_for((env.round, env.attempt, str(part)), state)
-        await self.tr.send_state(env.sender, env.id, env.round, prepared)
+        await self.services.send_state(env, prepared)
         if part == "result":
             self._served.setdefault((env.round, env.attempt), set()).add(env.sender)
             self.services.notify()
@@ -334,23 +335,25 @@ class CentralizedRounds:
         if self._superseding(r, attempt) is not None:
             return None
         reports = {
-            p: rep for p, rep in self._reports.get((r, attempt), {}).items() if p in expected
+            p: rep
+            for p, rep in self._reports.get((r, attempt), {}).items()
+            if p in expected and svc.trusted(p, r)  # reputation: a distrusted upload waits
         }
         template = self._uploads.get(r)
         if template is None:
             template = await asyncio.to_thread(self.alg.upload)
         timeout = max(1.0, cfg.timing.round_timeout_s)
         pulled, failed = await svc.pull_many(
-            {p: "upload" for p in reports}, r, timeout, attempt=attempt
+            {p: "upload" for p in reports},
+            r,
+            timeout,
+            attempt=attempt,
+            reference=lambda _part: template,  # admission: layout, finite, norm
         )
+        claims = svc.cap_claims({p: reports[p]["n"] for p in pulled})
         uploads: dict[str, Upload] = {}
         for peer, res in sorted(pulled.items()):
-            why = layout_mismatch(res, template)
-            if why is not None:
-                self.services.drop("bad_upload", f"{peer}: {why}")
-                failed[peer] = why
-                continue
-            uploads[peer] = Upload(reports[peer]["n"], res, reports[peer]["report"])
+            uploads[peer] = Upload(claims[peer], res, reports[peer]["report"])
         if own is not None and r in self._uploads:
             uploads[self.id] = Upload(own["n"], self._uploads[r], own["report"])
         if self._superseding(r, attempt) is not None:
@@ -425,6 +428,12 @@ class CentralizedRounds:
         except TransportError as exc:
             return None, str(exc)
         self.services.publish_status(round_no, pull=(aggregator, "result", state_nbytes(state)))
+        # the aggregator is a peer: its result passes admission like any state (finite,
+        # norm bound; the method's apply checks the layout), or the round fails over
+        why = self.services.admit(state, self.alg.model_state(), layout=False)
+        if why is not None:
+            self.services.reject(aggregator, f"result: {why}", round_no)
+            return None, f"result refused: {why}"
         return state, None
 
     async def _settle(
@@ -480,6 +489,10 @@ class CentralizedRounds:
                 }
             if not self._online(agg):
                 failovers.append({"attempt": attempt, "aggregator": agg, "why": "offline"})
+                attempt += 1
+                continue
+            if not svc.trusted(agg, r):  # its result was refused lately: the next peer
+                failovers.append({"attempt": attempt, "aggregator": agg, "why": "distrusted"})
                 attempt += 1
                 continue
             svc.publish_status(r, "waiting")  # for this attempt's aggregator
@@ -564,8 +577,10 @@ class CentralizedRounds:
         meter = svc.meter()
         record: dict[str, Any] = {"train_loss": None, "train_ce": None}
         participated = False
+        diverged: dict[str, Any] | None = None
         lr = round_lr(cfg.training, plan.round if plan else after + 1)
         train_s = 0.0
+        svc.begin_round(plan.round if plan is not None else after + 1)
         if plan is not None:
             r = plan.round
             self.rosters[r] = plan.roster
@@ -574,10 +589,12 @@ class CentralizedRounds:
             own = None
             if participated:
                 svc.publish_status(r, "training")
-                result = (await svc.train(r)).result  # after_train's facts are not recorded
+                trained = await svc.train(r)  # after_train's facts are not recorded
+                result, diverged = trained.result, trained.diverged
                 train_s = result.seconds
                 self._uploads[r] = await asyncio.to_thread(alg.upload)
-                own = {"n": len(svc.data.train_y), "report": alg.report(result, lr)}
+                n = svc.claimed_samples(len(svc.data.train_y), r)
+                own = {"n": n, "report": alg.report(result, lr)}
                 record.update(train_loss=result.loss, train_ce=result.ce_loss)
             t_comm = time.monotonic()
             settled = await self._settle(plan, participated, own)
@@ -591,14 +608,19 @@ class CentralizedRounds:
         comm_s = time.monotonic() - t_comm
         facts: dict[str, Any] = {}
         if settled["received"] is not None:
+            before = alg.checkpoint()
             try:
                 facts = await asyncio.to_thread(
                     alg.apply, settled["received"], settled["announcement"]
                 )
-            except ValueError as exc:  # the aggregator is a peer: its bytes are untrusted
+            except (ValueError, RuntimeError) as exc:  # the aggregator's bytes are untrusted
+                alg.restore(before)
                 svc.drop("bad_result", f"round {r} from {settled['aggregator']}: {exc}")
                 settled["received"] = None
                 facts = {"apply_error": str(exc)}
+            else:
+                body = settled["announcement"] or {}
+                svc.merged_from = sorted({settled["aggregator"], *body.get("aggregated", [])})
         self.applied = r
         svc.publish_status(r, "evaluating")
         acc, test_loss = await svc.evaluate()
@@ -635,6 +657,8 @@ class CentralizedRounds:
                 "roster": plan.roster if plan else None,
                 **settled,
                 **facts,
+                **svc.robust_facts(r),
+                "diverged": diverged,
                 "dropped_total": svc.dropped_total(),
                 "t": time.time(),
             }

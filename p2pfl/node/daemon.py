@@ -52,6 +52,7 @@ from p2pfl.config.topology import neighbours
 from p2pfl.errors import P2PFLError
 from p2pfl.learning.artifacts import ExportError, write_model_artifacts
 from p2pfl.learning.data import DatasetArrays, NodeData, load_node_data
+from p2pfl.learning.defence import Defence
 from p2pfl.learning.layout import describe_layout, layout_difference, parse_layout
 from p2pfl.learning.layout import summary as layout_summary
 from p2pfl.learning.models import SplitModel, build_model
@@ -123,6 +124,7 @@ def build_method(
         input_shape=tuple(data.input_shape),
         rng=rng,
         device=device,
+        defence=Defence(cfg.defence, cfg.rounds),
     )
     method = cls(cfg.algorithm.params, ctx)
     method.local_epochs = cfg.training.epochs

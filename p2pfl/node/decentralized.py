@@ -39,6 +39,27 @@ from p2pfl.wire.transport import TransportError
 
 log = logging.getLogger(__name__)
 
+
+def cap_gossiped_counts(
+    svc: NodeServices, gossip: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """The peers' gossip with each claimed sample count ``n`` capped (admission:
+    :meth:`NodeServices.cap_claims`); bodies without a usable count are kept as they are
+    (the method decides about them)."""
+    claims = {
+        p: g["n"]
+        for p, g in gossip.items()
+        if isinstance(g, dict) and isinstance(g.get("n"), int) and not isinstance(g["n"], bool)
+    }
+    if not claims:
+        return gossip
+    capped = svc.cap_claims(claims)
+    return {
+        p: ({**g, "n": capped[p]} if p in capped and capped[p] != g["n"] else g)
+        for p, g in gossip.items()
+    }
+
+
 SNAPSHOTS_KEPT = 3
 GOSSIP_AHEAD = 5  # rounds ahead of ours whose gossip we keep
 
@@ -105,7 +126,8 @@ class DecentralizedRounds:
                 snap = self._snapshots.get(round_no)
                 if snap is None:
                     return None
-                self._prepared[key] = await self.services.prepare(self.alg.select(snap, part))
+                state = self.alg.select(snap, part)
+                self._prepared[key] = await self.services.prepare(state, round_no, "model")
         return self._prepared.get(key)
 
     async def serve_pull(self, env: Envelope) -> None:
@@ -124,7 +146,7 @@ class DecentralizedRounds:
         if reason is not None or prepared is None:
             await svc.refuse_pull(env, reason or "")
             return
-        await svc.transport.send_state(env.sender, env.id, env.round, prepared)
+        await svc.send_state(env, prepared)
 
     def _keep_snapshot(self, round_no: int, state: State) -> None:
         self._snapshots[round_no] = state
@@ -141,18 +163,43 @@ class DecentralizedRounds:
         if message is None:
             return []
         svc = self.services
+        if svc.adversary is not None and "n" in message:  # an experiment's inflated claim
+            message = {**message, "n": svc.claimed_samples(message["n"], round_no)}
         self._last_gossip = (round_no, message)
         try:
             await svc.transport.gossip(round_no, message)
         except TransportError as exc:  # broker gone: peers will not hear from us
             log.warning("%s: round %d: gossip not sent: %s", self.id, round_no, exc)
-        in_step = [p for p in svc.neighbours if svc.in_step(p, round_no)]  # online ones only
+        # online, in step and not distrusted (reputation: docs/design.md, "Robust aggregation")
+        in_step = [
+            p for p in svc.neighbours if svc.in_step(p, round_no) and svc.trusted(p, round_no)
+        ]
         return self.alg.choose_peers(in_step)
+
+    async def _merge(
+        self, round_no: int, got: dict[str, dict[str, Any]], pulled: dict[str, State]
+    ) -> dict[str, Any]:
+        """The method's merge of what was admitted. A merge that fails on a peer's content
+        (a method's own check: ``ValueError``; torch refusing a tensor: ``RuntimeError``)
+        leaves the node on its own model for the round, logged and counted: a peer's bytes
+        never stop a node (docs/design.md)."""
+        svc = self.services
+        before = self.alg.checkpoint()
+        try:
+            merged = await asyncio.to_thread(self.alg.merge, got, pulled)
+        except (ValueError, RuntimeError, ArithmeticError) as exc:
+            self.alg.restore(before)
+            svc.drop("bad_merge", f"round {round_no}: {exc}")
+            log.warning("%s: round %d: merge failed, own model kept: %s", self.id, round_no, exc)
+            return {"merge_error": str(exc)}
+        svc.merged_from = list(merged.get("merged_from", sorted(pulled)))
+        return merged
 
     async def run_round(self, round_no: int) -> dict[str, Any]:
         """Run round ``round_no``; return its record."""
         svc, alg = self.services, self.alg
         meter = svc.meter()
+        svc.begin_round(round_no)
         self.round = round_no
         for old in [r for r in self._gossip if r < round_no - 1]:
             del self._gossip[old]
@@ -172,19 +219,23 @@ class DecentralizedRounds:
 
         await svc.wait_for(heard_all, deadline)
         heard = self._gossip.get(round_no, {})
-        got = {p: heard[p] for p in chosen if p in heard}
+        got = cap_gossiped_counts(svc, {p: heard[p] for p in chosen if p in heard})
         plan, facts = alg.plan(got)
         svc.publish_status(round_no, "aggregating")
         timeout = max(0.1, deadline - time.monotonic())
-        pulled, failed = await svc.pull_many(plan, round_no, timeout)
+        own = self._snapshots[round_no]
+        pulled, failed = await svc.pull_many(
+            plan, round_no, timeout, reference=lambda part: alg.select(own, part)
+        )
         comm_s = time.monotonic() - t_comm
-        merged = await asyncio.to_thread(alg.merge, got, pulled)
+        merged = await self._merge(round_no, got, pulled)
         if trained is None:
             svc.publish_status(round_no, "training")
             trained = await svc.train(round_no)
         svc.publish_status(round_no, "evaluating")
         acc, test_loss = await svc.evaluate()
         result = trained.result
+        robust = svc.robust_facts(round_no, merged.pop("rejected", None))
         return {
             "round": round_no,
             "test_acc": acc,
@@ -204,6 +255,8 @@ class DecentralizedRounds:
             **facts,
             **merged,
             **trained.facts,
+            **robust,
+            "diverged": trained.diverged,
             "dropped_total": svc.dropped_total(),
             "t": time.time(),
         }

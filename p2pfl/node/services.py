@@ -37,8 +37,11 @@ import numpy as np
 import torch
 
 from p2pfl.algorithms.base import Method
+from p2pfl.attacks import Adversary
 from p2pfl.config.schema import TopologyConfig
+from p2pfl.learning.admission import admit_state, cap_claims
 from p2pfl.learning.data import NodeData
+from p2pfl.learning.defence import Defence
 from p2pfl.learning.state import State
 from p2pfl.learning.train import TrainResult, evaluate, round_lr, train_local
 from p2pfl.metrics import RecordLog, node_log_path
@@ -85,11 +88,13 @@ class RoundDriver(Protocol):
 @dataclass
 class TrainOutcome:
     """One round of local training: the trainer's result, the learning rate used and the
-    facts the method's ``after_train`` hook returned."""
+    facts the method's ``after_train`` hook returned. ``diverged`` is set when the loss
+    turned non-finite and the node rolled back (:meth:`NodeServices.train`)."""
 
     result: TrainResult
     lr: float
     facts: dict[str, Any] = field(default_factory=dict)
+    diverged: dict[str, Any] | None = None
 
 
 class RoundMeter:
@@ -172,6 +177,22 @@ class NodeServices:
         # neighbours refused for good reason (a model layout unlike ours), with the reason:
         # their status reads ``refused``, so no round counts them and no pull is served
         self.refused: dict[str, str] = {}
+        # robustness (docs/design.md, "Robust aggregation"): the method's combination rule,
+        # this round's refused states and capped claims, and the peers left out of draws
+        self.defence: Defence = method.ctx.defence
+        self.round_no = 0
+        self.rejected: dict[str, str] = {}
+        self.capped: dict[str, int] = {}
+        # whose states went into the model at its latest merge or apply (the model the next
+        # training starts from): named when that training diverges
+        self.merged_from: list[str] = []
+        self.distrusted: dict[str, int] = {}  # peer -> the first round it is drawn again
+        self._strikes: dict[str, int] = {}
+        self._last_good: tuple[int, dict[str, Any]] | None = None  # (round, checkpoint)
+        self._initial = method.checkpoint()  # what a node whose first round diverges keeps
+        # an experiment's attack on this node (topology ``attacks:``), None when honest:
+        # it wraps what the node serves and how it trains, never a method's code
+        self.adversary = Adversary.for_node(cfg, node_id, data.num_classes)
 
     # ------------------------------------------------------------------ presence view
     def status(self, peer: str) -> str:
@@ -241,19 +262,35 @@ class NodeServices:
         return True
 
     # ------------------------------------------------------------------ transfers
-    async def prepare(self, state: State) -> PreparedState:
+    async def prepare(
+        self, state: State, round_no: int | None = None, what: str = "model"
+    ) -> PreparedState:
         """``state`` serialized and hashed for serving, on the shared pack pool (so packing
-        never queues behind co-hosted nodes' training)."""
+        never queues behind co-hosted nodes' training). ``what`` (``model``: a snapshot or
+        an upload; ``result``: an aggregate) and ``round_no`` tell an attack experiment what
+        it may corrupt (:attr:`adversary`)."""
+        if self.adversary is not None and round_no is not None:
+            state = self.adversary.outgoing(state, round_no, what)
         loop = asyncio.get_running_loop()
         digest = self.transport.digest_name  # BLAKE3 when signing, else XXH3 (wire.digest)
         return await loop.run_in_executor(PACK_POOL, PreparedState.from_state, state, digest)
 
     async def pull_many(
-        self, parts: dict[str, str], round_no: int, timeout: float, *, attempt: int = 0
+        self,
+        parts: dict[str, str],
+        round_no: int,
+        timeout: float,
+        *,
+        attempt: int = 0,
+        reference: Callable[[str], State] | None = None,
     ) -> tuple[dict[str, State], dict[str, str]]:
         """Pull ``parts[peer]`` of round ``round_no`` from every peer at once; returns the
-        states that arrived and, for the others, why not. Each pull that arrives is told to
-        observers (:meth:`publish_status`)."""
+        states that arrived and were admitted and, for the pulls that failed, why. With
+        ``reference(part)`` (the node's own matching state), every state must pass
+        admission (:func:`~p2pfl.learning.admission.admit_state`: layout, finite values,
+        norm bound) before any method sees it; one that fails is left out and named in the
+        round's :attr:`rejected`. Each pull that arrives is told to observers
+        (:meth:`publish_status`)."""
 
         async def one(peer: str) -> State:
             state = await self.transport.pull(
@@ -270,9 +307,101 @@ class NodeServices:
             if isinstance(res, BaseException):
                 failed[peer] = str(res)
                 log.warning("%s: round %d: %s", self.id, round_no, res)
+                continue
+            why = None if reference is None else self.admit(res, reference(parts[peer]))
+            if why is not None:
+                self.reject(peer, why, round_no)
             else:
                 pulled[peer] = res
+        if self.adversary is not None:
+            self.adversary.remember(round_no, pulled)
         return pulled, failed
+
+    # ------------------------------------------------------------------ robustness
+    def admit(self, state: Any, reference: State, *, layout: bool = True) -> str | None:
+        """None when a peer's ``state`` may reach the method, else why not (admission:
+        :mod:`p2pfl.learning.admission`, bounded by ``defence.max_norm_ratio``)."""
+        return admit_state(state, reference, self.cfg.defence.max_norm_ratio, layout=layout)
+
+    def begin_round(self, round_no: int) -> None:
+        """Round ``round_no`` starts: no state refused yet, the defence's schedule moves on."""
+        self.round_no = round_no
+        self.rejected = {}
+        self.capped = {}
+        self.defence.begin_round(round_no)
+
+    def reject(self, peer: str, reason: str, round_no: int) -> None:
+        """Refuse ``peer``'s state of ``round_no``: logged with the peer's id, counted
+        (``rejected_state``) and kept for the round's record."""
+        if peer in self.rejected:
+            return
+        self.rejected[peer] = reason
+        self.transport.dropped["rejected_state"] += 1
+        log.warning("%s: round %d: refused %s's state: %s", self.id, round_no, peer, reason)
+
+    def trusted(self, peer: str, round_no: int) -> bool:
+        """Whether ``peer`` may be drawn in ``round_no`` (reputation: a peer whose states
+        were refused sits out ``defence.distrust_rounds`` rounds, doubled per refusal)."""
+        return self.distrusted.get(peer, 0) <= round_no
+
+    def cap_claims(self, claims: dict[str, int]) -> dict[str, int]:
+        """Peers' claimed sample counts, capped (admission, :func:`~p2pfl.learning.admission.cap_claims`);
+        the capped claims are kept for the round's record."""
+        d = self.cfg.defence
+        out, capped = cap_claims(len(self.data.train_y), claims, d.max_sample_ratio, d.max_samples)
+        for peer, claimed in capped.items():
+            self.capped[peer] = claimed
+            log.warning(
+                "%s: round %d: %s claims %d samples; capped at %d",
+                self.id,
+                self.round_no,
+                peer,
+                claimed,
+                out[peer],
+            )
+        return out
+
+    def robust_facts(
+        self, round_no: int, method_rejected: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        """The round's robustness facts for its record, and the reputation they earn:
+        ``rejected`` (peer → reason, admission's and the defence's), ``capped`` (peer → the
+        count it claimed), ``distrusted`` (peer → the first round it is drawn again) and
+        ``attack`` (what this node did, in an attack experiment). ``method_rejected``: the
+        states the method itself left out (its ``merge`` facts' ``rejected``)."""
+        rejected = dict(self.rejected)
+        extra = method_rejected if isinstance(method_rejected, dict) else {}
+        for peer, reason in [*self.defence.rejected.items(), *extra.items()]:
+            if peer not in rejected:
+                rejected[peer] = reason
+                log.warning("%s: round %d: left out %s: %s", self.id, round_no, peer, reason)
+        base = self.cfg.defence.distrust_rounds
+        for peer in rejected:
+            if base > 0:
+                strikes = self._strikes[peer] = self._strikes.get(peer, 0) + 1
+                self.distrusted[peer] = round_no + 1 + base * 2 ** min(strikes - 1, 10)
+        facts: dict[str, Any] = {
+            "rejected": rejected,
+            "capped": dict(self.capped),
+            "distrusted": {p: r for p, r in sorted(self.distrusted.items()) if r > round_no + 1},
+        }
+        if self.defence.fallbacks:
+            facts["defence_fallbacks"] = self.defence.fallbacks
+        if self.adversary is not None:
+            facts["attack"] = self.adversary.describe(round_no)
+        return facts
+
+    async def send_state(self, env: Envelope, prepared: PreparedState) -> None:
+        """Answer the pull ``env`` with ``prepared`` (after an attack's delay, if any)."""
+        if self.adversary is not None:
+            delay = self.adversary.serve_delay(env.round)
+            if delay > 0:
+                await asyncio.sleep(delay)
+        await self.transport.send_state(env.sender, env.id, env.round, prepared)
+
+    def claimed_samples(self, n: int, round_no: int) -> int:
+        """The sample count this node tells peers (its own, unless an attack inflates it)."""
+        return n if self.adversary is None else self.adversary.claimed_samples(n, round_no)
 
     async def refuse_pull(self, env: Envelope, reason: str) -> None:
         """Answer the pull ``env`` with ``pull_error`` and count it (``refused_pull``)."""
@@ -329,14 +458,22 @@ class NodeServices:
     async def train(self, round_no: int) -> TrainOutcome:
         """One round of local training of the method's model (the method's loss and hooks,
         the round's learning rate, a seed drawn from the node's RNG), then the method's
-        ``after_train``; in worker threads."""
+        ``after_train``; in worker threads.
+
+        When the loss turns non-finite the node does not go on from a broken model: it
+        rolls back to the method's state after its last finite round (model and what the
+        method keeps), logs the peers whose states it merged this round
+        (:attr:`merged_from`), and says so in :attr:`TrainOutcome.diverged`."""
         method, cfg = self.method, self.cfg
         lr = round_lr(cfg.training, round_no)
+        labels = self.data.train_y
+        if self.adversary is not None and self.data.train_set is None:
+            labels = self.adversary.train_labels(labels, round_no)
         result = await asyncio.to_thread(
             train_local,
             method.model,
             self.data.train_inputs,  # train_set (a Dataset read by batches) or train_x
-            self.data.train_y,
+            labels,
             cfg.training,
             lr,
             extra_loss=method.extra_loss(),
@@ -346,15 +483,30 @@ class NodeServices:
             device=self.device,
         )
         if not math.isfinite(result.loss):
-            log.warning(
-                "%s: round %d: training loss is %s (lr %.4g too high? see the method's knobs)",
-                self.id,
-                round_no,
-                result.loss,
-                lr,
-            )
+            diverged = await asyncio.to_thread(self._roll_back, round_no, result.loss, lr)
+            return TrainOutcome(result, lr, {}, diverged)
         facts = await asyncio.to_thread(method.after_train)
+        self._last_good = (round_no, method.checkpoint())
         return TrainOutcome(result, lr, facts or {})
+
+    def _roll_back(self, round_no: int, loss: float, lr: float) -> dict[str, Any]:
+        merged = sorted(self.merged_from)
+        if self._last_good is None:
+            good_round, ckpt = 0, self._initial
+        else:
+            good_round, ckpt = self._last_good
+        self.method.restore(ckpt)
+        log.warning(
+            "%s: round %d: training loss is %s (lr %.4g; merged from %s): rolled back to "
+            "the model after round %d",
+            self.id,
+            round_no,
+            loss,
+            lr,
+            ", ".join(merged) or "no peer",
+            good_round,
+        )
+        return {"merged_from": merged, "rolled_back_to": good_round}
 
     async def evaluate(self) -> tuple[float, float]:
         """(accuracy, loss) of the method's model on this node's test split."""

@@ -1,0 +1,218 @@
+"""The robust-combination layer every method uses in place of its plain mean.
+
+A method combines states with :meth:`Defence.combine` (``Σ w_i s_i / Σ w_i`` under the
+``mean`` rule, bit-identical to :func:`~p2pfl.learning.state.weighted_mean`) and screens a
+state it would adopt whole with :meth:`Defence.screen`. The rule comes from the topology's
+``defence:`` section (docs/design.md, "Robust aggregation"):
+
+- ``mean``: today's weighted mean, nothing refused;
+- ``median``, ``trimmed_mean`` (β): coordinate-wise, unweighted (sample counts are claims a
+  peer controls);
+- ``multikrum`` (f, m): Blanchard et al.'s scores over the ``n − f − 2`` nearest, the ``m``
+  best averaged with their weights; the others are refused;
+- ``bulyan`` (f): El Mhamdi et al.'s Krum selection then a trimmed coordinate mean;
+- ``clip``: a peer's state is accepted when ``‖w_j − w_i‖ ≤ γ·e^(−κt/T)·‖w_i‖`` (the
+  BALANCE family), around the node's own state ``w_i`` (index ``own``), then mixed by the
+  weighted mean. Without an own state (an aggregator that did not train) the reference is
+  the coordinate-wise median of the inputs.
+
+The maths is :mod:`p2pfl.learning.robust`'s; this object holds the configured rule, the
+round (for ``clip``'s schedule) and the peers refused so far in the round, which the round
+driver records (``rejected``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import torch
+
+from p2pfl.config.schema import DefenceConfig
+from p2pfl.learning import robust
+from p2pfl.learning.state import State, weighted_mean
+
+Combine = Callable[..., State]
+"""``combine(states, weights, **kw) -> State``: a combination that stands in for the weighted
+mean (a :meth:`Defence.combine` with its names bound; ``kw`` as ``weighted_mean`` takes)."""
+
+COORDINATE_RULES = ("median", "trimmed_mean", "bulyan")
+"""Rules that build each coordinate from several states: they cannot honour masks, and a
+method with its own arithmetic cannot use them (:meth:`Defence.select`)."""
+SELECTING_RULES = ("clip", "multikrum")
+"""Rules that keep some of the states whole and mix those with the weighted mean."""
+
+
+class Defence:
+    """The configured robust rule of one node, with the round's refusals."""
+
+    def __init__(self, cfg: DefenceConfig | None = None, rounds: int = 1):
+        self.cfg = cfg if cfg is not None else DefenceConfig(rule="mean")
+        self.rounds = max(1, rounds)
+        self.round = 0
+        self.rejected: dict[str, str] = {}  # this round's refusals, peer -> reason
+        self.fallbacks = 0  # combinations with too few inputs for the rule, this round
+
+    @property
+    def rule(self) -> str:
+        return self.cfg.rule
+
+    def begin_round(self, round_no: int) -> None:
+        """Start round ``round_no``: ``clip``'s bound follows it; refusals start empty."""
+        self.round = round_no
+        self.rejected = {}
+        self.fallbacks = 0
+
+    def clip_ratio(self) -> float:
+        """``γ·e^(−κt/T)``, the ``clip`` bound of this round relative to ``‖w_i‖``."""
+        return robust.clip_bound(self.cfg.gamma, self.cfg.kappa, self.round, self.rounds)
+
+    def _refuse(self, peer: str, reason: str) -> None:
+        self.rejected.setdefault(peer, reason)
+
+    # ------------------------------------------------------------------ adoption
+    def screen(
+        self, own: State, candidates: Mapping[str, State], *, scale: float | None = None
+    ) -> dict[str, State]:
+        """The candidates a node may adopt whole (e.g. UA-PDFL's client-wise dropout):
+        under ``clip``, those within the round's distance bound of ``own``; every other
+        rule has no test for a single state and keeps them all (admission has already
+        screened each one)."""
+        if self.rule != "clip" or not candidates:
+            return dict(candidates)
+        keys = _floating_keys(own)
+        ref = robust.norm(own, keys) if scale is None else scale
+        bound = self.clip_ratio() * ref
+        peers = sorted(candidates)
+        dists = robust.distances(own, [candidates[p] for p in peers], keys)
+        kept: dict[str, State] = {}
+        for peer, d in zip(peers, dists, strict=True):
+            if math.isfinite(d) and d <= bound:
+                kept[peer] = candidates[peer]
+            else:
+                self._refuse(peer, f"clip: distance {d:.4g} > {bound:.4g}")
+        return kept
+
+    # ------------------------------------------------------------------ combination
+    def combine(
+        self,
+        states: Sequence[State],
+        weights: Sequence[float],
+        *,
+        who: Sequence[str],
+        own: int | None = 0,
+        keys: Iterable[str] | None = None,
+        masks: Sequence[Mapping[str, torch.Tensor]] | None = None,
+        scale: float | None = None,
+    ) -> State:
+        """The rule's combination of ``states`` (named by ``who``, weighted by ``weights``;
+        ``states[own]`` is the node's own, never refused; ``own=None`` when none is).
+        ``keys`` and ``masks`` as :func:`~p2pfl.learning.state.weighted_mean` takes them;
+        ``scale`` replaces ``‖w_i‖`` in ``clip``'s bound (e.g. the model's norm when the
+        states are deltas). Refused inputs are left out and named in :attr:`rejected`.
+        Raises ``ValueError`` as ``weighted_mean`` does, and for masks under a coordinate
+        rule."""
+        if len(who) != len(states):
+            raise ValueError(f"defence: {len(states)} states but {len(who)} names")
+        names = list(states[0]) if keys is None and states else list(keys or [])
+        rule = self.rule
+        if rule == "mean" or len(states) == 1:
+            return weighted_mean(states, weights, keys, masks=masks)
+        if masks is not None and rule in COORDINATE_RULES:
+            raise ValueError(f"defence.rule {rule} cannot combine masked states")
+        n, f = len(states), self.cfg.f
+        try:
+            robust.check_bounds(rule, n, f, self.cfg.m, self.cfg.beta)
+        except ValueError:
+            self.fallbacks += 1  # too few inputs this round: the median still bounds them
+            if masks is not None:
+                return weighted_mean(states, weights, keys, masks=masks)
+            return _own_first(robust.coordinate_median(states, names), states, own, names)
+        if rule in SELECTING_RULES:
+            chosen = self.select(states, who=who, own=own, keys=names, scale=scale)
+            if not chosen:  # no own state and every input too far: the median stands
+                self.fallbacks += 1
+                return robust.coordinate_median(states, names)
+            sel_masks = None if masks is None else [masks[i] for i in chosen]
+            return weighted_mean(
+                [states[i] for i in chosen], [weights[i] for i in chosen], keys, masks=sel_masks
+            )
+        if rule == "median":
+            return _own_first(robust.coordinate_median(states, names), states, own, names)
+        if rule == "trimmed_mean":
+            out = robust.trimmed_mean(states, self.cfg.beta, names)
+            return _own_first(out, states, own, names)
+        if rule == "bulyan":
+            out, chosen = robust.bulyan(states, f, names)
+            for i in range(n):
+                if i not in chosen and i != own:
+                    self._refuse(who[i], "bulyan: not selected")
+            return _own_first(out, states, own, names)
+        raise ValueError(f"defence.rule {rule!r} is unknown")
+
+    def select(
+        self,
+        states: Sequence[State],
+        *,
+        who: Sequence[str],
+        own: int | None = 0,
+        keys: Sequence[str] | None = None,
+        scale: float | None = None,
+    ) -> list[int]:  # noqa: C901 - one branch per rule
+        """The indexes (ascending) of the states the rule keeps, for a method that combines
+        them with its own arithmetic (FedSA, DiversiFed); the others are named in
+        :attr:`rejected`. ``mean`` keeps all; ``clip`` those within the round's bound of
+        ``states[own]`` (or of the coordinate-wise median without one); ``multikrum`` the
+        ``m`` best scored (the own state always among them). Rules that build each
+        coordinate from several states do not select: ``ValueError``."""
+        n = len(states)
+        if len(who) != n:
+            raise ValueError(f"defence: {n} states but {len(who)} names")
+        names = list(states[0]) if keys is None else list(keys)
+        rule = self.rule
+        if rule == "mean" or n == 1:
+            return list(range(n))
+        if rule == "clip":
+            floating = [k for k in names if torch.is_floating_point(states[0][k])]
+            ref = states[own] if own is not None else robust.coordinate_median(states, names)
+            ref_norm = robust.norm(ref, floating) if scale is None else scale
+            bound = self.clip_ratio() * ref_norm
+            kept = []
+            for i, d in enumerate(robust.distances(ref, states, floating)):
+                if i == own or (math.isfinite(d) and d <= bound):
+                    kept.append(i)
+                else:
+                    self._refuse(who[i], f"clip: distance {d:.4g} > {bound:.4g}")
+            return kept
+        if rule == "multikrum":
+            f = self.cfg.f
+            try:
+                robust.check_bounds(rule, n, f, self.cfg.m, self.cfg.beta)
+            except ValueError:
+                self.fallbacks += 1  # too few inputs to score: all of them this round
+                return list(range(n))
+            m = self.cfg.m if self.cfg.m is not None else n - f
+            ranked = robust.multikrum_select(states, f, n, names)  # best score first
+            if own is not None:  # the node's own state always counts
+                ranked = [own] + [i for i in ranked if i != own]
+            chosen = sorted(ranked[: min(m, n)])
+            for i in range(n):
+                if i not in chosen:
+                    self._refuse(who[i], "multikrum: not among the best scored")
+            return chosen
+        raise ValueError(f"defence.rule {rule} does not select states")
+
+
+def _floating_keys(state: State) -> list[str]:
+    return [k for k, v in state.items() if torch.is_floating_point(v)]
+
+
+def _own_first(out: State, states: Sequence[State], own: int | None, names: list[str]) -> State:
+    """Non-floating tensors (counters) come from the node's own state when it has one, as
+    the weighted mean takes them from the state put first."""
+    if own is None:
+        return out
+    for k in names:
+        if not torch.is_floating_point(states[own][k]):
+            out[k] = states[own][k].detach().clone()
+    return out

@@ -1,0 +1,85 @@
+"""The robust-combination layer (p2pfl/learning/defence.py): the configured rule, the
+node's own state never refused, refusals named for the record, fallbacks counted."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from p2pfl.config.schema import DefenceConfig
+from p2pfl.learning.defence import Defence
+from p2pfl.learning.state import weighted_mean
+
+
+def st(*values: float, n: int = 3) -> dict[str, torch.Tensor]:
+    return {"g.w": torch.tensor(values, dtype=torch.float32), "g.n": torch.tensor(n)}
+
+
+def defence(rule: str, **kw) -> Defence:
+    d = Defence(DefenceConfig(rule=rule, **kw), rounds=10)
+    d.begin_round(1)
+    return d
+
+
+def test_mean_is_the_weighted_mean_to_the_bit():
+    states = [st(1.0, 2.0), st(3.0, 5.0), st(0.1, 0.7)]
+    out = Defence().combine(states, [3, 1, 2], who=["a", "b", "c"])
+    ref = weighted_mean(states, [3, 1, 2])
+    assert torch.equal(out["g.w"], ref["g.w"]) and Defence().rejected == {}
+
+
+def test_clip_refuses_a_far_state_by_name_and_mixes_the_rest():
+    d = defence("clip", gamma=0.5, kappa=0.0)  # bound: 0.5 x ||own|| = 0.5 x 5 = 2.5
+    own, near, flipped = st(3.0, 4.0), st(3.5, 4.5), st(-3.0, -4.0)
+    out = d.combine([own, near, flipped], [1, 1, 1], who=["me", "b", "c"])
+    assert torch.allclose(out["g.w"], torch.tensor([3.25, 4.25]))
+    assert list(d.rejected) == ["c"] and d.rejected["c"].startswith("clip: distance 10 > 2.5")
+
+
+def test_clip_tightens_over_the_run():
+    d = Defence(DefenceConfig(rule="clip", gamma=0.5, kappa=1.0), rounds=10)
+    d.begin_round(0)
+    assert d.clip_ratio() == 0.5
+    d.begin_round(10)
+    assert d.clip_ratio() == pytest.approx(0.5 * math.exp(-1))
+
+
+def test_clip_without_an_own_state_measures_from_the_median():
+    d = defence("clip", gamma=0.5, kappa=0.0)
+    states = [st(3.0, 4.0), st(3.2, 4.1), st(2.9, 3.9), st(300.0, 400.0)]
+    d.combine(states, [1, 1, 1, 1], who=["a", "b", "c", "d"], own=None)
+    assert list(d.rejected) == ["d"]
+
+
+def test_multikrum_keeps_the_own_state_and_refuses_the_outlier():
+    d = defence("multikrum", f=1, m=3)
+    states = [st(0.0), st(1.0), st(2.0), st(1.5), st(100.0)]
+    out = d.combine(states, [1] * 5, who=["me", "a", "b", "c", "x"])
+    assert "x" in d.rejected and "me" not in d.rejected
+    assert out["g.w"].item() < 5
+
+
+def test_median_and_the_fallback_when_the_rule_lacks_inputs():
+    d = defence("bulyan", f=1)  # needs 7 inputs
+    out = d.combine([st(1.0), st(2.0), st(90.0)], [1, 1, 1], who=["me", "a", "b"])
+    assert out["g.w"].item() == 2.0 and d.fallbacks == 1
+    assert out["g.n"].item() == 3  # counters from the own state
+
+
+def test_coordinate_rules_refuse_masks():
+    d = defence("median")
+    masks = [{"g.w": torch.ones(2, dtype=torch.bool)}] * 2
+    with pytest.raises(ValueError, match="median cannot combine masked states"):
+        d.combine([st(1.0, 2.0), st(3.0, 4.0)], [1, 1], who=["a", "b"], masks=masks)
+
+
+def test_screen_gates_a_whole_model_adoption_under_clip_only():
+    own = st(3.0, 4.0)
+    cands = {"near": st(3.1, 4.0), "far": st(-3.0, -4.0)}
+    d = defence("clip", gamma=0.5, kappa=0.0)
+    assert list(d.screen(own, cands)) == ["near"] and list(d.rejected) == ["far"]
+    assert sorted(defence("median").screen(own, cands)) == ["far", "near"]
+    d.begin_round(2)
+    assert d.rejected == {}

@@ -1,0 +1,94 @@
+"""One bad peer on a real swarm (node processes, a real broker on loopback, synthetic data):
+its hostile states are refused by admission or the defence with the peer named in the
+records and the log, honest nodes stay finite, and a malicious aggregator's result makes
+the round fail over to the next peer."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from swarm_helpers import check_run_dir
+
+from p2pfl.config.load import load_topology
+from p2pfl.launch.swarm import run_swarm
+
+pytestmark = pytest.mark.integration
+
+
+def run(tmp_path, overrides: list[str]):
+    cfg = load_topology(
+        "topologies/synthetic.yaml",
+        ["edges=full", "rounds=3", "timing.linger_s=5", *overrides],
+    )
+    code, summary = run_swarm(cfg, tmp_path / "run", nodes_per_process=4, progress=False)
+    logs = "".join(p.read_text() for p in (tmp_path / "run" / "logs").glob("*.log"))
+    assert code == 0, logs[-3000:]
+    assert "Traceback" not in logs
+    return check_run_dir(tmp_path / "run", cfg.node_ids, 3), logs
+
+
+@pytest.mark.parametrize(
+    ("method", "attack", "reason"),
+    [
+        ("uapdfl", "nan", "non-finite"),
+        ("uapdfl", "scale", "norm"),
+        ("uapdfl", "sign_flip", "clip: distance"),
+        ("dfedavgm", "nan", "non-finite"),
+        ("fedavg", "nan", "non-finite"),
+        ("fedavg", "sign_flip", "clip: distance"),
+    ],
+)
+def test_a_poisoning_peer_is_refused_and_named(tmp_path, method, attack, reason):
+    records, logs = run(
+        tmp_path,
+        [
+            f"algorithm.name={method}",
+            "algorithm.params={}",
+            f"attacks=[{{kind: {attack}, nodes: [d]}}]",
+        ],
+    )
+    assert all(rec["attack"] == [attack] for rec in records["d"])
+    refusals = []
+    for nid in ("a", "b", "c"):
+        for rec in records[nid]:
+            assert math.isfinite(rec["test_loss"]) and "attack" not in rec, (nid, rec)
+            assert rec["diverged"] is None
+            assert set(rec["rejected"]) <= {"d"}, (nid, rec["rejected"])  # no honest peer
+            if "d" in rec["rejected"]:
+                refusals.append(rec["rejected"]["d"])
+    assert refusals and all(reason in r for r in refusals), refusals
+    assert "refused d's state" in logs or "left out d" in logs
+
+
+def test_an_inflated_sample_count_is_capped(tmp_path):
+    records, _ = run(
+        tmp_path,
+        ["algorithm.name=fedavg", "algorithm.params={}", "attacks=[{kind: inflate_n, nodes: [d]}]"],
+    )
+    capped = [rec["capped"] for nid in "abc" for rec in records[nid] if rec["capped"]]
+    capped += [rec["capped"] for rec in records["d"] if rec["capped"]]
+    assert capped and all(c == {"d": 10**9} for c in capped), capped
+
+
+def test_a_malicious_aggregator_is_refused_and_the_round_fails_over(tmp_path):
+    # round 1's aggregator is b (sorted roster [a, b, c, d], (r + attempt) mod 4)
+    records, logs = run(
+        tmp_path,
+        [
+            "algorithm.name=fedavg",
+            "algorithm.params={}",
+            "attacks=[{kind: nan, nodes: [b], corrupts: result}]",
+        ],
+    )
+    first = {nid: records[nid][0] for nid in "acd"}
+    for nid, rec in first.items():
+        assert rec["aggregator"] == "c" and rec["attempt"] == 1, (nid, rec)
+        assert rec["failovers"][0]["aggregator"] == "b", rec["failovers"]
+        assert "result refused: non-finite" in rec["failovers"][0]["why"]
+        assert rec["distrusted"].get("b", 0) > 2
+    for nid in "acd":
+        for rec in records[nid]:
+            assert math.isfinite(rec["test_loss"]), (nid, rec)
+            assert not (rec["aggregator"] == "b" and rec["received"]), (nid, rec)
+    assert "refused b's state: result: non-finite" in logs
