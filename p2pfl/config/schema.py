@@ -398,7 +398,7 @@ class DefenceConfig(_Strict):
         0.1, ge=0, lt=0.5, description="trimmed_mean: the fraction cut from each end"
     )
     gamma: float = Field(
-        0.5, gt=0, description="clip: the distance bound at t = 0, relative to ||w_i||"
+        1.0, gt=0, description="clip: the distance bound at t = 0, relative to ||w_i||"
     )
     kappa: float = Field(
         0.5, ge=0, description="clip: how fast the bound tightens over the run's rounds"

@@ -10,6 +10,12 @@ the file is truncated or replaced (a new run into the same directory).
 changes), every node's records (only the fields the page shows, :data:`KEPT_FIELDS`) and
 ``summary.json``. The files are the run's own but may be hand-edited or from another
 version: nothing in them is assumed well-formed.
+
+A node's robustness facts (p2pfl/node/services.py, ``robust_facts``; docs/design.md,
+"Robust aggregation") are kept apart from its records, in a :class:`Robustness` updated as
+each record is read: its latest record's ``rejected``, ``distrusted``, ``capped``,
+``attack`` and ``diverged``, the refusals and rollbacks so far, and the last reason it gave
+for refusing each peer. Records of older runs lack them: absent means none.
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ KEPT_FIELDS = (
     "observer",
     "caught_up_from",
 )
+MAX_PEERS = 512  # entries kept of one record's peer maps (rejected, distrusted, capped)
+MAX_REASON = 200  # characters kept of a refusal's reason
 MAX_LINE_BYTES = 1 << 20  # a longer "line" is not a record of ours: skipped
 READ_CHUNK = 8 << 20  # at most this much of one file per poll
 
@@ -138,6 +146,78 @@ def finite(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
+def _peer_map(value: Any, conv: Any) -> dict[str, Any]:
+    """A record's ``{peer id: value}`` field, each value through ``conv`` (None: dropped);
+    anything but a dict is empty."""
+    if not isinstance(value, dict):
+        return {}
+    out = {}
+    for peer, v in value.items():
+        if len(out) >= MAX_PEERS:
+            break
+        if isinstance(peer, str) and peer and len(peer) <= 128:
+            v = conv(v)
+            if v is not None:
+                out[peer] = v
+    return out
+
+
+def _reason(value: Any) -> str:
+    return (value if isinstance(value, str) else json.dumps(value, default=str))[:MAX_REASON]
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _diverged(value: Any) -> dict[str, Any] | None:
+    """A record's ``diverged``: None, or ``{"merged_from": [ids], "rolled_back_to": round
+    or None}``."""
+    if not value:
+        return None
+    value = value if isinstance(value, dict) else {}
+    merged = value.get("merged_from")
+    return {
+        "merged_from": [p for p in merged if isinstance(p, str)][:MAX_PEERS]
+        if isinstance(merged, list)
+        else [],
+        "rolled_back_to": _int(value.get("rolled_back_to")),
+    }
+
+
+@dataclass
+class Robustness:
+    """One node's robustness facts, as its records have told them so far."""
+
+    rejected: dict[str, str] = field(default_factory=dict)  # latest record: peer -> reason
+    distrusted: dict[str, int] = field(default_factory=dict)  # peer -> drawn again from
+    capped: dict[str, float] = field(default_factory=dict)  # peer -> the count it claimed
+    attack: list[str] | None = None  # latest record's attack kinds (None: not an attacker)
+    diverged: dict[str, Any] | None = None  # latest record's rollback
+    refusals: int = 0  # peers refused over all its records
+    rollbacks: int = 0  # records with a rollback
+    # peer -> (round, reason) of the latest record that refused it
+    last_refused: dict[str, tuple[int, str]] = field(default_factory=dict)
+
+    def update(self, rec: dict[str, Any], round_no: int) -> None:
+        """Take in the node's next record (``rec``, of round ``round_no``)."""
+        self.rejected = _peer_map(rec.get("rejected"), _reason)
+        self.distrusted = _peer_map(rec.get("distrusted"), _int)
+        self.capped = _peer_map(rec.get("capped"), finite)
+        attack = rec.get("attack")
+        self.attack = (
+            [k[:64] for k in attack if isinstance(k, str)][:16]
+            if isinstance(attack, list)
+            else None
+        )
+        self.diverged = _diverged(rec.get("diverged"))
+        self.refusals += len(self.rejected)
+        self.rollbacks += self.diverged is not None
+        for peer, reason in self.rejected.items():
+            if peer in self.last_refused or len(self.last_refused) < MAX_PEERS:
+                self.last_refused[peer] = (round_no, reason)
+
+
 @dataclass
 class _FileMark:
     """What a whole-file read saw (to re-read only when the file changes)."""
@@ -163,6 +243,7 @@ class RunState:
     cfg: TopologyConfig | None = None
     config_error: str | None = None
     records: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    robust: dict[str, Robustness] = field(default_factory=dict)  # per node, when recorded
     summary: dict[str, Any] | None = None
     version: int = 0  # grows whenever anything above changes
     _tails: dict[str, JsonlTail] = field(default_factory=dict)
@@ -205,15 +286,18 @@ class RunState:
             new, reset = tail.poll()
             if reset and self.records.get(nid):
                 self.records[nid] = []
+                self.robust.pop(nid, None)
                 changed = True
-            if new:
-                kept = [
-                    {k: rec[k] for k in KEPT_FIELDS if k in rec}
-                    for rec in new
-                    if _round_of(rec) is not None
-                ]
+            kept = []
+            for rec in new:
+                r = _round_of(rec)
+                if r is None:
+                    continue
+                kept.append({k: rec[k] for k in KEPT_FIELDS if k in rec})
+                self.robust.setdefault(nid, Robustness()).update(rec, r)
+            if kept:
                 self.records.setdefault(nid, []).extend(kept)
-                changed = changed or bool(kept)
+                changed = True
         changed = self._refresh_summary() or changed
         if changed:
             self.version += 1
@@ -234,7 +318,7 @@ class RunState:
             self.config_error = f"config.yaml: {str(exc).splitlines()[0][:300]}"
             return True
         if self.cfg is None or cfg.node_ids != self.cfg.node_ids:
-            self.records, self._tails = {}, {}
+            self.records, self.robust, self._tails = {}, {}, {}
         self.cfg, self.config_error = cfg, None
         return True
 
@@ -253,6 +337,11 @@ class RunState:
             summary = loaded if isinstance(loaded, dict) else None
         self.summary = summary
         return True
+
+    @property
+    def refusals(self) -> int:
+        """Peers refused so far, over every node's records (``len(rejected)`` summed)."""
+        return sum(rob.refusals for rob in self.robust.values())
 
     def last_round(self, node_id: str) -> int:
         """The latest round ``node_id`` recorded (0: none)."""

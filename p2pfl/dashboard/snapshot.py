@@ -11,6 +11,15 @@ A node's state, first match wins:
 4. no presence heard (no broker, or the node never connected): ``done`` when it recorded
    the last round, ``offline`` when the run is finished without it, else ``unknown``.
 
+Robustness (docs/design.md, "Robust aggregation"), from each node's latest record: per
+node ``rejected`` (peer -> reason, this round's refusals), ``distrusted`` (peer -> the
+first round it is drawn again), ``capped`` (peer -> the sample count it claimed),
+``attack`` (the attack kinds it ran, only on an attacker's node), ``diverged`` (None, or
+``{merged_from, rolled_back_to}``) and ``rollbacks`` (so far); ``edge_flags``: the
+topology's edges either end distrusts or refused the other on, with who, until when and
+the last reason; ``refusals``: the peers refused so far over every record. Records of
+older runs carry none of it: no flags.
+
 Every number in the snapshot is finite (JSON has no NaN).
 """
 
@@ -23,7 +32,7 @@ from typing import Any
 
 from p2pfl.dashboard.layout import edges, positions
 from p2pfl.dashboard.live import LiveState
-from p2pfl.dashboard.runstate import RunState, finite
+from p2pfl.dashboard.runstate import Robustness, RunState, finite
 
 SCHEMA = 1
 PULL_WINDOW_S = 10.0  # pull events sent to the page (it lights each for ~2 s)
@@ -160,6 +169,51 @@ def _last_pulls(run: RunState, known: set[str]) -> list[dict[str, Any]]:
     return out
 
 
+def _robust_fields(rob: Robustness | None) -> dict[str, Any]:
+    """A node's robustness facts for the page (the module docstring)."""
+    if rob is None:
+        rob = Robustness()
+    out: dict[str, Any] = {
+        "rejected": dict(rob.rejected),
+        "distrusted": dict(rob.distrusted),
+        "capped": dict(rob.capped),
+        "diverged": rob.diverged,
+        "rollbacks": rob.rollbacks,
+    }
+    if rob.attack is not None:
+        out["attack"] = list(rob.attack)
+    return out
+
+
+def _edge_flags(run: RunState, edge_list: list[list[str]]) -> list[dict[str, Any]]:
+    """The edges on which either end distrusts the other, or refused it in its latest
+    record: ``{"edge": [a, b], "distrusted": bool, "refused": [{"by", "peer", "until"
+    (the round it is drawn again; None: not distrusted), "round", "reason" (its last
+    refusal of the peer, None: none recorded), "now" (refused in the latest record)}]}``."""
+    out = []
+    for a, b in edge_list:
+        refused = []
+        for by, peer in ((a, b), (b, a)):
+            rob = run.robust.get(by)
+            if rob is None or (peer not in rob.distrusted and peer not in rob.rejected):
+                continue
+            last = rob.last_refused.get(peer)
+            refused.append(
+                {
+                    "by": by,
+                    "peer": peer,
+                    "until": rob.distrusted.get(peer),
+                    "round": last[0] if last else None,
+                    "reason": last[1] if last else None,
+                    "now": peer in rob.rejected,
+                }
+            )
+        if refused:
+            distrusted = any(x["until"] is not None for x in refused)
+            out.append({"edge": [a, b], "distrusted": distrusted, "refused": refused})
+    return out
+
+
 def _series(run: RunState, key: str, scale: float = 1.0) -> dict[str, Any]:
     def pts(values: list[tuple[int, float]]) -> list[list[float]]:
         return [[r, round(v * scale, 6)] for r, v in values]
@@ -229,6 +283,7 @@ def build_snapshot(
                 "round": run.last_round(nid),
                 "acc": series[-1][1] if series else None,
                 "phase_round": phase.round if phase is not None else None,
+                **_robust_fields(run.robust.get(nid)),
             }
         )
     pulls = []
@@ -261,6 +316,8 @@ def build_snapshot(
             "rounds": cfg.rounds,
             "nodes": nodes,
             "edges": edge_list,
+            "edge_flags": _edge_flags(run, edge_list),
+            "refusals": run.refusals,
             "series": {
                 "acc": _series(run, "test_acc"),
                 "mb_sent": _series(run, "bytes_sent", 1e-6),

@@ -129,7 +129,7 @@ class Defence:
                 return weighted_mean(states, weights, keys, masks=masks)
             return _own_first(robust.coordinate_median(states, names), states, own, names)
         if rule in SELECTING_RULES:
-            chosen = self.select(states, who=who, own=own, keys=names, scale=scale)
+            chosen = self.select(states, who=who, own=own, keys=names, scale=scale, masks=masks)
             if not chosen:  # no own state and every input too far: the median stands
                 self.fallbacks += 1
                 return robust.coordinate_median(states, names)
@@ -158,13 +158,17 @@ class Defence:
         own: int | None = 0,
         keys: Sequence[str] | None = None,
         scale: float | None = None,
+        masks: Sequence[Mapping[str, torch.Tensor]] | None = None,
     ) -> list[int]:  # noqa: C901 - one branch per rule
         """The indexes (ascending) of the states the rule keeps, for a method that combines
         them with its own arithmetic (FedSA, DiversiFed); the others are named in
         :attr:`rejected`. ``mean`` keeps all; ``clip`` those within the round's bound of
         ``states[own]`` (or of the coordinate-wise median without one); ``multikrum`` the
-        ``m`` best scored (the own state always among them). Rules that build each
-        coordinate from several states do not select: ``ValueError``."""
+        ``m`` best scored (the own state always among them). With ``masks`` (sparse
+        states, DisPFL's), ``clip`` compares each state with the reference on the elements
+        both masks hold, and bounds by the reference's norm there: an element one of them
+        lacks is a zero, not a difference. Rules that build each coordinate from several
+        states do not select: ``ValueError``."""
         n = len(states)
         if len(who) != n:
             raise ValueError(f"defence: {n} states but {len(who)} names")
@@ -176,9 +180,16 @@ class Defence:
             floating = [k for k in names if torch.is_floating_point(states[0][k])]
             ref = states[own] if own is not None else robust.coordinate_median(states, names)
             ref_norm = robust.norm(ref, floating) if scale is None else scale
-            bound = self.clip_ratio() * ref_norm
+            ratio = self.clip_ratio()
+            if masks is None or own is None:
+                pairs = [(d, ratio * ref_norm) for d in robust.distances(ref, states, floating)]
+            else:
+                pairs = [
+                    _masked_pair(ref, masks[own], s, m, floating, ratio, scale)
+                    for s, m in zip(states, masks, strict=True)
+                ]
             kept = []
-            for i, d in enumerate(robust.distances(ref, states, floating)):
+            for i, (d, bound) in enumerate(pairs):
                 if i == own or (math.isfinite(d) and d <= bound):
                     kept.append(i)
                 else:
@@ -201,6 +212,30 @@ class Defence:
                     self._refuse(who[i], "multikrum: not among the best scored")
             return chosen
         raise ValueError(f"defence.rule {rule} does not select states")
+
+
+def _masked_pair(
+    ref: State,
+    ref_mask: Mapping[str, torch.Tensor],
+    state: State,
+    mask: Mapping[str, torch.Tensor],
+    floating: list[str],
+    ratio: float,
+    scale: float | None,
+) -> tuple[float, float]:
+    """``(‖(s − ref) ⊙ both‖, ratio · ‖ref ⊙ both‖)`` where ``both`` is where the two masks
+    hold an element (a key without masks counts whole); ``scale`` replaces the norm."""
+    d2 = r2 = 0.0
+    for k in floating:
+        a = ref[k].detach().to(torch.float64)
+        b = state[k].detach().to(device=a.device, dtype=torch.float64)
+        if k in ref_mask and k in mask:
+            both = ref_mask[k].to(a.device).bool() & mask[k].to(a.device).bool()
+            a, b = a * both, b * both
+        d2 += float((b - a).pow(2).sum())
+        r2 += float(a.pow(2).sum())
+    d = math.sqrt(d2) if math.isfinite(d2) else math.inf
+    return d, ratio * (math.sqrt(r2) if scale is None else scale)
 
 
 def _floating_keys(state: State) -> list[str]:

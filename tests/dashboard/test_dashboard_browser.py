@@ -2,10 +2,12 @@
 ``p2pfl swarm --dashboard-keep`` runs a small synthetic swarm: the page loads without a
 script error, draws one graph element per node, colours nodes by their live state, and its
 accuracy curve grows while the swarm runs; afterwards the finished run stays served until
-the launcher is stopped."""
+the launcher is stopped. A hand-written run's robustness facts: a distrusted edge is drawn
+dashed, an attacking node ringed, a rolled-back one badged."""
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -16,6 +18,9 @@ import threading
 from pathlib import Path
 
 import pytest
+
+from p2pfl.config.load import dump_topology, load_topology
+from p2pfl.dashboard.server import DashboardThread
 
 CHROMIUM = Path("/usr/bin/chromium")
 ROOT = Path(__file__).resolve().parents[2]
@@ -137,3 +142,42 @@ def test_page_follows_a_running_swarm(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_page_marks_distrust_attacks_and_rollbacks(tmp_path):
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+    run = tmp_path / "run"
+    (run / "nodes").mkdir(parents=True)
+    cfg = load_topology("topologies/synthetic.yaml", ["broker=127.0.0.1:1"])  # ring a-b-c-d
+    (run / "config.yaml").write_text(dump_topology(cfg))
+    base = {"round": 1, "test_acc": 0.5, "bytes_sent": 10, "round_s": 1.0, "chosen": []}
+    recs = {
+        "a": {"rejected": {"b": "norm ratio 25 > 10"}, "distrusted": {"b": 4}},
+        "b": {"attack": ["sign_flip"], "distrusted": {}},
+        "c": {"diverged": {"merged_from": ["b"], "rolled_back_to": 0}, "distrusted": {}},
+        "d": {},  # an older record: no robustness fields
+    }
+    for nid, extra in recs.items():
+        (run / "nodes" / f"{nid}.jsonl").write_text(json.dumps({**base, **extra}) + "\n")
+    dash = DashboardThread(run, port=0, broker=None)
+    url = dash.start()
+    try:
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+            page = browser.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(url + "?poll=200")
+            edge = page.locator("#g-edges line.edge.distrusted")
+            edge.wait_for(timeout=10_000)
+            assert edge.count() == 1 and edge.get_attribute("data-edge") == "a|b"
+            assert edge.evaluate("e => getComputedStyle(e).strokeDasharray") not in ("", "none")
+            assert "a distrusts b until round 4" in edge.locator("title").text_content()
+            assert page.locator("#g-nodes .node.attacking").get_attribute("data-node") == "b"
+            assert page.locator("#g-nodes .node.diverged").get_attribute("data-node") == "c"
+            assert page.locator("#legend-robust").is_visible()
+            assert "1 refused" in page.inner_text("#progress")
+            assert errors == []
+            browser.close()
+    finally:
+        dash.stop()

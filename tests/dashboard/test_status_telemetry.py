@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import torch
 
 from p2pfl.config.load import load_topology
+from p2pfl.learning.defence import Defence
 from p2pfl.node.services import NodeServices
 from p2pfl.wire.transport import Transport, TransportError
 
@@ -31,8 +32,10 @@ def _services(transport) -> NodeServices:
         cfg=load_topology("topologies/synthetic.yaml"),
         node_id="a",
         neighbours=["b", "d"],
-        method=SimpleNamespace(model=torch.nn.Linear(2, 2)),
-        data=None,
+        method=SimpleNamespace(
+            model=torch.nn.Linear(2, 2), ctx=SimpleNamespace(defence=Defence()), checkpoint=dict
+        ),
+        data=SimpleNamespace(num_classes=2),
         transport=transport,
         rng=None,
         device=torch.device("cpu"),

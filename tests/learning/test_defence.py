@@ -83,3 +83,19 @@ def test_screen_gates_a_whole_model_adoption_under_clip_only():
     assert sorted(defence("median").screen(own, cands)) == ["far", "near"]
     d.begin_round(2)
     assert d.rejected == {}
+
+
+def test_clip_on_sparse_states_compares_where_both_masks_hold():
+    # DisPFL: an element one mask lacks is a zero there, not a difference
+    d = defence("clip", gamma=0.5, kappa=0.0)
+    own = {"g.w": torch.tensor([3.0, 4.0, 0.0, 0.0])}
+    peer = {"g.w": torch.tensor([3.1, 0.0, 9.0, 0.0])}  # shares element 0 only
+    far = {"g.w": torch.tensor([-3.0, 0.0, 9.0, 0.0])}
+    masks = [
+        {"g.w": torch.tensor([True, True, False, False])},
+        {"g.w": torch.tensor([True, False, True, False])},
+        {"g.w": torch.tensor([True, False, True, False])},
+    ]
+    out = d.combine([own, peer, far], [1, 1, 1], who=["me", "p", "x"], masks=masks)
+    assert list(d.rejected) == ["x"]  # |-3 - 3| = 6 > 0.5 x 3; |3.1 - 3| = 0.1 passes
+    assert torch.allclose(out["g.w"], torch.tensor([3.05, 4.0, 9.0, 0.0]))

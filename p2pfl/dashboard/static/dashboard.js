@@ -80,15 +80,65 @@
       const p = geometry[n.id];
       const g = svg("g", { class: "node st-unknown", "data-node": n.id, transform: `translate(${p.x},${p.y})` }, nodeG);
       svg("circle", { class: "agg-ring", r: radius + 6 }, g);
+      svg("circle", { class: "atk-ring", r: radius + 4 }, g);
       svg("circle", { r: radius }, g);
       const label = svg("text", { y: 0 }, g);
       label.textContent = n.id;
       if (radius < 14) label.setAttribute("class", "small");
       const sub = svg("text", { class: "sub", y: radius + 12 }, g);
       sub.textContent = "";
+      // a rolled-back node's badge (its training went non-finite)
+      const d = radius * 0.72;
+      const badge = svg("g", { class: "div-badge", transform: `translate(${d},${-d})` }, g);
+      svg("circle", { r: 7 }, badge);
+      svg("text", {}, badge).textContent = "↺";
       svg("title", {}, g);
       g.addEventListener("mouseenter", () => highlight(n.id));
       g.addEventListener("mouseleave", () => highlight(null));
+    }
+  }
+
+  // a node's robustness facts (its latest record), as lines of its tooltip
+  function robustLines(n) {
+    const out = [];
+    if (n.attack && n.attack.length) out.push(`attacking: ${n.attack.join(", ")}`);
+    if (n.diverged) {
+      const to = n.diverged.rolled_back_to;
+      const from = n.diverged.merged_from || [];
+      out.push(`diverged: rolled back to ${to === null || to === undefined ? "its start" : `round ${to}`}` +
+        (from.length ? ` (had merged ${from.join(", ")})` : ""));
+    }
+    for (const [p, why] of Object.entries(n.rejected || {})) out.push(`refused ${p}: ${why}`);
+    for (const [p, r] of Object.entries(n.distrusted || {})) out.push(`distrusts ${p} until round ${r}`);
+    for (const [p, c] of Object.entries(n.capped || {})) out.push(`capped ${p} (claimed ${c} samples)`);
+    if (n.rollbacks) out.push(`rollbacks so far: ${n.rollbacks}`);
+    return out;
+  }
+
+  const robustRun = (state) =>
+    (state.refusals || 0) > 0 || (state.edge_flags || []).length > 0 ||
+    state.nodes.some((n) => (n.attack && n.attack.length) || n.diverged || n.rollbacks ||
+      Object.keys(n.distrusted || {}).length);
+
+  // edges a node distrusts (dashed red) or refused on in its latest record (dotted)
+  function updateEdges(state) {
+    const flags = new Map((state.edge_flags || []).map((f) => [f.edge.join("|"), f]));
+    for (const line of document.querySelectorAll("#g-edges line.edge")) {
+      const f = flags.get(line.dataset.edge);
+      line.classList.toggle("distrusted", !!f && f.distrusted);
+      line.classList.toggle("refused", !!f && !f.distrusted);
+      let title = line.querySelector("title");
+      if (!f) {
+        if (title) title.remove();
+        continue;
+      }
+      if (!title) title = svg("title", {}, line);
+      title.textContent = f.refused.map((x) => {
+        const why = x.reason ? ` (${x.now ? "" : `round ${x.round}: `}${x.reason})` : "";
+        return x.until !== null && x.until !== undefined
+          ? `${x.by} distrusts ${x.peer} until round ${x.until}${why}`
+          : `${x.by} refused ${x.peer}${why}`;
+      }).join("\n");
     }
   }
 
@@ -101,12 +151,15 @@
     for (const n of state.nodes) {
       const g = document.querySelector(`#g-nodes [data-node="${CSS.escape(n.id)}"]`);
       if (!g) continue;
-      g.setAttribute("class", `node st-${n.state}` + (n.id === agg ? " agg" : "") + (n.id === highlighted ? " hl" : ""));
+      const attacking = !!(n.attack && n.attack.length);
+      g.setAttribute("class", `node st-${n.state}` + (n.id === agg ? " agg" : "") + (n.id === highlighted ? " hl" : "") +
+        (attacking ? " attacking" : "") + (n.diverged ? " diverged" : ""));
       g.setAttribute("data-state", n.state);
       g.querySelector("text.sub").textContent = n.round ? `r${n.round} · ${fmtAcc(n.acc)}` : "";
       g.querySelector("title").textContent =
         `${n.id}: ${n.state}` + (n.phase_round ? ` (round ${n.phase_round})` : "") +
-        `\nrecorded round ${n.round}/${state.rounds}, accuracy ${fmtAcc(n.acc)}`;
+        `\nrecorded round ${n.round}/${state.rounds}, accuracy ${fmtAcc(n.acc)}` +
+        robustLines(n).map((l) => "\n" + l).join("");
     }
   }
 
@@ -281,6 +334,8 @@
   function drawNodeTable(state) {
     const body = $("node-table").tBodies[0];
     body.replaceChildren();
+    const robust = robustRun(state);
+    $("node-table").classList.toggle("no-robust", !robust);
     const lastOf = (pts) => (pts && pts.length ? pts[pts.length - 1][1] : null);
     for (const n of state.nodes) {
       const tr = html("tr", { "data-row": n.id, class: n.id === highlighted ? "hl" : "" }, body);
@@ -292,6 +347,15 @@
       html("td", {}, tr, fmtAcc(n.acc));
       html("td", {}, tr, fmtNum(lastOf(state.series.mb_sent.nodes[n.id]), 2));
       html("td", {}, tr, fmtNum(lastOf(state.series.round_s.nodes[n.id]), 1));
+      const rob = html("td", { class: "robust", title: robustLines(n).join("\n") }, tr);
+      if (robust) {
+        if (n.attack && n.attack.length) html("span", { class: "tag attack" }, rob, `attack: ${n.attack.join(", ")}`);
+        if (n.diverged) html("span", { class: "tag diverged" }, rob, "rolled back");
+        const dis = Object.keys(n.distrusted || {});
+        if (dis.length) html("span", { class: "tag distrust" }, rob, `distrusts ${dis.join(", ")}`);
+        const rej = Object.keys(n.rejected || {});
+        if (rej.length) html("span", { class: "tag refused" }, rob, `refused ${rej.join(", ")}`);
+      }
       tr.addEventListener("mouseenter", () => highlight(n.id));
       tr.addEventListener("mouseleave", () => highlight(null));
     }
@@ -311,7 +375,9 @@
     status.className = `pill ${state.status}`;
     const reached = Math.max(0, ...state.nodes.map((n) => n.round));
     const done = state.nodes.filter((n) => n.state === "done").length;
-    $("progress").textContent = `round ${reached}/${state.rounds} · ${state.nodes.length} nodes, ${done} done`;
+    $("progress").textContent = `round ${reached}/${state.rounds} · ${state.nodes.length} nodes, ${done} done` +
+      (state.refusals ? ` · ${state.refusals} refused` : "");
+    $("legend-robust").hidden = !robustRun(state);
     const b = state.broker;
     $("broker").textContent = b.address ? `broker ${b.address}: ${b.connected ? "observing" : "unreachable"}` : b.note;
     $("broker").title = b.note || "";
@@ -335,6 +401,7 @@
       chartVersion = null;
     }
     updateNodes(state);
+    updateEdges(state);
     animatePulls(state);
     if (state.version !== chartVersion) {
       drawLastPulls(state);
