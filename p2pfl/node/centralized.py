@@ -491,10 +491,6 @@ class CentralizedRounds:
                 failovers.append({"attempt": attempt, "aggregator": agg, "why": "offline"})
                 attempt += 1
                 continue
-            if not svc.trusted(agg, r):  # its result was refused lately: the next peer
-                failovers.append({"attempt": attempt, "aggregator": agg, "why": "distrusted"})
-                attempt += 1
-                continue
             svc.publish_status(r, "waiting")  # for this attempt's aggregator
             if own is not None:
                 try:
