@@ -282,4 +282,5 @@ def check_defence(cfg: TopologyConfig, source: str = "topology") -> None:
     try:
         check_bounds(d.rule, n, d.f, d.m, d.beta)
     except ValueError as exc:
-        raise ConfigError(source, [("defence.rule", f"{exc}: {where}")]) from None
+        why = str(exc).removeprefix("defence.rule ")  # the field is named already
+        raise ConfigError(source, [("defence.rule", f"{why}: {where}")]) from None

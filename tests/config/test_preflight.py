@@ -95,3 +95,42 @@ def test_a_damaged_zip_names_the_zip_and_the_member(tmp_path, damage):
     assert "t.yaml: dataset.root: " in msg and str(src) in msg, msg
     if damage != "truncated":
         assert "member test/dog/1.png" in msg, msg
+
+
+@pytest.mark.parametrize(
+    ("overrides", "text"),
+    [
+        (  # a ring node combines itself and 2 neighbours
+            ["defence={rule: multikrum, f: 1}"],
+            "multikrum needs n >= 2f + 3 inputs (n = 3, f = 1): node a combines "
+            "at most 3 states (itself and 2 neighbours)",
+        ),
+        (
+            ["algorithm.name=fedavg", "algorithm.params={}", "defence={rule: bulyan, f: 1}"],
+            "bulyan needs n >= 4f + 3 inputs (n = 4, f = 1): the aggregator "
+            "combines at most 4 uploads",
+        ),
+        (
+            ["edges=full", "defence={rule: trimmed_mean, beta: 0.1}"],
+            "trimmed_mean with beta = 0.1 trims nothing from n = 4 inputs (f = 1)",
+        ),
+        (
+            ["algorithm.name=dispfl", "algorithm.params={}", "defence={rule: median}"],
+            "dispfl combines with mean, clip, multikrum only, not median",
+        ),
+        (
+            ["algorithm.name=fedsa", "algorithm.params={}", "defence={rule: trimmed_mean}"],
+            "fedsa combines with mean, clip, multikrum only, not trimmed_mean",
+        ),
+    ],
+)
+def test_a_defence_rule_that_cannot_hold_names_the_rule_n_and_f(overrides, text):
+    with pytest.raises(ConfigError) as exc:
+        check_inputs(_cfg(overrides), source="synthetic.yaml")
+    assert "synthetic.yaml: defence.rule: " in str(exc.value), str(exc.value)
+    assert text in str(exc.value), str(exc.value)
+
+
+def test_a_defence_rule_that_holds_passes():
+    check_inputs(_cfg(["edges=full", "defence={rule: trimmed_mean, beta: 0.25}"]))
+    check_inputs(_cfg(["algorithm.name=fedavg", "algorithm.params={}", "defence={rule: median}"]))
