@@ -18,7 +18,9 @@ One round, seen from member ``i``:
    ``announce``; the aggregator waits (``round_timeout_s`` at most) for the participants'
    reports, pulls their uploads, runs the pure server rule
    (:meth:`~p2pfl.algorithms.base.CentralizedAlgorithm.aggregate`), computes the next plan
-   from the live membership, and announces ``(r, a)`` on its gossip topic;
+   from the live membership, and announces ``(r, a)`` on its gossip topic (the
+   aggregator's role: :class:`~p2pfl.node.aggregator.AggregatorRole`, which also serves
+   this node's uploads and results);
 4. on the announcement a client pulls what it receives (``result``) — only its own part:
    FedPer's ``g``, DiversiFed's ``z_i``, pFedC's shared layers and its own heads;
 5. **failover**: when the aggregator goes offline (Last Will), misses the deadline
@@ -38,6 +40,9 @@ an announcement left out of the next roster, *observes*: it waits for the next a
 pulls what any non-uploader receives (:attr:`Aggregate.common`) from that aggregator, and is
 in the roster of the round after.
 
+The plan and the announcement that carries the next one (:class:`RoundPlan`,
+:func:`check_announcement`) are in :mod:`p2pfl.node.plans`, shared with the aggregator's role.
+
 Each step is told to observers (:meth:`NodeServices.publish_status`): ``training``,
 ``waiting`` (for an aggregator or an announcement), ``aggregating`` (the aggregator's side),
 ``evaluating``, and each pull that arrived.
@@ -48,70 +53,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from p2pfl.algorithms.base import Aggregate, CentralizedAlgorithm, Upload
+from p2pfl.algorithms.base import CentralizedAlgorithm
 from p2pfl.learning.state import State
 from p2pfl.learning.train import round_lr
+from p2pfl.node.aggregator import AggregatorRole
 from p2pfl.node.election import succession
+from p2pfl.node.plans import RoundPlan, check_announcement, draw_plan, live_members, waits_on
 from p2pfl.node.services import NodeServices
 from p2pfl.wire.codec import state_nbytes
 from p2pfl.wire.envelope import Envelope
-from p2pfl.wire.transfers import PreparedState
 from p2pfl.wire.transport import TransportError
 
 log = logging.getLogger(__name__)
 
 ROUNDS_KEPT = 3  # uploads and results kept for late pulls
 
-
-@dataclass
-class RoundPlan:
-    """What every member of round ``round`` agrees on before it starts."""
-
-    round: int
-    roster: list[str]
-    participants: list[str]
-    server: dict[str, Any] = field(default_factory=dict)
-
-
-def _check_ids(value: Any, allowed: set[str], what: str) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ValueError(f"{what} must be a list of node ids")
-    unknown = set(value) - allowed
-    if unknown:
-        raise ValueError(f"{what} names unknown nodes {sorted(unknown)[:5]}")
-    return sorted(set(value))
-
-
-def check_announcement(body: Any, members: set[str]) -> dict[str, Any]:
-    """Validate an (untrusted) announcement body; raise ``ValueError`` if it is malformed."""
-    if not isinstance(body, dict):
-        raise ValueError("announcement must be a map")
-    roster = _check_ids(body.get("roster"), members, "roster")
-    if not roster:
-        raise ValueError("announcement has an empty roster")
-    participants = _check_ids(body.get("participants"), set(roster), "participants")
-    server = body.get("server", {})
-    if not isinstance(server, dict):
-        raise ValueError("server state must be a map")
-    receivers = _check_ids(body.get("receivers", []), members, "receivers")
-    common = body.get("common", False)
-    if not isinstance(common, bool):
-        raise ValueError("common must be a bool")
-    aggregated = _check_ids(body.get("aggregated", []), members, "aggregated")
-    return {
-        "roster": roster,
-        "participants": participants,
-        "server": server,
-        "receivers": receivers,
-        "common": common,
-        "aggregated": aggregated,
-    }
+__all__ = ["ROUNDS_KEPT", "CentralizedRounds", "RoundPlan", "check_announcement"]
 
 
 class _Behind(Exception):  # noqa: N818 (control flow, never leaves this module)
@@ -123,8 +82,10 @@ class _Behind(Exception):  # noqa: N818 (control flow, never leaves this module)
 
 
 class CentralizedRounds:
-    """Runs a :class:`CentralizedAlgorithm` for one node: the client side every round and the
-    aggregator side in the rounds (and attempts) it is elected."""
+    """Runs a :class:`CentralizedAlgorithm` for one node: the client side every round, and
+    the succession that says in which rounds (and attempts) it is elected; its
+    :class:`~p2pfl.node.aggregator.AggregatorRole` (:attr:`role`) does the aggregator's side
+    and serves its uploads and results."""
 
     def __init__(self, services: NodeServices):
         assert isinstance(services.method, CentralizedAlgorithm)
@@ -137,13 +98,9 @@ class CentralizedRounds:
         self.current = (0, 0)  # (round, attempt) this member is at
         self.applied = 0  # last round whose result this member applied (or gave up on)
         self._announced: dict[int, dict[int, tuple[str, dict[str, Any]]]] = {}
-        self._reports: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
         self._wanted: dict[int, int] = {}  # round -> highest attempt a peer asked us to run
-        self._uploads: OrderedDict[int, State] = OrderedDict()
-        self._results: OrderedDict[tuple[int, int], Aggregate] = OrderedDict()
-        self._prepared: dict[tuple[int, int, str, int], PreparedState] = {}
-        self._served: dict[tuple[int, int], set[str]] = {}  # who pulled each result
-        self._prepare_lock = asyncio.Lock()
+        # this node's side as an aggregator: reports, uploads, results and their pulls
+        self.role = AggregatorRole(services, self._aggregator)
 
     # ------------------------------------------------------------------ small helpers
     @property
@@ -153,24 +110,11 @@ class CentralizedRounds:
     def _online(self, peer: str) -> bool:
         return self.services.is_online(peer)
 
-    def _live_members(self) -> list[str]:
-        return sorted(p for p in self.members if self._online(p))
-
-    def _rng(self, round_no: int) -> np.random.Generator:
-        return np.random.default_rng([self.cfg.seed, round_no, 0x5E1EC7])
-
     def _aggregator(self, round_no: int, attempt: int) -> str | None:
         roster = self.rosters.get(round_no)
         if not roster or attempt >= len(roster):
             return None
         return succession(round_no, roster)[attempt]
-
-    def _waits_on(self, peer: str, round_no: int) -> bool:
-        """Whether a wait of round ``round_no`` should go on waiting for ``peer``: it is in
-        step (online, near this round, not joining after it) and has not finished the round
-        already (settled on another attempt)."""
-        svc = self.services
-        return svc.in_step(peer, round_no) and (svc.reported_round(peer) or 0) < round_no
 
     def _behind(self, round_no: int) -> int | None:
         """The latest round the swarm reports finished when this node, at ``round_no``, has
@@ -230,20 +174,8 @@ class CentralizedRounds:
         if self._aggregator(env.round, env.attempt) not in (None, self.id):
             self.services.drop("misdirected_report", f"{env.round}/{env.attempt} from {env.sender}")
             return
-        body = env.body
-        n = body.get("n") if isinstance(body, dict) else None
-        if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
-            self.services.drop("malformed", f"report from {env.sender}: bad sample count")
+        if not self.role.collect(env):  # a malformed body: dropped
             return
-        try:
-            report = self.alg.check_report(body.get("report", {}))
-        except ValueError as exc:
-            self.services.drop("malformed", f"report from {env.sender}: {exc}")
-            return
-        self._reports.setdefault((env.round, env.attempt), {})[env.sender] = {
-            "n": n,
-            "report": report,
-        }
         self._wanted[env.round] = max(self._wanted.get(env.round, 0), env.attempt)
         self.services.notify()
 
@@ -251,166 +183,20 @@ class CentralizedRounds:
         """Nothing to resend: a member that comes online catches up from the next
         announcement (it observes a round first)."""
 
-    async def _prepared_for(self, key: tuple[int, int, str], state: State) -> PreparedState:
-        full = (*key, id(state))
-        what = "result" if key[2] == "result" else "model"
-        async with self._prepare_lock:
-            if full not in self._prepared:
-                self._prepared[full] = await self.services.prepare(state, key[0], what)
-        return self._prepared[full]
-
     async def serve_pull(self, env: Envelope) -> None:
-        """``upload``: only to the rightful aggregator of the attempt named; ``result``: what
-        this aggregator's result gives the requester (its own part, or the common part)."""
-        body = env.body if isinstance(env.body, dict) else {}
-        part, reason, state = body.get("part"), None, None
-        if env.sender not in self.members:
-            reason = "not a member"
-        elif part == "upload":
-            if self._aggregator(env.round, env.attempt) != env.sender:
-                reason = f"not the aggregator of {env.round}/{env.attempt}"
-            elif env.round not in self._uploads:
-                reason = f"no upload for round {env.round}"
-            else:
-                state = self._uploads[env.round]
-        elif part == "result":
-            agg = self._results.get((env.round, env.attempt))
-            if agg is None:
-                reason = f"no result for {env.round}/{env.attempt}"
-            else:
-                state = agg.results.get(env.sender, agg.common)
-                if state is None:
-                    reason = "nothing for this node"
-        else:
-            reason = f"unknown part {part!r}"
-        if reason is not None or state is None:
-            await self.services.refuse_pull(env, reason or "nothing for this node")
-            return
-        prepared = await self._prepared_for((env.round, env.attempt, str(part)), state)
-        await self.services.send_state(env, prepared)
-        if part == "result":
-            self._served.setdefault((env.round, env.attempt), set()).add(env.sender)
-            self.services.notify()
+        """This node's uploads and results (:meth:`AggregatorRole.serve_pull`)."""
+        await self.role.serve_pull(env)
 
     def _forget_old(self, round_no: int) -> None:
         floor = round_no - ROUNDS_KEPT
-        for d in (self._uploads,):
-            for r in [r for r in d if r <= floor]:
-                del d[r]
-        for key in [k for k in self._results if k[0] <= floor]:
-            del self._results[key]
-        for key in [k for k in self._prepared if k[0] <= floor]:
-            del self._prepared[key]
-        for key in [k for k in self._reports if k[0] <= floor]:
-            del self._reports[key]
-        for key in [k for k in self._served if k[0] <= floor]:
-            del self._served[key]
+        self.role.forget(floor)
         for r in [r for r in self._announced if r <= floor]:
             del self._announced[r]
 
-    # ------------------------------------------------------------------ aggregator side
+    # ------------------------------------------------------------------ succession
     def _superseding(self, round_no: int, attempt: int) -> int | None:
         later = [a for a in self._announced.get(round_no, {}) if a > attempt]
         return max(later) if later else None
-
-    async def _aggregate(
-        self, plan: RoundPlan, attempt: int, own: dict[str, Any] | None
-    ) -> tuple[dict[str, Any], State | None, dict[str, Any]] | None:
-        """Run attempt ``attempt`` of round ``plan.round`` as its aggregator; return
-        (announcement, what this node receives, facts) or None if a later attempt of the
-        round was announced meanwhile (this one is dead: its result is never announced)."""
-        svc, cfg, r = self.services, self.cfg, plan.round
-        t0 = time.monotonic()
-        expected = [p for p in plan.participants if p != self.id]
-        log.info("%s: aggregating round %d attempt %d", self.id, r, attempt)
-        svc.publish_status(r, "aggregating")
-
-        def ready() -> bool:
-            got = self._reports.get((r, attempt), {})
-            return self._superseding(r, attempt) is not None or all(
-                p in got or not self._waits_on(p, r) for p in expected
-            )
-
-        await svc.wait_for(ready, t0 + cfg.timing.round_timeout_s)
-        if self._superseding(r, attempt) is not None:
-            return None
-        reports = {
-            p: rep
-            for p, rep in self._reports.get((r, attempt), {}).items()
-            if p in expected and svc.trusted(p, r)  # reputation: a distrusted upload waits
-        }
-        template = self._uploads.get(r)
-        if template is None:
-            template = await asyncio.to_thread(self.alg.upload)
-        timeout = max(1.0, cfg.timing.round_timeout_s)
-        pulled, failed = await svc.pull_many(
-            {p: "upload" for p in reports},
-            r,
-            timeout,
-            attempt=attempt,
-            reference=lambda _part: template,  # admission: layout, finite, norm
-        )
-        claims = svc.cap_claims({p: reports[p]["n"] for p in pulled})
-        uploads: dict[str, Upload] = {}
-        for peer, res in sorted(pulled.items()):
-            uploads[peer] = Upload(claims[peer], res, reports[peer]["report"])
-        if own is not None and r in self._uploads:
-            uploads[self.id] = Upload(own["n"], self._uploads[r], own["report"])
-        if self._superseding(r, attempt) is not None:
-            return None
-        t_agg = time.monotonic()
-        result = Aggregate(results={}, common=None, server=plan.server, facts={"empty": True})
-        if uploads:  # else nobody uploaded: nothing changes, the plan goes on
-            try:
-                result = await asyncio.to_thread(
-                    self.alg.aggregate, uploads, plan.server, plan.roster, r
-                )
-            except (ValueError, ArithmeticError, RuntimeError) as exc:
-                log.error("%s: round %d: server rule failed: %s", self.id, r, exc)
-                result = Aggregate({}, None, server=plan.server, facts={"error": str(exc)})
-        agg_s = time.monotonic() - t_agg
-        if self._superseding(r, attempt) is not None:
-            return None
-        roster = self._live_members()
-        participants = self.alg.participants(result.server, roster, r + 1, self._rng(r + 1))
-        self._results[(r, attempt)] = result
-        announcement = {
-            "roster": roster,
-            "participants": sorted(participants),
-            "server": result.server,
-            "receivers": sorted(result.results),
-            "common": result.common is not None,
-            "aggregated": sorted(uploads),
-        }
-        try:
-            await self.tr.gossip(r, announcement, kind="announce", attempt=attempt)
-        except TransportError as exc:
-            log.warning("%s: round %d: announcement not sent: %s", self.id, r, exc)
-        # stay in the round until every member that needs the result has it (bounded), so
-        # the bytes it costs are counted in this round's record
-        pullers = {
-            n
-            for n in set(roster) | set(uploads)
-            if n != self.id
-            and (n in result.results or result.common is not None)
-            and self.alg.needs_result(n in uploads, n in participants, r >= cfg.rounds)
-        }
-        t_serve = time.monotonic()
-        await svc.wait_for(
-            lambda: all(
-                n in self._served.get((r, attempt), ()) or not self._waits_on(n, r) for n in pullers
-            ),
-            t_serve + cfg.timing.round_timeout_s,
-        )
-        facts = {
-            "aggregated": sorted(uploads),
-            "upload_failed": failed,
-            "aggregate_s": round(agg_s, 4),
-            "collect_s": round(t_agg - t0, 4),
-            "serve_s": round(time.monotonic() - t_serve, 4),
-            **{f"agg_{k}": v for k, v in result.facts.items()},
-        }
-        return announcement, result.results.get(self.id, result.common), facts
 
     # ------------------------------------------------------------------ client side
     async def _pull_result(
@@ -472,7 +258,11 @@ class CentralizedRounds:
                 }
             agg = order[attempt]
             if agg == self.id:
-                out = await self._aggregate(plan, attempt, own)
+
+                def superseded(attempt: int = attempt) -> bool:
+                    return self._superseding(r, attempt) is not None
+
+                out = await self.role.aggregate(plan, attempt, own, superseded)
                 if out is None:
                     later = self._superseding(r, attempt) or attempt + 1
                     failovers.append({"attempt": attempt, "aggregator": agg, "why": "superseded"})
@@ -502,7 +292,7 @@ class CentralizedRounds:
             def settled(attempt: int = attempt, agg: str = agg) -> bool:
                 return (
                     any(a >= attempt for a in self._announced.get(r, {}))
-                    or not self._waits_on(agg, r)
+                    or not waits_on(svc, agg, r)
                     or self._wanted.get(r, 0) > attempt
                     or self._behind(r) is not None
                 )
@@ -588,7 +378,7 @@ class CentralizedRounds:
                 trained = await svc.train(r)  # after_train's facts are not recorded
                 result, diverged = trained.result, trained.diverged
                 train_s = result.seconds
-                self._uploads[r] = await asyncio.to_thread(alg.upload)
+                self.role.keep_upload(r, await asyncio.to_thread(alg.upload))
                 n = svc.claimed_samples(len(svc.data.train_y), r)
                 own = {"n": n, "report": alg.report(result, lr)}
                 record.update(train_loss=result.loss, train_ce=result.ce_loss)
@@ -630,11 +420,8 @@ class CentralizedRounds:
                 announcement["server"],
             )
         else:  # nobody finished the round: go on with whoever is still here
-            roster = self._live_members()
             server = plan.server if plan is not None else {}
-            nxt = RoundPlan(
-                r + 1, roster, alg.participants(server, roster, r + 1, self._rng(r + 1)), server
-            )
+            nxt = draw_plan(alg, cfg.seed, r + 1, live_members(svc), server)
         record.update(
             {
                 "round": r,
@@ -673,9 +460,9 @@ class CentralizedRounds:
         a checkpoint."""
         if self._swarm_round() >= 1 or self.services.resumed_round >= 1:
             return None
-        roster = self._live_members()
+        roster = live_members(self.services)
         server = self.alg.initial_server_state(roster)
-        return RoundPlan(1, roster, self.alg.participants(server, roster, 1, self._rng(1)), server)
+        return draw_plan(self.alg, self.cfg.seed, 1, roster, server)
 
     async def _start_observing(self, after: int) -> None:
         """Skip to observing the round after ``after``: announcements of the rounds before are

@@ -224,7 +224,7 @@ async def test_handlers_drop_stale_misdirected_and_forged_messages():
     assert dropped["malformed"] == 2
     d.on_inbox(_env("zz", "report", 3, 1, {"n": 5, "report": {}}))  # not a member: ignored
     d.on_inbox(_env("a", "report", 3, 1, {"n": 5, "report": {}}))
-    assert d._reports[(3, 1)] == {"a": {"n": 5, "report": {}}}
+    assert d.role._reports[(3, 1)] == {"a": {"n": 5, "report": {}}}
 
 
 def test_envelope_carries_the_attempt():

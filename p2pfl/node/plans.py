@@ -1,0 +1,91 @@
+"""What every member of a centralized round agrees on, and the rules both sides of the
+rotating aggregator follow (docs/design.md, "Rotating aggregator"; the messages:
+docs/wire.md, "Rotating aggregator").
+
+- :class:`RoundPlan`: the roster, the participants and the method's server state of a round;
+- :func:`draw_plan`: a round's participants, drawn alike by every node that knows the
+  roster and the server state; :func:`live_members`: the roster live presence gives;
+- :func:`check_announcement`: an untrusted ``announce`` body, checked before it is used;
+- :func:`waits_on`: whether a wait of a round should go on waiting for a peer.
+
+The round driver (:mod:`p2pfl.node.centralized`) and the aggregator's role
+(:mod:`p2pfl.node.aggregator`) both use them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from p2pfl.algorithms.base import CentralizedAlgorithm
+from p2pfl.node.services import NodeServices
+
+
+@dataclass
+class RoundPlan:
+    """What every member of round ``round`` agrees on before it starts."""
+
+    round: int
+    roster: list[str]
+    participants: list[str]
+    server: dict[str, Any] = field(default_factory=dict)
+
+
+def live_members(services: NodeServices) -> list[str]:
+    """The members of the swarm that are online now, sorted: the roster of a plan drawn
+    from live presence."""
+    return sorted(p for p in set(services.cfg.node_ids) if services.is_online(p))
+
+
+def draw_plan(
+    alg: CentralizedAlgorithm, seed: int, round_no: int, roster: list[str], server: dict[str, Any]
+) -> RoundPlan:
+    """Round ``round_no``'s plan over ``roster``: the method draws its participants from
+    ``server`` with a generator seeded by the swarm's seed and the round, so every node
+    draws the same."""
+    rng = np.random.default_rng([seed, round_no, 0x5E1EC7])
+    return RoundPlan(round_no, roster, alg.participants(server, roster, round_no, rng), server)
+
+
+def waits_on(services: NodeServices, peer: str, round_no: int) -> bool:
+    """Whether a wait of round ``round_no`` should go on waiting for ``peer``: it is in
+    step (online, near this round, not joining after it) and has not finished the round
+    already (settled on another attempt)."""
+    return services.in_step(peer, round_no) and (services.reported_round(peer) or 0) < round_no
+
+
+def _check_ids(value: Any, allowed: set[str], what: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{what} must be a list of node ids")
+    unknown = set(value) - allowed
+    if unknown:
+        raise ValueError(f"{what} names unknown nodes {sorted(unknown)[:5]}")
+    return sorted(set(value))
+
+
+def check_announcement(body: Any, members: set[str]) -> dict[str, Any]:
+    """Validate an (untrusted) announcement body; raise ``ValueError`` if it is malformed."""
+    if not isinstance(body, dict):
+        raise ValueError("announcement must be a map")
+    roster = _check_ids(body.get("roster"), members, "roster")
+    if not roster:
+        raise ValueError("announcement has an empty roster")
+    participants = _check_ids(body.get("participants"), set(roster), "participants")
+    server = body.get("server", {})
+    if not isinstance(server, dict):
+        raise ValueError("server state must be a map")
+    receivers = _check_ids(body.get("receivers", []), members, "receivers")
+    common = body.get("common", False)
+    if not isinstance(common, bool):
+        raise ValueError("common must be a bool")
+    aggregated = _check_ids(body.get("aggregated", []), members, "aggregated")
+    return {
+        "roster": roster,
+        "participants": participants,
+        "server": server,
+        "receivers": receivers,
+        "common": common,
+        "aggregated": aggregated,
+    }
