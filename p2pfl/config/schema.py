@@ -368,6 +368,12 @@ class SecurityConfig(_Strict):
         description="signed messages older than this (or with a repeated id) "
         "are replays; also the clock skew tolerated between devices",
     )
+    audit: bool = Field(
+        True,
+        description="with sign, centralized methods: a member drawn each round recomputes "
+        "the aggregate from the signed uploads and announces a verdict; a mismatch fails "
+        "the round over and the aggregator is skipped from then on",
+    )
 
     @property
     def enabled(self) -> bool:

@@ -45,10 +45,15 @@ log = logging.getLogger(__name__)
 class AggregatorRole:
     """The aggregator's side of a :class:`CentralizedAlgorithm` for one node, and the serving
     of its uploads and results. ``aggregator_of(round, attempt)`` is the driver's answer to
-    who aggregates that attempt (None while the round's roster is unknown)."""
+    who aggregates that attempt (None while the round's roster is unknown), and
+    ``auditor_of(round, attempt)`` who audits it (None without an audit): an upload is
+    served to those two only."""
 
     def __init__(
-        self, services: NodeServices, aggregator_of: Callable[[int, int], str | None]
+        self,
+        services: NodeServices,
+        aggregator_of: Callable[[int, int], str | None],
+        auditor_of: Callable[[int, int], str | None] = lambda _r, _a: None,
     ) -> None:
         assert isinstance(services.method, CentralizedAlgorithm)
         self.services = services
@@ -57,6 +62,7 @@ class AggregatorRole:
         self.cfg = services.cfg
         self.members = set(services.cfg.node_ids)
         self.aggregator_of = aggregator_of
+        self.auditor_of = auditor_of  # who may also pull uploads (None: no audit)
         self._reports: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
         self._uploads: OrderedDict[int, State] = OrderedDict()
         self._results: OrderedDict[tuple[int, int], Aggregate] = OrderedDict()
@@ -68,6 +74,10 @@ class AggregatorRole:
     def keep_upload(self, round_no: int, state: State) -> None:
         """This node's upload of round ``round_no``, for its aggregators' pulls."""
         self._uploads[round_no] = state
+
+    def upload(self, round_no: int) -> State | None:
+        """This node's upload of round ``round_no`` (None when it did not train)."""
+        return self._uploads.get(round_no)
 
     def collect(self, env: Envelope) -> bool:
         """Keep the ``report`` in ``env`` (the driver checked its round, attempt and
@@ -119,8 +129,11 @@ class AggregatorRole:
         if env.sender not in self.members:
             reason = "not a member"
         elif part == "upload":
-            if self.aggregator_of(env.round, env.attempt) != env.sender:
-                reason = f"not the aggregator of {env.round}/{env.attempt}"
+            if env.sender not in (
+                self.aggregator_of(env.round, env.attempt),
+                self.auditor_of(env.round, env.attempt),
+            ):
+                reason = f"not the aggregator or auditor of {env.round}/{env.attempt}"
             elif env.round not in self._uploads:
                 reason = f"no upload for round {env.round}"
             else:
@@ -217,6 +230,10 @@ class AggregatorRole:
             "receivers": sorted(result.results),
             "common": result.common is not None,
             "aggregated": sorted(uploads),
+            # the weight and report each upload counted with: what an auditor recomputes
+            # from, and what each member checks against what it sent
+            "claims": {p: uploads[p].n for p in sorted(uploads)},
+            "reports": {p: uploads[p].report for p in sorted(uploads)},
         }
         try:
             await svc.transport.gossip(r, announcement, kind="announce", attempt=attempt)

@@ -59,6 +59,8 @@ from p2pfl.algorithms.base import CentralizedAlgorithm
 from p2pfl.learning.state import State
 from p2pfl.learning.train import round_lr
 from p2pfl.node.aggregator import AggregatorRole
+from p2pfl.node.audit import audit_active, auditor_of, check_own_entry, check_verdict, compare
+from p2pfl.node.audit import recompute as recompute_aggregate
 from p2pfl.node.election import succession
 from p2pfl.node.plans import RoundPlan, check_announcement, draw_plan, live_members, waits_on
 from p2pfl.node.services import NodeServices
@@ -99,8 +101,13 @@ class CentralizedRounds:
         self.applied = 0  # last round whose result this member applied (or gave up on)
         self._announced: dict[int, dict[int, tuple[str, dict[str, Any]]]] = {}
         self._wanted: dict[int, int] = {}  # round -> highest attempt a peer asked us to run
+        # the audit of each round's aggregate (signed swarms): verdicts heard, and the
+        # aggregators an auditor caught, skipped as aggregators from then on
+        self.audited = audit_active(services.cfg, self.alg)
+        self._verdicts: dict[tuple[int, int], dict[str, Any]] = {}
+        self.convicted: set[str] = set()
         # this node's side as an aggregator: reports, uploads, results and their pulls
-        self.role = AggregatorRole(services, self._aggregator)
+        self.role = AggregatorRole(services, self._aggregator, self._auditor)
 
     # ------------------------------------------------------------------ small helpers
     @property
@@ -115,6 +122,14 @@ class CentralizedRounds:
         if not roster or attempt >= len(roster):
             return None
         return succession(round_no, roster)[attempt]
+
+    def _auditor(self, round_no: int, attempt: int) -> str | None:
+        """Who audits attempt ``attempt`` of ``round_no`` (None without an audit, or while
+        the round's roster is unknown)."""
+        roster, agg = self.rosters.get(round_no), self._aggregator(round_no, attempt)
+        if not self.audited or not roster or agg is None:
+            return None
+        return auditor_of(self.cfg.seed, round_no, attempt, roster, agg)
 
     def _behind(self, round_no: int) -> int | None:
         """The latest round the swarm reports finished when this node, at ``round_no``, has
@@ -147,6 +162,9 @@ class CentralizedRounds:
         return False
 
     def on_gossip(self, env: Envelope) -> None:
+        if env.kind == "audit" and env.sender in self.members:
+            self._on_verdict(env)
+            return
         if env.kind != "announce" or env.sender not in self.members:
             return
         if self._stale(env, "announce") or self._too_far(env, "announce"):
@@ -164,6 +182,37 @@ class CentralizedRounds:
             return
         self._announced.setdefault(env.round, {})[env.attempt] = (env.sender, body)
         self.services.notify()
+
+    def _on_verdict(self, env: Envelope) -> None:
+        """Keep the verdict of the rightful auditor of ``(round, attempt)``; a ``mismatch``
+        convicts the aggregator it names (signed, so every member holds the same proof)."""
+        if self._stale(env, "audit") or self._too_far(env, "audit"):
+            return
+        if self._auditor(env.round, env.attempt) != env.sender:
+            self.services.drop("not_auditor", f"audit {env.round}/{env.attempt} from {env.sender}")
+            return
+        try:
+            body = check_verdict(env.body)
+        except ValueError as exc:
+            self.services.drop("malformed", f"audit from {env.sender}: {exc}")
+            return
+        if body["aggregator"] != self._aggregator(env.round, env.attempt):
+            self.services.drop("malformed", f"audit from {env.sender}: not this attempt's")
+            return
+        self._note_verdict(env.round, env.attempt, body)
+        self.services.notify()
+
+    def _note_verdict(self, round_no: int, attempt: int, body: dict[str, Any]) -> None:
+        self._verdicts[(round_no, attempt)] = body
+        if body["verdict"] == "mismatch" and body["aggregator"] not in self.convicted:
+            self.convicted.add(body["aggregator"])
+            log.warning(
+                "%s: round %d: the audit caught aggregator %s (%s); skipped from now on",
+                self.id,
+                round_no,
+                body["aggregator"],
+                body["why"],
+            )
 
     def on_inbox(self, env: Envelope) -> None:
         if env.kind != "report" or env.sender not in self.members:
@@ -192,6 +241,8 @@ class CentralizedRounds:
         self.role.forget(floor)
         for r in [r for r in self._announced if r <= floor]:
             del self._announced[r]
+        for key in [k for k in self._verdicts if k[0] <= floor]:
+            del self._verdicts[key]
 
     # ------------------------------------------------------------------ succession
     def _superseding(self, round_no: int, attempt: int) -> int | None:
@@ -241,20 +292,27 @@ class CentralizedRounds:
                 needs = self.alg.needs_result(
                     participated, self.id in body["participants"], r >= cfg.rounds
                 )
+                audits = self._auditor(r, attempt) == self.id  # it checks what it is served
                 received = None
-                if needs and (self.id in body["receivers"] or body["common"]):
+                if (needs or audits) and (self.id in body["receivers"] or body["common"]):
                     received, error = await self._pull_result(sender, r, attempt)
                     if error is not None:
                         log.warning("%s: round %d: result pull failed: %s", self.id, r, error)
                         failovers.append({"attempt": attempt, "aggregator": sender, "why": error})
                         attempt += 1
                         continue
+                caught, audit = await self._audit(plan, attempt, sender, body, received, own)
+                if caught is not None:
+                    failovers.append({"attempt": attempt, "aggregator": sender, "why": caught})
+                    attempt += 1
+                    continue
                 return {
                     "aggregator": sender,
                     "attempt": attempt,
                     "announcement": body,
-                    "received": received,
+                    "received": received if needs else None,
                     "failovers": failovers,
+                    **audit,
                 }
             agg = order[attempt]
             if agg == self.id:
@@ -269,6 +327,11 @@ class CentralizedRounds:
                     attempt = later
                     continue
                 announcement, received, facts = out
+                caught, audit = await self._audit(plan, attempt, agg, announcement, None, own)
+                if caught is not None:  # the swarm fails the round over: so does this node
+                    failovers.append({"attempt": attempt, "aggregator": agg, "why": caught})
+                    attempt += 1
+                    continue
                 return {
                     "aggregator": agg,
                     "attempt": attempt,
@@ -276,7 +339,12 @@ class CentralizedRounds:
                     "received": received,
                     "failovers": failovers,
                     **facts,
+                    **audit,
                 }
+            if agg in self.convicted:  # an auditor caught it: every member skips it alike
+                failovers.append({"attempt": attempt, "aggregator": agg, "why": "convicted"})
+                attempt += 1
+                continue
             if not self._online(agg):
                 failovers.append({"attempt": attempt, "aggregator": agg, "why": "offline"})
                 attempt += 1
@@ -319,6 +387,93 @@ class CentralizedRounds:
             "received": None,
             "failovers": failovers,
         }
+
+    async def _audit(
+        self,
+        plan: RoundPlan,
+        attempt: int,
+        aggregator: str,
+        body: dict[str, Any],
+        received: State | None,
+        own: dict[str, Any] | None,
+    ) -> tuple[str | None, dict[str, Any]]:
+        """The audit of attempt ``attempt`` of ``plan.round`` (docs/design.md, "Auditing
+        the aggregator"): the auditor recomputes and announces its verdict; every other
+        member checks its own entry of the announcement and waits (bounded) for the
+        verdict. Returns (why the round fails over, or None; the record's ``audit``)."""
+        svc, r = self.services, plan.round
+        auditor = self._auditor(r, attempt)
+        if auditor is None:
+            return None, {}
+        t0 = time.monotonic()
+        record: dict[str, Any] = {"auditor": auditor}
+        own_entry = check_own_entry(body, self.id, own)
+        if own_entry is not None:
+            log.warning("%s: round %d: aggregator %s: %s", self.id, r, aggregator, own_entry)
+            record["own_entry"] = own_entry
+        if auditor == self.id:
+            verdict = await self._recompute_and_announce(plan, attempt, aggregator, body, received)
+            record.update(verdict)
+        else:
+            await svc.wait_for(
+                lambda: (r, attempt) in self._verdicts or not waits_on(svc, auditor, r),
+                t0 + self.cfg.timing.aggregator_timeout,
+            )
+            heard = self._verdicts.get((r, attempt))
+            record["verdict"] = heard["verdict"] if heard else None  # None: auditor silent
+            if heard and heard["why"]:
+                record["why"] = heard["why"]
+        record["audit_s"] = round(time.monotonic() - t0, 4)
+        caught = record.get("verdict") == "mismatch"
+        return (f"audit: {record.get('why', 'mismatch')}" if caught else None), {"audit": record}
+
+    async def _recompute_and_announce(
+        self,
+        plan: RoundPlan,
+        attempt: int,
+        aggregator: str,
+        body: dict[str, Any],
+        received: State | None,
+    ) -> dict[str, Any]:
+        """As the auditor: pull every upload the announcement names from its uploader,
+        recompute the aggregate, compare, announce the verdict (signed) and keep it."""
+        svc, r = self.services, plan.round
+        names = [p for p in body["aggregated"] if p != self.id]
+        pulled, failed = await svc.pull_many(
+            dict.fromkeys(names, "upload"),
+            r,
+            max(1.0, self.cfg.timing.round_timeout_s),
+            attempt=attempt,
+        )
+        mine = self.role.upload(r)
+        if self.id in body["aggregated"] and mine is not None:
+            pulled[self.id] = mine
+        nbytes = sum(state_nbytes(s) for p, s in pulled.items() if p != self.id)
+        why: str | None
+        if failed or set(pulled) != set(body["aggregated"]):
+            verdict, why = (
+                "incomplete",
+                f"uploads missing: {sorted(set(body['aggregated']) - set(pulled))}",
+            )
+        else:
+            try:
+                expected = await asyncio.to_thread(
+                    recompute_aggregate, self.alg, self.cfg, aggregator, plan, pulled, body
+                )
+                why = compare(expected, self.id, received, body["server"])
+                verdict = "ok" if why is None else "mismatch"
+            except (ValueError, KeyError, TypeError, RuntimeError, ArithmeticError) as exc:
+                verdict, why = "incomplete", f"cannot recompute: {exc}"
+        message = {"aggregator": aggregator, "verdict": verdict, "why": why or ""}
+        self._note_verdict(r, attempt, check_verdict(message))
+        try:
+            await self.tr.gossip(r, message, kind="audit", attempt=attempt)
+        except TransportError as exc:
+            log.warning("%s: round %d: audit verdict not sent: %s", self.id, r, exc)
+        out: dict[str, Any] = {"verdict": verdict, "audit_bytes": nbytes}
+        if why:
+            out["why"] = why
+        return out
 
     async def _observe(self, after: int) -> dict[str, Any] | None:
         """Wait for the first announcement of a round after ``after`` (any member may have

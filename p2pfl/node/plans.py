@@ -81,6 +81,17 @@ def check_announcement(body: Any, members: set[str]) -> dict[str, Any]:
     if not isinstance(common, bool):
         raise ValueError("common must be a bool")
     aggregated = _check_ids(body.get("aggregated", []), members, "aggregated")
+    claims = body.get("claims", {})
+    if not isinstance(claims, dict) or not all(
+        p in aggregated and isinstance(n, int) and not isinstance(n, bool) and n > 0
+        for p, n in claims.items()
+    ):
+        raise ValueError("claims must map aggregated nodes to positive sample counts")
+    reports = body.get("reports", {})
+    if not isinstance(reports, dict) or not all(
+        p in aggregated and isinstance(rep, dict) for p, rep in reports.items()
+    ):
+        raise ValueError("reports must map aggregated nodes to maps")
     return {
         "roster": roster,
         "participants": participants,
@@ -88,4 +99,6 @@ def check_announcement(body: Any, members: set[str]) -> dict[str, Any]:
         "receivers": receivers,
         "common": common,
         "aggregated": aggregated,
+        "claims": claims,
+        "reports": reports,
     }

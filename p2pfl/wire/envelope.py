@@ -29,9 +29,10 @@ KINDS = frozenset(
         "xfer_chunk",
         "pull_error",
         "status",  # telemetry for observers (p2pfl.wire.status); no node handles it
+        "audit",  # an auditor's verdict on a round's aggregate (centralized methods)
     }
 )
-GOSSIP_KINDS = frozenset({"gossip", "announce"})  # broadcast on a node's gossip topic
+GOSSIP_KINDS = frozenset({"gossip", "announce", "audit"})  # broadcast on a node's gossip topic
 INBOX_KINDS = frozenset({"report"})  # small messages handed to ``on_inbox``
 MAX_ATTEMPT = 1 << 16
 FRAME_MAGIC = b"P2F\x01"  # a msgpack message never starts with these bytes (0x50 is a fixint)

@@ -16,16 +16,16 @@ from p2pfl.launch.swarm import run_swarm
 pytestmark = pytest.mark.integration
 
 
-def run(tmp_path, overrides: list[str]):
+def run(tmp_path, overrides: list[str], rounds: int = 3):
     cfg = load_topology(
         "topologies/synthetic.yaml",
-        ["edges=full", "rounds=3", "timing.linger_s=5", *overrides],
+        ["edges=full", f"rounds={rounds}", "timing.linger_s=5", *overrides],
     )
     code, summary = run_swarm(cfg, tmp_path / "run", nodes_per_process=4, progress=False)
     logs = "".join(p.read_text() for p in (tmp_path / "run" / "logs").glob("*.log"))
     assert code == 0, logs[-3000:]
     assert "Traceback" not in logs
-    return check_run_dir(tmp_path / "run", cfg.node_ids, 3), logs
+    return check_run_dir(tmp_path / "run", cfg.node_ids, rounds), logs
 
 
 @pytest.mark.parametrize(
@@ -92,3 +92,40 @@ def test_a_malicious_aggregator_is_refused_and_the_round_fails_over(tmp_path):
             assert math.isfinite(rec["test_loss"]), (nid, rec)
             assert not (rec["aggregator"] == "b" and rec["received"]), (nid, rec)
     assert "refused b's state: result: non-finite" in logs
+
+
+def test_the_audit_passes_an_honest_aggregator_and_reports_its_cost(tmp_path):
+    records, _ = run(
+        tmp_path, ["algorithm.name=fedavg", "algorithm.params={}", "security.sign=true"]
+    )
+    for nid, recs in records.items():
+        for rec in recs:
+            audit = rec["audit"]
+            assert audit["verdict"] == "ok" and audit["auditor"] != rec["aggregator"], (nid, rec)
+            assert rec["failovers"] == [] and rec["dropped_total"] == 0, (nid, rec)
+            if audit["auditor"] == nid:  # it pulled the round's uploads to recompute
+                assert audit["audit_bytes"] > 0, rec
+
+
+def test_the_audit_catches_a_subtly_dishonest_aggregator(tmp_path):
+    # b aggregates round 1 (and round 5): it serves its aggregate scaled by 1.0001, which
+    # passes every admission check; the round's auditor recomputes and catches it
+    records, logs = run(
+        tmp_path,
+        [
+            "algorithm.name=fedavg",
+            "algorithm.params={}",
+            "security.sign=true",
+            "rounds=5",
+            "attacks=[{kind: scale, factor: 1.0001, nodes: [b], corrupts: result}]",
+        ],
+        rounds=5,
+    )
+    for nid in "acd":
+        first, fifth = records[nid][0], records[nid][4]
+        assert first["failovers"][0]["aggregator"] == "b", first
+        assert first["failovers"][0]["why"].startswith("audit: tensor"), first["failovers"]
+        assert first["aggregator"] == "c" and first["audit"]["verdict"] == "ok", first
+        assert {"attempt": 0, "aggregator": "b", "why": "convicted"} in fifth["failovers"]
+        assert all(math.isfinite(rec["test_loss"]) for rec in records[nid])
+    assert "the audit caught aggregator b" in logs

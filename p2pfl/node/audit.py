@@ -1,0 +1,122 @@
+"""The audit of a rotating aggregator: a member drawn by the round's seed recomputes the
+aggregate from the signed uploads and announces whether it matches (docs/design.md,
+"Auditing the aggregator"; the messages: docs/wire.md, "Rotating aggregator").
+
+Aggregation is deterministic (fixed order, float64 accumulation, no randomness) and, in a
+signed swarm, every upload reaches the auditor signed by its uploader. So the auditor of
+attempt ``a`` of round ``r`` can pull each upload the announcement names (``aggregated``)
+from its uploader, run the method's pure server rule as the aggregator ran it (same plan,
+same weights and reports as announced, the aggregator's defence around the aggregator's own
+upload) and compare the result with what the aggregator served it, tensor by tensor, and
+the announced server state. Each member checks its own entry of the announced weights and
+reports against what it sent; the auditor checks the rest.
+
+This module holds the pure parts: who audits, the recomputation and the comparison.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import random
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from p2pfl.algorithms.base import Aggregate, CentralizedAlgorithm, Upload
+from p2pfl.config.schema import TopologyConfig
+from p2pfl.learning.defence import Defence
+from p2pfl.learning.state import State
+from p2pfl.node.plans import RoundPlan
+from p2pfl.wire.codec import encode
+
+VERDICTS = ("ok", "mismatch", "incomplete")
+
+
+def audit_active(cfg: TopologyConfig, alg: CentralizedAlgorithm) -> bool:
+    """Whether rounds are audited: ``security.sign`` and ``security.audit`` (uploads must be
+    signed for the audit to prove anything)."""
+    return cfg.security.sign and cfg.security.audit and alg.kind == "centralized"
+
+
+def auditor_of(
+    seed: int, round_no: int, attempt: int, roster: list[str], aggregator: str | None
+) -> str | None:
+    """The member who audits attempt ``attempt`` of round ``round_no``: drawn from the
+    roster without the aggregator with a generator seeded by (seed, round, attempt), so every
+    member names the same one; None when nobody else is in the roster."""
+    pool = sorted(p for p in roster if p != aggregator)
+    if not pool:
+        return None
+    return random.Random(f"{seed}:audit:{round_no}:{attempt}").choice(pool)
+
+
+def check_own_entry(body: Mapping[str, Any], me: str, sent: Mapping[str, Any] | None) -> str | None:
+    """None when the announcement's weight and report for ``me`` are what ``me`` sent
+    (``sent``: its report message, ``{"n", "report"}``; None when it sent none), else why
+    not. The weight may be lower (capped), never higher."""
+    claims, reports = body.get("claims", {}), body.get("reports", {})
+    if sent is None or me not in body.get("aggregated", []):
+        return None
+    if me not in claims or me not in reports:
+        return "the announcement lacks this node's weight or report"
+    if claims[me] > sent["n"]:
+        return f"announced weight {claims[me]} > the {sent['n']} samples this node reported"
+    if encode(reports[me]) != encode(sent["report"]):
+        return "the announced report is not the one this node sent"
+    return None
+
+
+def recompute(
+    alg: CentralizedAlgorithm,
+    cfg: TopologyConfig,
+    aggregator: str,
+    plan: RoundPlan,
+    uploads: dict[str, State],
+    body: Mapping[str, Any],
+) -> Aggregate:
+    """The aggregate of ``plan.round`` as ``aggregator`` had to compute it: the server rule
+    of a copy of ``alg`` that is the aggregator (its id, a fresh defence at that round) over
+    ``uploads`` with the announced weights and reports. ``alg`` itself is not changed."""
+    defence = Defence(cfg.defence, cfg.rounds)
+    defence.begin_round(plan.round)
+    as_aggregator = copy.copy(alg)
+    as_aggregator.ctx = dataclasses.replace(alg.ctx, node_id=aggregator, defence=defence)
+    claims, reports = body.get("claims", {}), body.get("reports", {})
+    checked = {
+        p: Upload(int(claims[p]), uploads[p], alg.check_report(reports.get(p, {})))
+        for p in sorted(uploads)
+    }
+    return as_aggregator.aggregate(checked, plan.server, plan.roster, plan.round)
+
+
+def compare(
+    expected: Aggregate, me: str, received: State | None, announced_server: Any
+) -> str | None:
+    """None when the aggregator served ``me`` what the recomputation gives it (every tensor
+    equal, bit for bit) and announced the same server state; else what differs."""
+    mine = expected.results.get(me, expected.common)
+    if (mine is None) != (received is None):
+        return "served a result where none was due" if mine is None else "served no result"
+    if mine is not None and received is not None:
+        if set(mine) != set(received):
+            return "the result's tensors differ from the recomputed ones"
+        for k in sorted(mine):
+            a, b = mine[k].detach().cpu(), received[k].detach().cpu()
+            if a.dtype != b.dtype or a.shape != b.shape or not torch.equal(a, b):
+                return f"tensor {k!r} differs from the recomputed aggregate"
+    if encode(expected.server) != encode(announced_server):
+        return "the announced server state differs from the recomputed one"
+    return None
+
+
+def check_verdict(body: Any) -> dict[str, Any]:
+    """An (untrusted) ``audit`` body: ``{aggregator, verdict, why}``; ``ValueError`` when
+    malformed."""
+    if not isinstance(body, dict):
+        raise ValueError("audit verdict must be a map")
+    aggregator, verdict, why = body.get("aggregator"), body.get("verdict"), body.get("why", "")
+    if not isinstance(aggregator, str) or verdict not in VERDICTS or not isinstance(why, str):
+        raise ValueError("audit verdict needs aggregator, verdict (ok/mismatch/incomplete), why")
+    return {"aggregator": aggregator, "verdict": verdict, "why": why[:300]}
