@@ -509,7 +509,7 @@ def _aggregate_parts(
 ) -> tuple[State, dict[str, State]]:
     """``(φ, per-node heads)``: see :func:`pfedc_aggregate`. With ``defence`` (the
     aggregator's, docs/design.md, "Robust aggregation") its rule combines ``φ`` around
-    ``own``'s upload; each head stays the plain mean over its holders."""
+    ``own``'s upload, and each head over its holders (around ``own``'s when it holds it)."""
     if not states:
         raise ValueError("pfedc_aggregate needs at least one state")
     nodes = sorted(states)
@@ -531,7 +531,11 @@ def _aggregate_parts(
         if len(holders) < 2:  # none, or only the node itself: it already has its head
             continue
         held = [states[n] for n in holders]
-        mean = weighted_mean(held, [1.0] * len(held), keys)
+        if defence is None:
+            mean = weighted_mean(held, [1.0] * len(held), keys)
+        else:
+            mine = holders.index(own) if own in holders else None
+            mean = defence.combine(held, [1.0] * len(held), who=holders, own=mine, keys=keys)
         for n in holders:
             heads[n].update(mean)
     return shared, heads

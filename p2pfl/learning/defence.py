@@ -14,7 +14,9 @@ state it would adopt whole with :meth:`Defence.screen`. The rule comes from the 
 - ``clip``: a peer's state is accepted when ``‖w_j − w_i‖ ≤ γ·e^(−κt/T)·‖w_i‖`` (the
   BALANCE family), around the node's own state ``w_i`` (index ``own``), then mixed by the
   weighted mean. Without an own state (an aggregator that did not train) the reference is
-  the coordinate-wise median of the inputs.
+  :attr:`Defence.reference` (its current model's part), else the coordinate-wise median of
+  the inputs: a median of one honest and one flipped state is near zero, so a trusted
+  reference is what separates them.
 
 The maths is :mod:`p2pfl.learning.robust`'s; this object holds the configured rule, the
 round (for ``clip``'s schedule) and the peers refused so far in the round, which the round
@@ -52,6 +54,9 @@ class Defence:
         self.round = 0
         self.rejected: dict[str, str] = {}  # this round's refusals, peer -> reason
         self.fallbacks = 0  # combinations with too few inputs for the rule, this round
+        # a trusted state to measure from when no input is the node's own (an aggregator
+        # that did not train: its current model's part); set by the caller per round
+        self.reference: State | None = None
 
     @property
     def rule(self) -> str:
@@ -66,6 +71,10 @@ class Defence:
     def clip_ratio(self) -> float:
         """``γ·e^(−κt/T)``, the ``clip`` bound of this round relative to ``‖w_i‖``."""
         return robust.clip_bound(self.cfg.gamma, self.cfg.kappa, self.round, self.rounds)
+
+    def _reference(self, states: Sequence[State], names: list[str]) -> State | None:
+        """:attr:`reference` over ``names``, when it has the inputs' layout there."""
+        return _usable(self.reference, states[0], names)
 
     def _refuse(self, peer: str, reason: str) -> None:
         self.rejected.setdefault(peer, reason)
@@ -116,7 +125,7 @@ class Defence:
             raise ValueError(f"defence: {len(states)} states but {len(who)} names")
         names = list(states[0]) if keys is None and states else list(keys or [])
         rule = self.rule
-        if rule == "mean" or len(states) == 1:
+        if rule == "mean" or (len(states) == 1 and own == 0):
             return weighted_mean(states, weights, keys, masks=masks)
         if masks is not None and rule in COORDINATE_RULES:
             raise ValueError(f"defence.rule {rule} cannot combine masked states")
@@ -130,8 +139,11 @@ class Defence:
             return _own_first(robust.coordinate_median(states, names), states, own, names)
         if rule in SELECTING_RULES:
             chosen = self.select(states, who=who, own=own, keys=names, scale=scale, masks=masks)
-            if not chosen:  # no own state and every input too far: the median stands
+            if not chosen:  # no own state and every input too far
                 self.fallbacks += 1
+                ref = self._reference(states, names)
+                if ref is not None:  # nothing trusted came in: the reference stands
+                    return {k: v.detach().clone() for k, v in ref.items()}
                 return robust.coordinate_median(states, names)
             sel_masks = None if masks is None else [masks[i] for i in chosen]
             return weighted_mean(
@@ -174,11 +186,13 @@ class Defence:
             raise ValueError(f"defence: {n} states but {len(who)} names")
         names = list(states[0]) if keys is None else list(keys)
         rule = self.rule
-        if rule == "mean" or n == 1:
+        if rule == "mean" or (n == 1 and own == 0):
             return list(range(n))
         if rule == "clip":
             floating = [k for k in names if torch.is_floating_point(states[0][k])]
-            ref = states[own] if own is not None else robust.coordinate_median(states, names)
+            ref = states[own] if own is not None else self._reference(states, names)
+            if ref is None:
+                ref = robust.coordinate_median(states, names)
             ref_norm = robust.norm(ref, floating) if scale is None else scale
             ratio = self.clip_ratio()
             if masks is None or own is None:
@@ -212,6 +226,15 @@ class Defence:
                     self._refuse(who[i], "multikrum: not among the best scored")
             return chosen
         raise ValueError(f"defence.rule {rule} does not select states")
+
+
+def _usable(reference: State | None, like: State, names: list[str]) -> State | None:
+    """``reference`` restricted to ``names`` when it holds each with ``like``'s shape."""
+    if reference is None:
+        return None
+    if not all(k in reference and reference[k].shape == like[k].shape for k in names):
+        return None
+    return {k: reference[k] for k in names}
 
 
 def _masked_pair(

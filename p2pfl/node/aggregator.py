@@ -189,8 +189,12 @@ class AggregatorRole:
             if p in expected and svc.trusted(p, r)  # reputation: a distrusted upload waits
         }
         template = self._uploads.get(r)
-        if template is None:
+        if template is None:  # it did not train: its current model's part stands in
             template = await asyncio.to_thread(self.alg.upload)
+            # the defence's reference, served to the attempt's auditor as its "upload" (it
+            # is never counted: only a reported upload is aggregated)
+            self._uploads[r] = template
+        svc.defence.reference = template
         timeout = max(1.0, cfg.timing.round_timeout_s)
         pulled, failed = await svc.pull_many(
             {p: "upload" for p in reports},

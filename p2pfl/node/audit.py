@@ -7,8 +7,9 @@ signed swarm, every upload reaches the auditor signed by its uploader. So the au
 attempt ``a`` of round ``r`` can pull each upload the announcement names (``aggregated``)
 from its uploader, run the method's pure server rule as the aggregator ran it (same plan,
 same weights and reports as announced, the aggregator's defence around the aggregator's own
-upload) and compare the result with what the aggregator served it, tensor by tensor, and
-the announced server state. Each member checks its own entry of the announced weights and
+upload, or the model part it serves as its upload when it did not train) and compare the
+result with what the aggregator served it, tensor by tensor, and the announced server
+state. Each member checks its own entry of the announced weights and
 reports against what it sent; the auditor checks the rest.
 
 This module holds the pure parts: who audits, the recomputation and the comparison.
@@ -75,12 +76,15 @@ def recompute(
     plan: RoundPlan,
     uploads: dict[str, State],
     body: Mapping[str, Any],
+    reference: State | None = None,
 ) -> Aggregate:
     """The aggregate of ``plan.round`` as ``aggregator`` had to compute it: the server rule
-    of a copy of ``alg`` that is the aggregator (its id, a fresh defence at that round) over
+    of a copy of ``alg`` that is the aggregator (its id, a fresh defence at that round
+    measuring from ``reference``, the state the aggregator serves as its upload) over
     ``uploads`` with the announced weights and reports. ``alg`` itself is not changed."""
     defence = Defence(cfg.defence, cfg.rounds)
     defence.begin_round(plan.round)
+    defence.reference = reference
     as_aggregator = copy.copy(alg)
     as_aggregator.ctx = dataclasses.replace(alg.ctx, node_id=aggregator, defence=defence)
     claims, reports = body.get("claims", {}), body.get("reports", {})

@@ -438,8 +438,9 @@ class CentralizedRounds:
         """As the auditor: pull every upload the announcement names from its uploader,
         recompute the aggregate, compare, announce the verdict (signed) and keep it."""
         svc, r = self.services, plan.round
-        names = [p for p in body["aggregated"] if p != self.id]
-        pulled, failed = await svc.pull_many(
+        # every aggregated upload, and the aggregator's own (its defence's reference)
+        names = sorted({*body["aggregated"], aggregator} - {self.id})
+        pulled, _failed = await svc.pull_many(
             dict.fromkeys(names, "upload"),
             r,
             max(1.0, self.cfg.timing.round_timeout_s),
@@ -449,16 +450,22 @@ class CentralizedRounds:
         if self.id in body["aggregated"] and mine is not None:
             pulled[self.id] = mine
         nbytes = sum(state_nbytes(s) for p, s in pulled.items() if p != self.id)
+        missing = sorted(set(body["aggregated"]) - set(pulled))
         why: str | None
-        if failed or set(pulled) != set(body["aggregated"]):
-            verdict, why = (
-                "incomplete",
-                f"uploads missing: {sorted(set(body['aggregated']) - set(pulled))}",
-            )
+        if missing:
+            verdict, why = "incomplete", f"uploads missing: {missing}"
         else:
+            inputs = {p: pulled[p] for p in body["aggregated"]}
             try:
                 expected = await asyncio.to_thread(
-                    recompute_aggregate, self.alg, self.cfg, aggregator, plan, pulled, body
+                    recompute_aggregate,
+                    self.alg,
+                    self.cfg,
+                    aggregator,
+                    plan,
+                    inputs,
+                    body,
+                    pulled.get(aggregator),
                 )
                 why = compare(expected, self.id, received, body["server"])
                 verdict = "ok" if why is None else "mismatch"

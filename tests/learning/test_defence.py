@@ -99,3 +99,17 @@ def test_clip_on_sparse_states_compares_where_both_masks_hold():
     out = d.combine([own, peer, far], [1, 1, 1], who=["me", "p", "x"], masks=masks)
     assert list(d.rejected) == ["x"]  # |-3 - 3| = 6 > 0.5 x 3; |3.1 - 3| = 0.1 passes
     assert torch.allclose(out["g.w"], torch.tensor([3.05, 4.0, 9.0, 0.0]))
+
+
+def test_without_an_own_state_a_trusted_reference_separates_honest_from_flipped():
+    # an aggregator that did not train: the median of w and -w is 0, the reference is not
+    d = defence("clip", gamma=0.5, kappa=0.0)
+    d.reference = st(3.0, 4.0)
+    out = d.combine([st(3.2, 4.1), st(-3.2, -4.1)], [1, 1], who=["a", "b"], own=None)
+    assert list(d.rejected) == ["b"] and torch.allclose(out["g.w"], torch.tensor([3.2, 4.1]))
+    d.begin_round(2)
+    out = d.combine([st(-3.0, -4.0)], [1], who=["b"], own=None)  # one input: gated too
+    assert list(d.rejected) == ["b"] and torch.equal(out["g.w"], d.reference["g.w"])
+    out = d.combine([st(-3.0, -4.0), st(30.0, 40.0)], [1, 1], who=["b", "c"], own=None)
+    assert sorted(d.rejected) == ["b", "c"]
+    assert torch.equal(out["g.w"], d.reference["g.w"])  # nothing trusted: the model stays
