@@ -2,7 +2,8 @@
 
 ``<run>/``
   ``config.yaml``            the resolved topology (after ``--set``)
-  ``nodes/<id>.jsonl``       one line per round (see :data:`ROUND_FIELDS`)
+  ``nodes/<id>.jsonl``       one line per round (see :data:`ROUND_FIELDS`; the method's
+                             own facts under :data:`METHOD_KEY`, :func:`method_facts`)
   ``nodes/<id>.meta.json``   the node's data: sizes and label histograms
   ``label_histograms.json``  every node's train/test label histogram (written by the launcher)
   ``summary.json``           :func:`summarize`
@@ -23,6 +24,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+# a round record's fields every driver writes (p2pfl/node/services.py, ``round_record``;
+# README.md, "Run directory")
 ROUND_FIELDS = (
     "round",
     "test_acc",
@@ -33,7 +36,21 @@ ROUND_FIELDS = (
     "bytes_recv",
     "peers",
     "dropout",
+    "method",
 )
+# everything the method returned in a round (its plan, merge, after_train, apply and
+# server-rule facts) is one map under this key of the record, never beside the driver's
+# fields; ``dropout`` (UA-PDFL's client-wise dropout) is also copied to the top level, where
+# summaries count it. Records of older runs have the method's facts at the top level.
+METHOD_KEY = "method"
+
+
+def method_facts(rec: dict[str, Any]) -> dict[str, Any]:
+    """What the method recorded in the round record ``rec``: its :data:`METHOD_KEY` map, or,
+    for a record of an older run (without one), the record itself, whose top level held the
+    method's facts then. Read a fact with ``method_facts(rec).get(name)``."""
+    facts = rec.get(METHOD_KEY)
+    return facts if isinstance(facts, dict) else rec
 
 
 def node_log_path(run_dir: Path, node_id: str) -> Path:

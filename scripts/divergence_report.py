@@ -2,10 +2,12 @@
 (and the relative divergence ``D``) spread over rounds.
 
 Reads the per-node records of each run directory (``nodes/<id>.jsonl``; the facts UA-PDFL
-logs each round: ``divergence``, ``relative``, ``drift``, ``dropout``, ``h_peers``) and prints,
-per run, one row per round bucket: the share of node-rounds that took client-wise dropout,
-the mean number of peers ``h`` was shared with, the share of drawn peers it was shared with,
-and the 10th / 50th / 90th percentiles of ``Div`` and of ``D`` over every (node, drawn peer).
+logs each round under the record's ``method``: ``divergence``, ``relative``, ``drift``,
+``h_peers``, and ``dropout``, which the record also has at its top level; an older run's
+records have them all at the top level) and prints, per run, one row per round bucket: the
+share of node-rounds that took client-wise dropout, the mean number of peers ``h`` was
+shared with, the share of drawn peers it was shared with, and the 10th / 50th / 90th
+percentiles of ``Div`` and of ``D`` over every (node, drawn peer).
 
     python scripts/divergence_report.py runs/bench_accuracy/quick/uapdfl/seed0
     python scripts/divergence_report.py runs/bench_accuracy/uapdfl-fmnist-a*/uapdfl/seed* \\
@@ -27,7 +29,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from p2pfl.metrics import read_run, write_json  # noqa: E402
+from p2pfl.metrics import method_facts, read_run, write_json  # noqa: E402
 
 
 def _quantiles(values: list[float]) -> list[float] | None:
@@ -46,12 +48,13 @@ def round_stats(records: list[dict[str, Any]]) -> dict[str, Any]:
     rel: list[float] = []
     drawn = shared = dropouts = 0
     for r in records:
-        d = r.get("divergence") or {}
+        facts = method_facts(r)  # the record's "method" map (an older run's: its top level)
+        d = facts.get("divergence") or {}
         divs += [float(v) for v in d.values()]
         # an infinite D (no drift known yet) is logged as null: it counts as "far"
-        rel += [math.inf if v is None else float(v) for v in (r.get("relative") or {}).values()]
+        rel += [math.inf if v is None else float(v) for v in (facts.get("relative") or {}).values()]
         drawn += len(d)
-        shared += len(r.get("h_peers") or [])
+        shared += len(facts.get("h_peers") or [])
         dropouts += bool(r.get("dropout"))
     n = len(records)
     return {

@@ -41,7 +41,7 @@ from p2pfl.config.schema import TopologyConfig  # noqa: E402
 from p2pfl.config.topology import neighbours  # noqa: E402
 from p2pfl.learning.data import load_node_data  # noqa: E402
 from p2pfl.learning.train import evaluate, round_lr, train_local  # noqa: E402
-from p2pfl.metrics import write_json  # noqa: E402
+from p2pfl.metrics import METHOD_KEY, write_json  # noqa: E402
 from p2pfl.node.daemon import build_method, node_seed  # noqa: E402
 
 
@@ -63,7 +63,8 @@ def _build_nodes(cfg: TopologyConfig) -> dict[str, dict[str, Any]]:
 
 def replay(cfg: TopologyConfig, progress: bool = False) -> dict[str, Any]:
     """Run ``cfg.rounds`` rounds; returns the mean-accuracy curve and every node's records
-    (round, test_acc, chosen peers, and the facts the method logged)."""
+    (round, test_acc, chosen peers, dropout, and the facts the method logged under
+    ``method``, as the swarm's records have them)."""
     torch.set_num_threads(cfg.training.threads)
     nodes = _build_nodes(cfg)
     curve: list[float] = []
@@ -94,8 +95,20 @@ def replay(cfg: TopologyConfig, progress: bool = False) -> dict[str, Any]:
             after = alg.after_train() or {}
             acc, _ = evaluate(alg.model, nd["data"].test_x, nd["data"].test_y)
             accs.append(acc)
+            # the swarm's record layout (p2pfl/node/services.py, round_record): the method's
+            # facts under "method", the states its merge left out in "rejected"
+            merged = dict(merged)
+            rejected = merged.pop("rejected", None)
+            method = {**(facts or {}), **merged, **after}
             records[nid].append(
-                {"round": r, "test_acc": acc, "chosen": chosen, **facts, **merged, **after}
+                {
+                    "round": r,
+                    "test_acc": acc,
+                    "chosen": chosen,
+                    "dropout": method.get("dropout") is True,
+                    "rejected": rejected if isinstance(rejected, dict) else {},
+                    METHOD_KEY: method,
+                }
             )
         curve.append(statistics.fmean(accs))
         if progress:

@@ -7,7 +7,7 @@ complete (a record being written), skips and counts a malformed line, and starts
 the file is truncated or replaced (a new run into the same directory).
 
 :class:`RunState` holds the run: the topology from ``config.yaml`` (reloaded when the file
-changes), every node's records (only the fields the page shows, :data:`KEPT_FIELDS`) and
+changes), every node's records (only the fields the page shows, :func:`kept_fields`) and
 ``summary.json``. The files are the run's own but may be hand-edited or from another
 version: nothing in them is assumed well-formed.
 
@@ -33,11 +33,12 @@ from pydantic import ValidationError
 from p2pfl.config.load import load_yaml
 from p2pfl.config.schema import BrokerAddress, TopologyConfig
 from p2pfl.errors import P2PFLError
+from p2pfl.metrics import method_facts
 
 log = logging.getLogger(__name__)
 
-# what the dashboard shows of a round record (p2pfl/node/decentralized.py and
-# p2pfl/node/centralized.py write them); the rest is dropped to bound memory
+# what the dashboard shows of a round record (p2pfl/node/services.py, ``round_record``,
+# fills it for both drivers); the rest is dropped to bound memory
 KEPT_FIELDS = (
     "round",
     "test_acc",
@@ -49,14 +50,15 @@ KEPT_FIELDS = (
     "chosen",
     "pulled",
     "dropout",
-    "dropout_peer",
-    "h_peers",
-    "merged_from",
     "aggregator",
     "attempt",
     "observer",
     "caught_up_from",
 )
+# the method's facts it shows (UA-PDFL's decisions, whose states a merge took), kept beside
+# the fields above: a record has them under its ``method`` map, an older run's record at
+# its top level (:func:`p2pfl.metrics.method_facts`)
+KEPT_METHOD_FACTS = ("dropout_peer", "h_peers", "merged_from")
 MAX_PEERS = 512  # entries kept of one record's peer maps (rejected, distrusted, capped)
 MAX_REASON = 200  # characters kept of a refusal's reason
 MAX_LINE_BYTES = 1 << 20  # a longer "line" is not a record of ours: skipped
@@ -132,6 +134,15 @@ def _parse(line: bytes) -> dict[str, Any] | None:
     except (ValueError, UnicodeDecodeError):
         return None
     return rec if isinstance(rec, dict) else None
+
+
+def kept_fields(rec: dict[str, Any]) -> dict[str, Any]:
+    """What the page keeps of a record: its :data:`KEPT_FIELDS`, and the method's facts of
+    :data:`KEPT_METHOD_FACTS` (from its ``method`` map, or its top level in an older run)."""
+    kept = {k: rec[k] for k in KEPT_FIELDS if k in rec}
+    facts = method_facts(rec)
+    kept.update({k: facts[k] for k in KEPT_METHOD_FACTS if k in facts})
+    return kept
 
 
 def _round_of(rec: dict[str, Any]) -> int | None:
@@ -293,7 +304,7 @@ class RunState:
                 r = _round_of(rec)
                 if r is None:
                     continue
-                kept.append({k: rec[k] for k in KEPT_FIELDS if k in rec})
+                kept.append(kept_fields(rec))
                 self.robust.setdefault(nid, Robustness()).update(rec, r)
             if kept:
                 self.records.setdefault(nid, []).extend(kept)

@@ -125,8 +125,10 @@ def _aggregators(run: RunState, known: set[str]) -> list[dict[str, Any]]:
 def _decisions(run: RunState, known: set[str]) -> list[dict[str, Any]]:
     """UA-PDFL's choices per round and node (docs/algorithms.md, "UA-PDFL"): client-wise
     dropout (``dropout``, and whose whole model it adopted, ``dropout_peer``) or layer-wise
-    personalization (``g`` from every peer pulled, ``h`` only from ``h_peers``). Empty for
-    methods that record none of them."""
+    personalization (``g`` from every peer pulled, ``h`` only from ``h_peers``; the last
+    two are the method's facts, which :func:`~p2pfl.dashboard.runstate.kept_fields` takes
+    from a record's ``method`` map or an older run's top level). Empty for methods that
+    record none of them."""
     rows = []
     for nid in run.node_ids:
         for rec in run.records.get(nid, []):

@@ -10,7 +10,7 @@ passed as the objects themselves, which :func:`import_path` turns into that name
     from mymodels import Net, hospital_data   # the user's own module
 
     run = p2pfl.run_swarm("topology.yaml", model=Net, data=hospital_data, rounds=10)
-    run.records[-1]             # {"node": "a", "round": 10, "test_acc": ..., ...}
+    run.records[-1]             # {"node": "a", "round": 10, "test_acc": ..., "method": {...}}
     model = run.load_model("a")  # the user's Net with its trained weights
 """
 
@@ -26,7 +26,7 @@ from rich.console import Console
 
 from p2pfl.config.load import ConfigError, apply_overrides, load_yaml, topology_from_dict
 from p2pfl.config.schema import TopologyConfig
-from p2pfl.metrics import node_log_path, read_records
+from p2pfl.metrics import METHOD_KEY, node_log_path, read_records
 
 
 def import_path(obj: Any, what: str) -> str:
@@ -103,10 +103,18 @@ class Run:
         return self._records
 
     def to_dataframe(self):
-        """:attr:`records` as a pandas DataFrame."""
+        """:attr:`records` as a pandas DataFrame, one column per field; the method's facts
+        (each record's ``method`` map) as columns ``method.<fact>``."""
         import pandas as pd
 
-        return pd.DataFrame(self.records)
+        rows = []
+        for row in self.records:
+            facts = row.get(METHOD_KEY)
+            flat = {k: v for k, v in row.items() if k != METHOD_KEY or not isinstance(facts, dict)}
+            if isinstance(facts, dict):
+                flat.update({f"{METHOD_KEY}.{k}": v for k, v in facts.items()})
+            rows.append(flat)
+        return pd.DataFrame(rows)
 
     def final(self) -> dict[str, dict[str, Any]]:
         """Each node's last record."""

@@ -9,7 +9,9 @@ records while the swarm runs (a thread polling every second) and flushes at the 
 What is logged, with step = round and the record's wall time (``t``):
 
 - ``node/<id>/<field>``: every numeric field of a node's record (``round`` and ``t`` aside;
-  a boolean as 0/1, e.g. ``dropout``; a missing, ``null`` or non-finite field is skipped);
+  a boolean as 0/1, e.g. ``dropout``; a missing, ``null`` or non-finite field is skipped),
+  and as ``node/<id>/method.<fact>`` every numeric fact of the method's under the record's
+  ``method`` map (e.g. ``method.density``, ``method.agg_high_fraction``);
 - ``mean/<field>``: the mean of that field over the nodes that reported the round (and have
   the field); ``mean/bytes_per_round``: the mean of ``bytes_sent + bytes_recv`` (one node's
   traffic in the round);
@@ -53,6 +55,7 @@ from rich.markup import escape
 
 from p2pfl.config.schema import TopologyConfig
 from p2pfl.errors import P2PFLError
+from p2pfl.metrics import METHOD_KEY
 
 log = logging.getLogger(__name__)
 
@@ -125,10 +128,14 @@ class RecordFollower:
 
 
 def record_metrics(rec: dict[str, Any]) -> dict[str, float]:
-    """The numeric fields of a record as floats (see the module's docstring)."""
+    """The numeric fields of a record as floats, and the numeric facts of its ``method``
+    map as ``method.<fact>`` (see the module's docstring)."""
     out = {}
-    for key, value in rec.items():
-        if key in SKIPPED_FIELDS or not isinstance(value, (int, float)):
+    facts = rec.get(METHOD_KEY)
+    method = facts.items() if isinstance(facts, dict) else ()
+    fields = [(k, v) for k, v in rec.items() if k not in SKIPPED_FIELDS]
+    for key, value in [*fields, *((f"{METHOD_KEY}.{k}", v) for k, v in method)]:
+        if not isinstance(value, (int, float)):
             continue
         value = float(value)
         if math.isfinite(value):

@@ -164,12 +164,14 @@ class AggregatorRole:
         attempt: int,
         own: dict[str, Any] | None,
         superseded: Callable[[], bool],
-    ) -> tuple[dict[str, Any], State | None, dict[str, Any]] | None:
+    ) -> tuple[dict[str, Any], State | None, dict[str, Any], dict[str, Any]] | None:
         """Run attempt ``attempt`` of round ``plan.round`` as its aggregator, with ``own``
         this node's report (None when it did not train); return (announcement, what this
-        node receives, facts) or None as soon as ``superseded()`` says a later attempt of
-        the round was announced meanwhile (this one is dead: its result is never
-        announced)."""
+        node receives, the aggregator's facts, the method's server-rule facts, each
+        prefixed ``agg_``) or None as soon as ``superseded()`` says a later attempt of the
+        round was announced meanwhile (this one is dead: its result is never announced).
+        The aggregator's facts: ``aggregated``, ``upload_failed``, ``aggregate_s``,
+        ``collect_s``, ``serve_s``, and ``aggregate_error`` when the server rule failed."""
         svc, cfg, r = self.services, self.cfg, plan.round
         t0 = time.monotonic()
         expected = [p for p in plan.participants if p != self.id]
@@ -212,15 +214,18 @@ class AggregatorRole:
         if superseded():
             return None
         t_agg = time.monotonic()
-        result = Aggregate(results={}, common=None, server=plan.server, facts={"empty": True})
-        if uploads:  # else nobody uploaded: nothing changes, the plan goes on
+        # nobody uploaded (``aggregated`` is empty): nothing changes, the plan goes on
+        result = Aggregate(results={}, common=None, server=plan.server)
+        error: str | None = None
+        if uploads:
             try:
                 result = await asyncio.to_thread(
                     self.alg.aggregate, uploads, plan.server, plan.roster, r
                 )
             except (ValueError, ArithmeticError, RuntimeError) as exc:
                 log.error("%s: round %d: server rule failed: %s", self.id, r, exc)
-                result = Aggregate({}, None, server=plan.server, facts={"error": str(exc)})
+                result = Aggregate({}, None, server=plan.server)
+                error = str(exc)
         agg_s = time.monotonic() - t_agg
         if superseded():
             return None
@@ -259,12 +264,15 @@ class AggregatorRole:
             ),
             t_serve + cfg.timing.round_timeout_s,
         )
-        facts = {
+        facts: dict[str, Any] = {
             "aggregated": sorted(uploads),
             "upload_failed": failed,
             "aggregate_s": round(agg_s, 4),
             "collect_s": round(t_agg - t0, 4),
             "serve_s": round(time.monotonic() - t_serve, 4),
-            **{f"agg_{k}": v for k, v in result.facts.items()},
         }
-        return announcement, result.results.get(self.id, result.common), facts
+        if error is not None:
+            facts["aggregate_error"] = error
+        rule = result.facts if isinstance(result.facts, dict) else {}
+        server_facts = {f"agg_{k}": v for k, v in rule.items()}
+        return announcement, result.results.get(self.id, result.common), facts, server_facts

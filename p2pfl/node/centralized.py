@@ -26,7 +26,9 @@ One round, seen from member ``i``:
 5. **failover**: when the aggregator goes offline (Last Will), misses the deadline
    (``aggregator_timeout``), or a later attempt is announced or requested, the member moves
    to attempt ``a + 1`` — the next peer in order — and reports again;
-6. the member applies the result, evaluates, records, and starts round ``r + 1``.
+6. the member applies the result, evaluates, records (:meth:`NodeServices.round_record`:
+   the method's ``apply`` facts, and on the aggregator its server-rule facts prefixed
+   ``agg_``, under the record's ``method`` key), and starts round ``r + 1``.
 
 Every message carries ``(round, attempt)``. An announcement or report of a round already
 applied, or of an attempt older than the one a member is at, is dropped and counted
@@ -63,7 +65,7 @@ from p2pfl.node.audit import audit_active, auditor_of, check_own_entry, check_ve
 from p2pfl.node.audit import recompute as recompute_aggregate
 from p2pfl.node.election import succession
 from p2pfl.node.plans import RoundPlan, check_announcement, draw_plan, live_members, waits_on
-from p2pfl.node.services import NodeServices
+from p2pfl.node.services import NodeServices, TrainOutcome
 from p2pfl.wire.codec import state_nbytes
 from p2pfl.wire.envelope import Envelope
 from p2pfl.wire.transport import TransportError
@@ -277,7 +279,8 @@ class CentralizedRounds:
         self, plan: RoundPlan, participated: bool, own: dict[str, Any] | None
     ) -> dict[str, Any]:
         """Attempts 0, 1, … of round ``plan.round`` until one result is applied (or every
-        candidate is gone); returns the facts of the attempt that settled it."""
+        candidate is gone); returns the facts of the attempt that settled it (on its
+        aggregator, with the method's server-rule facts under ``server_facts``)."""
         svc, cfg, r = self.services, self.cfg, plan.round
         order = succession(r, plan.roster)
         failovers: list[dict[str, Any]] = []
@@ -326,7 +329,7 @@ class CentralizedRounds:
                     failovers.append({"attempt": attempt, "aggregator": agg, "why": "superseded"})
                     attempt = later
                     continue
-                announcement, received, facts = out
+                announcement, received, facts, server_facts = out
                 caught, audit = await self._audit(plan, attempt, agg, announcement, None, own)
                 if caught is not None:  # the swarm fails the round over: so does this node
                     failovers.append({"attempt": attempt, "aggregator": agg, "why": caught})
@@ -340,6 +343,7 @@ class CentralizedRounds:
                     "failovers": failovers,
                     **facts,
                     **audit,
+                    "server_facts": server_facts,  # the method's: under the record's "method"
                 }
             if agg in self.convicted:  # an auditor caught it: every member skips it alike
                 failovers.append({"attempt": attempt, "aggregator": agg, "why": "convicted"})
@@ -523,11 +527,9 @@ class CentralizedRounds:
         waiting for the first round after ``after``); returns the record and the next plan."""
         svc, cfg, alg = self.services, self.cfg, self.alg
         meter = svc.meter()
-        record: dict[str, Any] = {"train_loss": None, "train_ce": None}
         participated = False
-        diverged: dict[str, Any] | None = None
+        trained: TrainOutcome | None = None
         lr = round_lr(cfg.training, plan.round if plan else after + 1)
-        train_s = 0.0
         svc.begin_round(plan.round if plan is not None else after + 1)
         if plan is not None:
             r = plan.round
@@ -537,13 +539,10 @@ class CentralizedRounds:
             own = None
             if participated:
                 svc.publish_status(r, "training")
-                trained = await svc.train(r)  # after_train's facts are not recorded
-                result, diverged = trained.result, trained.diverged
-                train_s = result.seconds
+                trained = await svc.train(r)
                 self.role.keep_upload(r, await asyncio.to_thread(alg.upload))
                 n = svc.claimed_samples(len(svc.data.train_y), r)
-                own = {"n": n, "report": alg.report(result, lr)}
-                record.update(train_loss=result.loss, train_ce=result.ce_loss)
+                own = {"n": n, "report": alg.report(trained.result, lr)}
             t_comm = time.monotonic()
             settled = await self._settle(plan, participated, own)
         else:
@@ -555,6 +554,7 @@ class CentralizedRounds:
             r = settled.pop("round")
         comm_s = time.monotonic() - t_comm
         facts: dict[str, Any] = {}
+        apply_error: str | None = None
         if settled["received"] is not None:
             before = alg.checkpoint()
             try:
@@ -565,15 +565,16 @@ class CentralizedRounds:
                 alg.restore(before)
                 svc.drop("bad_result", f"round {r} from {settled['aggregator']}: {exc}")
                 settled["received"] = None
-                facts = {"apply_error": str(exc)}
+                apply_error = str(exc)
             else:
                 body = settled["announcement"] or {}
                 svc.merged_from = sorted({settled["aggregator"], *body.get("aggregated", [])})
         self.applied = r
         svc.publish_status(r, "evaluating")
-        acc, test_loss = await svc.evaluate()
+        evaluated = await svc.evaluate()
         announcement = settled.pop("announcement")
         received = settled.pop("received")
+        server_facts = settled.pop("server_facts", None)
         if announcement is not None:
             nxt = RoundPlan(
                 r + 1,
@@ -584,29 +585,27 @@ class CentralizedRounds:
         else:  # nobody finished the round: go on with whoever is still here
             server = plan.server if plan is not None else {}
             nxt = draw_plan(alg, cfg.seed, r + 1, live_members(svc), server)
-        record.update(
-            {
-                "round": r,
-                "test_acc": acc,
-                "test_loss": test_loss,
-                "train_s": round(train_s, 4),
-                "comm_s": round(comm_s, 4),
-                **meter.fields(),
-                "lr": lr,
-                "participated": participated,
-                "dropout": False,  # UA-PDFL's client-wise dropout: not part of these methods
-                "peers": announcement["aggregated"] if announcement else [],
-                "aggregated": announcement["aggregated"] if announcement else [],
-                "observer": plan is None,
-                "received": received is not None,
-                "roster": plan.roster if plan else None,
-                **settled,
-                **facts,
-                **svc.robust_facts(r),
-                "diverged": diverged,
-                "dropped_total": svc.dropped_total(),
-                "t": time.time(),
-            }
+        aggregated = announcement["aggregated"] if announcement else []
+        fields = {
+            "participated": participated,
+            "aggregated": aggregated,
+            "observer": plan is None,
+            "received": received is not None,
+            "roster": plan.roster if plan else None,
+            **settled,  # aggregator, attempt, failovers (and the aggregator's own facts)
+        }
+        if apply_error is not None:
+            fields["apply_error"] = apply_error
+        record = svc.round_record(
+            r,
+            meter=meter,
+            evaluated=evaluated,
+            lr=lr,
+            trained=trained,
+            comm_s=comm_s,
+            peers=aggregated,
+            driver=fields,
+            method=(server_facts, facts),  # then after_train's (trained.facts)
         )
         self._forget_old(r)
         return record, nxt

@@ -11,7 +11,8 @@ One round ``r`` of node ``i``:
    moment this node's snapshot was taken; a peer that goes offline is not waited for);
 4. ask the method which part to pull from whom (:meth:`DecentralizedAlgorithm.plan`), pull them all at
    once, and merge what arrived (:meth:`DecentralizedAlgorithm.merge`);
-5. (the other methods) train; then evaluate and record.
+5. (the other methods) train; then evaluate and record (:meth:`NodeServices.round_record`:
+   the method's plan, merge and ``after_train`` facts under the record's ``method`` key).
 
 Each step is told to observers (:meth:`NodeServices.publish_status`): ``training``,
 ``waiting`` (gossip), ``aggregating`` (pulls and merge), ``evaluating``.
@@ -178,11 +179,12 @@ class DecentralizedRounds:
 
     async def _merge(
         self, round_no: int, got: dict[str, dict[str, Any]], pulled: dict[str, State]
-    ) -> dict[str, Any]:
-        """The method's merge of what was admitted. A merge that fails on a peer's content
-        (a method's own check: ``ValueError``; torch refusing a tensor: ``RuntimeError``)
-        leaves the node on its own model for the round, logged and counted: a peer's bytes
-        never stop a node (docs/design.md)."""
+    ) -> tuple[dict[str, Any], str | None]:
+        """The method's merge of what was admitted: (its facts, None), or ({}, why) when it
+        failed. A merge that fails on a peer's content (a method's own check:
+        ``ValueError``; torch refusing a tensor: ``RuntimeError``) leaves the node on its
+        own model for the round, logged and counted: a peer's bytes never stop a node
+        (docs/design.md)."""
         svc = self.services
         before = self.alg.checkpoint()
         try:
@@ -191,9 +193,10 @@ class DecentralizedRounds:
             self.alg.restore(before)
             svc.drop("bad_merge", f"round {round_no}: {exc}")
             log.warning("%s: round %d: merge failed, own model kept: %s", self.id, round_no, exc)
-            return {"merge_error": str(exc)}
+            return {}, str(exc)
+        merged = dict(merged) if isinstance(merged, dict) else {}
         svc.merged_from = list(merged.get("merged_from", sorted(pulled)))
-        return merged
+        return merged, None
 
     async def run_round(self, round_no: int) -> dict[str, Any]:
         """Run round ``round_no``; return its record."""
@@ -228,38 +231,34 @@ class DecentralizedRounds:
             plan, round_no, timeout, reference=lambda part: alg.select(own, part)
         )
         comm_s = time.monotonic() - t_comm
-        merged = await self._merge(round_no, got, pulled)
+        merged, merge_error = await self._merge(round_no, got, pulled)
         if trained is None:
             svc.publish_status(round_no, "training")
             trained = await svc.train(round_no)
         svc.publish_status(round_no, "evaluating")
-        acc, test_loss = await svc.evaluate()
-        result = trained.result
-        robust = svc.robust_facts(round_no, merged.pop("rejected", None))
-        return {
-            "round": round_no,
-            "test_acc": acc,
-            "test_loss": test_loss,
-            "train_loss": result.loss,
-            "train_ce": result.ce_loss,
-            "train_s": round(result.seconds, 4),
-            "comm_s": round(comm_s, 4),
-            **meter.fields(),
-            "lr": trained.lr,
+        evaluated = await svc.evaluate()
+        fields: dict[str, Any] = {
             "chosen": chosen,
-            "peers": sorted(got),
             "missing": sorted(set(chosen) - set(got)),
             "pulled": {p: plan[p] for p in sorted(pulled)},
             "pull_failed": failed,
-            "dropout": False,  # UA-PDFL's client-wise dropout; its facts say when it is taken
-            **facts,
-            **merged,
-            **trained.facts,
-            **robust,
-            "diverged": trained.diverged,
-            "dropped_total": svc.dropped_total(),
-            "t": time.time(),
         }
+        if merge_error is not None:
+            fields["merge_error"] = merge_error
+        # the states the merge left out are robustness facts: they join ``rejected``
+        method_rejected = merged.pop("rejected", None)
+        return svc.round_record(
+            round_no,
+            meter=meter,
+            evaluated=evaluated,
+            lr=trained.lr,
+            trained=trained,
+            comm_s=comm_s,
+            peers=sorted(got),
+            driver=fields,
+            method=(facts, merged),  # then after_train's (trained.facts)
+            method_rejected=method_rejected,
+        )
 
     # ------------------------------------------------------------------ lifecycle
     def _skip_to(self, round_no: int) -> None:

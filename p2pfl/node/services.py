@@ -14,8 +14,10 @@ the parts every round has (docs/architecture.md, "Node services"):
 - **transfers**: packing a state for peers on a shared thread pool, pulling several parts at
   once, refusing a pull, counting a dropped message;
 - **learning**: one round of local training and one evaluation, in worker threads;
-- **records**: the byte, time and outage meter of a round, and writing the round's record
-  and the node's checkpoint (docs/architecture.md, "Checkpoints and resume");
+- **records**: the byte, time and outage meter of a round, the round's record (the fields
+  both drivers share filled in one place, :meth:`NodeServices.round_record`, the method's
+  own facts under its ``method`` key) and writing it with the node's checkpoint
+  (docs/architecture.md, "Checkpoints and resume");
 - **live status**: :meth:`NodeServices.publish_status`, the phase a round is in and each
   pull that arrived, for observers such as the dashboard (docs/wire.md, "Status telemetry").
 """
@@ -28,7 +30,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -44,7 +46,7 @@ from p2pfl.learning.data import NodeData
 from p2pfl.learning.defence import Defence
 from p2pfl.learning.state import State
 from p2pfl.learning.train import TrainResult, evaluate, round_lr, train_local
-from p2pfl.metrics import RecordLog, node_log_path
+from p2pfl.metrics import METHOD_KEY, RecordLog, node_log_path
 from p2pfl.node.checkpoint import Checkpoint, checkpoint_path, save_checkpoint
 from p2pfl.wire.codec import state_nbytes
 from p2pfl.wire.envelope import Envelope
@@ -61,6 +63,44 @@ EVAL_BATCH = 500
 # does not wait on it, and a node that far behind its neighbours catches up
 LAG_ROUNDS = 3
 PULL_SLACK = 4  # a pulled state may be this many times the size of this node's model
+
+# a round record (docs/architecture.md, "Round records"): the fields every driver fills
+# alike through NodeServices.round_record, a driver's own beside them, and everything the
+# method returned under METHOD_KEY (p2pfl.metrics), where no fact of a method can replace
+# a driver's field
+METER_FIELDS = (
+    "round_s",
+    "bytes_sent",
+    "bytes_recv",
+    "direct_bytes_sent",
+    "direct_bytes_recv",
+    "lanes",
+    "broker_offline_s",
+)
+RECORD_FIELDS = frozenset(
+    {
+        "round",
+        "test_acc",
+        "test_loss",
+        "train_loss",
+        "train_ce",
+        "train_s",
+        "comm_s",
+        *METER_FIELDS,
+        "lr",
+        "peers",
+        "dropout",
+        METHOD_KEY,
+        "rejected",
+        "capped",
+        "distrusted",
+        "defence_fallbacks",
+        "attack",
+        "diverged",
+        "dropped_total",
+        "t",
+    }
+)
 
 
 @runtime_checkable
@@ -527,6 +567,69 @@ class NodeServices:
             self._offline_mark = self._meter.offline_read
         self._meter = RoundMeter(self.transport, self._offline_mark)
         return self._meter
+
+    def round_record(
+        self,
+        round_no: int,
+        *,
+        meter: RoundMeter,
+        evaluated: tuple[float, float],
+        lr: float,
+        trained: TrainOutcome | None,
+        comm_s: float,
+        peers: list[str],
+        driver: Mapping[str, Any] | None = None,
+        method: Iterable[Mapping[str, Any] | None] = (),
+        method_rejected: Any = None,
+    ) -> dict[str, Any]:
+        """Round ``round_no``'s record (docs/architecture.md, "Round records"), every driver's
+        alike.
+
+        The fields both drivers share: ``round``, ``test_acc`` and ``test_loss``
+        (``evaluated``), ``train_loss``, ``train_ce`` and ``train_s`` (``trained``; None,
+        None and 0 for a node that did not train), ``comm_s``, the ``meter``'s fields,
+        ``lr``, ``peers``, ``dropout``, the round's robustness facts (:meth:`robust_facts`:
+        ``rejected``, ``capped``, ``distrusted``, and ``attack`` on an attacker),
+        ``diverged`` (``trained``'s rollback, else None), ``dropped_total`` and ``t``.
+        ``driver``: the driver's own fields (none of them may be one of the shared ones).
+
+        ``method``: what the method returned this round (its plan, merge, apply or
+        server-rule facts), in order, then ``trained.facts`` (``after_train``'s), merged
+        into one map under the ``method`` key: a method's fact never replaces a field of the
+        record, whatever its name. Two facts are read out of it: ``method_rejected`` (the
+        states the method's merge left out, taken out of its facts by the driver) join the
+        top-level ``rejected``; ``dropout`` (UA-PDFL's client-wise dropout, which summaries
+        and the dashboard count) is copied to the top-level ``dropout``, False when the
+        method says nothing."""
+        own = dict(driver or {})
+        clash = sorted(set(own) & RECORD_FIELDS)
+        if clash:
+            raise ValueError(f"a driver's record fields {clash} are shared fields")
+        facts: dict[str, Any] = {}
+        for part in (*method, trained.facts if trained is not None else None):
+            if isinstance(part, Mapping):
+                facts.update(part)
+        result = trained.result if trained is not None else None
+        acc, test_loss = evaluated
+        return {
+            "round": round_no,
+            "test_acc": acc,
+            "test_loss": test_loss,
+            "train_loss": result.loss if result is not None else None,
+            "train_ce": result.ce_loss if result is not None else None,
+            "train_s": round(result.seconds, 4) if result is not None else 0.0,
+            "comm_s": round(comm_s, 4),
+            **meter.fields(),
+            "lr": lr,
+            "peers": list(peers),
+            **own,
+            "dropout": facts.get("dropout") is True,
+            METHOD_KEY: facts,
+            **self.robust_facts(round_no, method_rejected),
+            "diverged": trained.diverged if trained is not None else None,
+            "dropped_total": self.dropped_total(),
+            "t": time.time(),
+        }
 
     async def finish_round(self, record: dict[str, Any], summary: str) -> None:
         """Keep the round's record, append it to the node's log in the run directory (whole

@@ -4,6 +4,7 @@ in a topology, and :func:`register_method`; ``p2pfl methods`` lists them with th
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -103,8 +104,9 @@ def test_an_entry_point_method_runs_a_swarm(plugin_path, tmp_path):
         tmp_path,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    records = (tmp_path / "run" / "nodes" / "a.jsonl").read_text().splitlines()
-    assert len(records) == 2 and '"merged_from":["b","c"]' in records[-1]
+    lines = (tmp_path / "run" / "nodes" / "a.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert len(records) == 2 and records[-1]["method"]["merged_from"] == ["b", "c"]
 
 
 def test_a_method_by_import_path(plugin_path, monkeypatch):

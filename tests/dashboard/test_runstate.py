@@ -113,9 +113,12 @@ def test_run_state_means_per_round_over_the_nodes_that_reported(tmp_path):
     assert state.refresh() and state.version == version + 1
     assert state.mean_by_round("test_acc") == [(1, 0.6), (2, 0.8)]
     # only the fields the page shows are kept
-    _append(nodes / "d.jsonl", _line(_rec(1, 0.1, divergence={"a": 1.0}, dropout=True)))
+    method = {"divergence": {"a": 1.0}, "dropout": True, "h_peers": ["a"], "test_acc": 9}
+    _append(nodes / "d.jsonl", _line(_rec(1, 0.1, dropout=True, method=method)))
     state.refresh()
-    assert "divergence" not in state.records["d"][0] and state.records["d"][0]["dropout"]
+    kept = state.records["d"][0]
+    assert "divergence" not in kept and "method" not in kept and kept["dropout"]
+    assert kept["h_peers"] == ["a"] and kept["test_acc"] == 0.1  # a method's fact never wins
 
 
 def test_snapshot_of_a_finished_run_without_a_broker(tmp_path):
@@ -183,8 +186,14 @@ def test_centralized_aggregators_and_uapdfl_decisions(tmp_path):
     run2.mkdir()
     (run2 / "nodes").mkdir()
     (run2 / "config.yaml").write_text((run / "config.yaml").read_text())
-    uapdfl = {
-        "a": _rec(1, 0.5, chosen=["b", "d"], dropout=True, dropout_peer="b", h_peers=[]),
+    uapdfl = {  # a: this version's layout (the method's facts under "method"); b: an older run's
+        "a": _rec(
+            1,
+            0.5,
+            chosen=["b", "d"],
+            dropout=True,
+            method={"dropout": True, "dropout_peer": "b", "h_peers": [], "divergence": {}},
+        ),
         "b": _rec(
             1,
             0.5,

@@ -86,6 +86,7 @@ def test_run_swarm_with_a_model_class_and_a_data_function(user_module, tmp_path)
     ]
     frame = run.to_dataframe()
     assert list(frame.groupby("round").test_acc.count()) == [3, 3]
+    assert "method.divergence" in frame.columns and "method" not in frame.columns
     model = run.load_model("b")
     assert isinstance(model, user_module.TinyNet)
     last = run.final()["b"]
@@ -108,3 +109,19 @@ def test_load_topology_takes_a_mapping_and_fields():
     assert cfg.rounds == 7 and cfg.training.lr == 0.5
     with pytest.raises(ConfigError, match="rounds"):
         p2pfl.load_topology(TOPOLOGY, rounds=0)
+
+
+def test_to_dataframe_spreads_the_method_facts_over_columns(tmp_path):
+    from p2pfl.launch.api import Run
+    from p2pfl.metrics import append_record, node_log_path
+
+    cfg = p2pfl.load_topology("topologies/synthetic.yaml", nodes=["a", "b"])
+    append_record(node_log_path(tmp_path, "a"), {"round": 1, "test_acc": 0.5, "method": {}})
+    b = {"round": 1, "test_acc": 0.25, "dropout": True, "method": {"test_acc": 2, "drift": 1.5}}
+    append_record(node_log_path(tmp_path, "b"), b)
+    run = Run(tmp_path, 0, {}, cfg)
+    assert run.records[1]["method"] == {"test_acc": 2, "drift": 1.5}  # rows as recorded
+    frame = run.to_dataframe()
+    assert "method" not in frame.columns
+    assert list(frame.test_acc) == [0.5, 0.25]  # a method's fact never replaces a field
+    assert frame["method.test_acc"].iloc[1] == 2 and frame["method.drift"].iloc[1] == 1.5

@@ -33,17 +33,22 @@ def rec(rnd: int, acc: float, sent: int = 100, recv: int = 50, **extra) -> dict:
     return {"round": rnd, "test_acc": acc, "bytes_sent": sent, "bytes_recv": recv, **extra}
 
 
+def uapdfl(drift: float | None) -> dict:
+    """A record's method facts (its ``method`` map): one numeric, one not."""
+    return {"drift": drift, "h_peers": []}
+
+
 # a synthetic finished run: d caught up past round 2, c has no train_loss in round 1
 RECORDS = {
     "a": [
-        rec(1, 0.5, 1000, 900, train_loss=1.5, dropout=True, drift=None, t=100.0),
-        rec(2, 0.6, 200, 300, train_loss=1.0, dropout=False, drift=0.1, t=110.0),
-        rec(3, 0.7, 200, 300, train_loss=0.8, dropout=False, drift=0.2, t=120.0),
+        rec(1, 0.5, 1000, 900, train_loss=1.5, dropout=True, method=uapdfl(None), t=100.0),
+        rec(2, 0.6, 200, 300, train_loss=1.0, dropout=False, method=uapdfl(0.1), t=110.0),
+        rec(3, 0.7, 200, 300, train_loss=0.8, dropout=False, method=uapdfl(0.2), t=120.0),
     ],
     "b": [
-        rec(1, 0.4, 1000, 800, train_loss=1.6, dropout=True, drift=None, t=101.0),
-        rec(2, 0.55, 250, 350, train_loss=1.1, dropout=False, drift=0.3, t=111.0),
-        rec(3, 0.65, 250, 350, train_loss=0.9, dropout=True, drift=0.4, t=121.0),
+        rec(1, 0.4, 1000, 800, train_loss=1.6, dropout=True, method=uapdfl(None), t=101.0),
+        rec(2, 0.55, 250, 350, train_loss=1.1, dropout=False, method=uapdfl(0.3), t=111.0),
+        rec(3, 0.65, 250, 350, train_loss=0.9, dropout=True, method=uapdfl(0.4), t=121.0),
     ],
     "c": [
         rec(1, 0.3, 1000, 700, dropout=False, t=102.0),
@@ -68,9 +73,11 @@ def write_run(run_dir: Path, records: dict[str, list[dict]] = RECORDS) -> Path:
 
 
 def numeric(r: dict) -> dict[str, float]:
+    """The numeric fields of ``r``, and its method's numeric facts as ``method.<fact>``."""
+    fields = [*r.items(), *((f"method.{k}", v) for k, v in r.get("method", {}).items())]
     return {
         k: float(v)
-        for k, v in r.items()
+        for k, v in fields
         if k not in ("round", "t") and isinstance(v, (int, float)) and v is not None
     }
 
@@ -307,7 +314,7 @@ def test_tensorboard_export_writes_every_scalar(tmp_path, capsys):
     assert got["mean/test_acc"][2] == pytest.approx((0.6 + 0.55 + 0.35) / 3)  # d skipped 2
     assert got["mean/train_loss"][1] == pytest.approx((1.5 + 1.6 + 2.0) / 3)  # c has none
     assert got["mean/dropout"][3] == pytest.approx(0.25)
-    assert sorted(got["node/a/drift"]) == [2, 3]  # null in round 1
+    assert sorted(got["node/a/method.drift"]) == [2, 3]  # the method's fact; null in round 1
     assert got["swarm/bytes_sent_total"][3] == 4000 + 750 + 1150
     # exporting again replaces the event files instead of adding a second copy
     assert main(["track", str(run_dir), "--tracker", "tensorboard"]) == 0

@@ -31,7 +31,9 @@ def test_swarm_takes_dropout_and_personalization_branches(tmp_path):
     logs = check_run_dir(tmp_path / "run", cfg.node_ids, cfg.rounds)
     for nid, recs in logs.items():
         assert recs[0]["dropout"] is True, nid
-        assert len(recs[0]["merged_from"]) == 1
+        assert recs[0]["method"]["dropout"] is True  # UA-PDFL's fact, copied to the top level
+        assert len(recs[0]["method"]["merged_from"]) == 1
+        assert recs[0]["method"]["dropout_peer"] in recs[0]["pulled"]
         assert all(r["dropout"] is False for r in recs[1:]), nid
         assert all(r["pulled"] and set(r["pulled"].values()) == {"g"} for r in recs[1:]), nid
         assert sorted(recs[-1]["peers"]) == sorted(r for r in recs[-1]["chosen"])

@@ -32,11 +32,12 @@ def test_baseline_runs_two_rounds(tmp_path, method):
                 assert sorted(rec["pulled"]) == sorted(rec["chosen"]) == sorted(rec["peers"])
                 assert len(rec["chosen"]) == 2 and rec["bytes_sent"] > 0, (nid, rec)
             if method == "dispfl":  # sparse models with their masks: about half the bytes
-                assert rec["merged_from"] == sorted(rec["pulled"]) and not rec.get("rejected")
-                assert rec["density"] == pytest.approx(0.5, abs=0.01)
-                assert 0 < rec["mask_overlap"] < 1
+                facts = rec["method"]  # the method's facts (merge, after_train)
+                assert facts["merged_from"] == sorted(rec["pulled"]) and not rec["rejected"]
+                assert facts["density"] == pytest.approx(0.5, abs=0.01)
+                assert 0 < facts["mask_overlap"] < 1
                 served = rec["bytes_sent"] / 2  # each node serves its 2 ring neighbours
                 assert 0.4 * dense_bytes < served < 0.65 * dense_bytes, (served, dense_bytes)
         if method == "dispfl":  # round 1 prunes and regrows, the last round (f_R = 0) not
-            assert recs[0]["regrown"] > 0 and recs[1]["regrown"] == 0
+            assert recs[0]["method"]["regrown"] > 0 and recs[1]["method"]["regrown"] == 0
     assert summary["final"]["acc_mean"] > 0.25  # above chance on the 4-class synthetic task

@@ -20,21 +20,27 @@ def test_rates_and_quantiles_per_round_bucket(tmp_path, capsys, monkeypatch, loa
     rep = load_script("divergence_report")
     run = tmp_path / "run"
     r1 = {"round": 1, "divergence": {"b": 0.0}, "relative": {"b": 0.0}, "dropout": True}
+
+    def record(facts: dict) -> dict:  # this version's layout: the method's facts apart
+        return {"round": facts.pop("round"), "dropout": facts["dropout"], "method": facts}
+
     _write(
         run,
         "a",
         [
-            {**r1, "h_peers": []},
-            {
-                "round": 2,
-                "divergence": {"b": 0.2, "c": 0.4},
-                "relative": {"b": 0.5, "c": None},
-                "dropout": False,
-                "h_peers": ["b"],
-            },
+            record({**r1, "h_peers": []}),
+            record(
+                {
+                    "round": 2,
+                    "divergence": {"b": 0.2, "c": 0.4},
+                    "relative": {"b": 0.5, "c": None},
+                    "dropout": False,
+                    "h_peers": ["b"],
+                }
+            ),
         ],
     )
-    _write(
+    _write(  # an older run's layout: the method's facts at the top level
         run,
         "b",
         [
