@@ -124,8 +124,18 @@ def alie(benign: Sequence[State], z: float) -> State:
 
     Every state must have the first state's keys and shapes (``ValueError``); non-floating
     tensors are the first state's. One benign state gives that state itself (``σ = 0``)."""
-    first, keys = _stack64(benign, "alie")
     zf = float(z)
+    return _per_coordinate(benign, "alie", lambda mean, std: mean - zf * std)
+
+
+def _per_coordinate(
+    benign: Sequence[State],
+    what: str,
+    rule: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> State:
+    """``rule(mean, std)`` of the benign states per floating key (float64, cast back to the
+    first state's dtype); non-floating tensors are the first state's."""
+    first, keys = _stack64(benign, what)
     out: State = {}
     for k in keys:
         ref = first[k]
@@ -133,7 +143,7 @@ def alie(benign: Sequence[State], z: float) -> State:
             out[k] = _copy(ref)
             continue
         mean, std = _coordinate_stats(benign, k)
-        out[k] = (mean - zf * std).to(ref.dtype)
+        out[k] = rule(mean, std).to(ref.dtype)
     return out
 
 
@@ -164,17 +174,8 @@ def ipm(benign: Sequence[State], epsilon: float) -> State:
 
     Every state must have the first state's keys and shapes (``ValueError``); non-floating
     tensors are the first state's."""
-    first, keys = _stack64(benign, "ipm")
     e = float(epsilon)
-    out: State = {}
-    for k in keys:
-        ref = first[k]
-        if not torch.is_floating_point(ref):
-            out[k] = _copy(ref)
-            continue
-        mean, _ = _coordinate_stats(benign, k)
-        out[k] = (-e * mean).to(ref.dtype)
-    return out
+    return _per_coordinate(benign, "ipm", lambda mean, _std: -e * mean)
 
 
 def flip_labels(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -380,7 +380,8 @@ class SecurityConfig(_Strict):
         return self.tls or self.sign
 
 
-DEFENCE_RULES = ("mean", "median", "trimmed_mean", "multikrum", "bulyan", "clip")
+DefenceRule = Literal["mean", "median", "trimmed_mean", "multikrum", "bulyan", "clip"]
+DEFENCE_RULES: tuple[str, ...] = get_args(DefenceRule)
 
 
 class DefenceConfig(_Strict):
@@ -388,7 +389,7 @@ class DefenceConfig(_Strict):
     aggregation"). Admission (``max_norm_ratio``, ``max_sample_ratio``, ``max_samples``) is
     always on; ``rule`` picks the combination every method uses in place of its mean."""
 
-    rule: Literal["mean", "median", "trimmed_mean", "multikrum", "bulyan", "clip"] = Field(
+    rule: DefenceRule = Field(
         "clip",
         description="mean (plain weighted mean), median (coordinate-wise), trimmed_mean "
         "(beta), multikrum (f, m), bulyan (f; n >= 4f + 3), clip (accept a peer's state "
@@ -432,7 +433,7 @@ class DefenceConfig(_Strict):
     )
 
 
-ATTACK_KINDS = (
+AttackKind = Literal[
     "sign_flip",
     "scale",
     "noise",
@@ -443,7 +444,8 @@ ATTACK_KINDS = (
     "label_flip",
     "inflate_n",
     "delay",
-)
+]
+ATTACK_KINDS: tuple[str, ...] = get_args(AttackKind)
 
 
 class AttackSpec(_Strict):
@@ -451,18 +453,7 @@ class AttackSpec(_Strict):
     and what they do. An attack wraps what a node serves or how it trains; the methods'
     code paths stay the honest ones."""
 
-    kind: Literal[
-        "sign_flip",
-        "scale",
-        "noise",
-        "nan",
-        "alie",
-        "ipm",
-        "free_rider",
-        "label_flip",
-        "inflate_n",
-        "delay",
-    ]
+    kind: AttackKind
     nodes: list[str] | None = Field(None, description="the attackers, by id")
     fraction: float | None = Field(
         None, gt=0, le=1, description="or: this fraction of the nodes, drawn with the seed"
