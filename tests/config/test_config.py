@@ -121,3 +121,30 @@ def test_node_overrides_file(tmp_path):
     bad = write(tmp_path, "id: n3\ndata: /data\n", "bad.yaml")
     with pytest.raises(ConfigError, match="data: unknown field"):
         load_node_overrides(bad)
+
+
+def test_attack_and_defence_sections_are_checked_by_field():
+    from p2pfl.config.load import ConfigError, load_topology
+
+    cases = [
+        ("attacks=[{kind: nan, nodes: [zz]}]", "attacks[0].nodes: unknown node ids ['zz']"),
+        ("attacks=[{kind: nan}]", "attack nan: give nodes or fraction"),
+        ("attacks=[{kind: melt, nodes: [a]}]", "attacks[0].kind: Input should be"),
+        ("attacks=[{kind: label_flip, nodes: [a], source: 1}]", "source and target go together"),
+        ("attacks=[{kind: nan, nodes: [a], from_round: 3, to_round: 2}]", "to_round before"),
+        ("defence={rule: krum}", "defence.rule"),
+        ("defence={rule: trimmed_mean, beta: 0.5}", "defence.beta"),
+        ("defence={max_norm_ratio: 1}", "defence.max_norm_ratio"),
+    ]
+    for override, text in cases:
+        try:
+            load_topology("topologies/synthetic.yaml", [override])
+        except ConfigError as exc:
+            assert text in str(exc) and "synthetic.yaml" in str(exc), (override, str(exc))
+        else:
+            raise AssertionError(f"{override} was accepted")
+    cfg = load_topology(
+        "topologies/synthetic.yaml", ["attacks=[{kind: sign_flip, fraction: 0.5}]", "nodes=8"]
+    )
+    drawn = cfg.attackers()
+    assert len(drawn) == 4 and drawn == cfg.attackers()  # the same set, every time
