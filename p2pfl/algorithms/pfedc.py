@@ -509,7 +509,9 @@ def _aggregate_parts(
 ) -> tuple[State, dict[str, State]]:
     """``(φ, per-node heads)``: see :func:`pfedc_aggregate`. With ``defence`` (the
     aggregator's, docs/design.md, "Robust aggregation") its rule combines ``φ`` around
-    ``own``'s upload, and each head over its holders (around ``own``'s when it holds it)."""
+    ``own``'s upload; each head stays the plain mean over its holders whose ``φ`` the rule
+    kept (a head has no bound of its own: honest holders' heads differ by about their
+    norm)."""
     if not states:
         raise ValueError("pfedc_aggregate needs at least one state")
     nodes = sorted(states)
@@ -530,12 +532,13 @@ def _aggregate_parts(
         holders = [n for n in nodes if t < len(pis.get(n, [])) and pis[n][t] == 1]
         if len(holders) < 2:  # none, or only the node itself: it already has its head
             continue
-        held = [states[n] for n in holders]
-        if defence is None:
-            mean = weighted_mean(held, [1.0] * len(held), keys)
-        else:
-            mine = holders.index(own) if own in holders else None
-            mean = defence.combine(held, [1.0] * len(held), who=holders, own=mine, keys=keys)
+        # a holder whose φ the defence refused is refused for its heads too: a head varies
+        # between honest holders about as much as its own norm, so it has no bound of its own
+        trusted = [n for n in holders if defence is None or n not in defence.rejected]
+        if not trusted:
+            continue
+        held = [states[n] for n in trusted]
+        mean = weighted_mean(held, [1.0] * len(held), keys)
         for n in holders:
             heads[n].update(mean)
     return shared, heads
