@@ -24,8 +24,12 @@ One round, seen from member ``i``:
 4. on the announcement a client pulls what it receives (``result``) — only its own part:
    FedPer's ``g``, DiversiFed's ``z_i``, pFedC's shared layers and its own heads;
 5. **failover**: when the aggregator goes offline (Last Will), misses the deadline
-   (``aggregator_timeout``), or a later attempt is announced or requested, the member moves
-   to attempt ``a + 1`` — the next peer in order — and reports again;
+   (``aggregator_timeout``), or a later attempt is announced or requested, or its result is
+   refused (admission; docs/design.md, "Robust aggregation") or caught by the audit, the
+   member moves to attempt ``a + 1`` — the next peer in order — and reports again. In a
+   signed swarm every member waits for the round's audit verdict before applying
+   (:class:`~p2pfl.node.auditor.AuditRole`; docs/design.md, "Auditing the aggregator"),
+   and a convicted aggregator is skipped from then on;
 6. the member applies the result, evaluates, records (:meth:`NodeServices.round_record`:
    the method's ``apply`` facts, and on the aggregator its server-rule facts prefixed
    ``agg_``, under the record's ``method`` key), and starts round ``r + 1``.
@@ -33,8 +37,8 @@ One round, seen from member ``i``:
 Every message carries ``(round, attempt)``. An announcement or report of a round already
 applied, or of an attempt older than the one a member is at, is dropped and counted
 (``stale_round`` / ``stale_attempt``), so no round is applied twice and a late reply to a
-dead attempt changes nothing. Uploads are served only to the rightful aggregator of the
-attempt named in the pull. Every wait is bounded: a round a member cannot finish (every
+dead attempt changes nothing. Uploads are served only to the rightful aggregator (and
+auditor) of the attempt named in the pull. Every wait is bounded: a round a member cannot finish (every
 candidate gone) keeps its model and goes on.
 
 A member that starts while the swarm is past round 1 (its peers' presence says so), or that
@@ -61,8 +65,8 @@ from p2pfl.algorithms.base import CentralizedAlgorithm
 from p2pfl.learning.state import State
 from p2pfl.learning.train import round_lr
 from p2pfl.node.aggregator import AggregatorRole
-from p2pfl.node.audit import audit_active, auditor_of, check_own_entry, check_verdict, compare
-from p2pfl.node.audit import recompute as recompute_aggregate
+from p2pfl.node.audit import audit_active, auditor_of
+from p2pfl.node.auditor import AuditRole
 from p2pfl.node.election import succession
 from p2pfl.node.plans import RoundPlan, check_announcement, draw_plan, live_members, waits_on
 from p2pfl.node.services import NodeServices, TrainOutcome
@@ -106,10 +110,10 @@ class CentralizedRounds:
         # the audit of each round's aggregate (signed swarms): verdicts heard, and the
         # aggregators an auditor caught, skipped as aggregators from then on
         self.audited = audit_active(services.cfg, self.alg)
-        self._verdicts: dict[tuple[int, int], dict[str, Any]] = {}
-        self.convicted: set[str] = set()
         # this node's side as an aggregator: reports, uploads, results and their pulls
         self.role = AggregatorRole(services, self._aggregator, self._auditor)
+        # the audit of each round's aggregate (signed swarms): its verdicts and convictions
+        self.audit = AuditRole(services, self._aggregator, self._auditor, self.role.upload)
 
     # ------------------------------------------------------------------ small helpers
     @property
@@ -165,7 +169,8 @@ class CentralizedRounds:
 
     def on_gossip(self, env: Envelope) -> None:
         if env.kind == "audit" and env.sender in self.members:
-            self._on_verdict(env)
+            if not (self._stale(env, "audit") or self._too_far(env, "audit")):
+                self.audit.on_verdict(env)
             return
         if env.kind != "announce" or env.sender not in self.members:
             return
@@ -184,37 +189,6 @@ class CentralizedRounds:
             return
         self._announced.setdefault(env.round, {})[env.attempt] = (env.sender, body)
         self.services.notify()
-
-    def _on_verdict(self, env: Envelope) -> None:
-        """Keep the verdict of the rightful auditor of ``(round, attempt)``; a ``mismatch``
-        convicts the aggregator it names (signed, so every member holds the same proof)."""
-        if self._stale(env, "audit") or self._too_far(env, "audit"):
-            return
-        if self._auditor(env.round, env.attempt) != env.sender:
-            self.services.drop("not_auditor", f"audit {env.round}/{env.attempt} from {env.sender}")
-            return
-        try:
-            body = check_verdict(env.body)
-        except ValueError as exc:
-            self.services.drop("malformed", f"audit from {env.sender}: {exc}")
-            return
-        if body["aggregator"] != self._aggregator(env.round, env.attempt):
-            self.services.drop("malformed", f"audit from {env.sender}: not this attempt's")
-            return
-        self._note_verdict(env.round, env.attempt, body)
-        self.services.notify()
-
-    def _note_verdict(self, round_no: int, attempt: int, body: dict[str, Any]) -> None:
-        self._verdicts[(round_no, attempt)] = body
-        if body["verdict"] == "mismatch" and body["aggregator"] not in self.convicted:
-            self.convicted.add(body["aggregator"])
-            log.warning(
-                "%s: round %d: the audit caught aggregator %s (%s); skipped from now on",
-                self.id,
-                round_no,
-                body["aggregator"],
-                body["why"],
-            )
 
     def on_inbox(self, env: Envelope) -> None:
         if env.kind != "report" or env.sender not in self.members:
@@ -243,8 +217,7 @@ class CentralizedRounds:
         self.role.forget(floor)
         for r in [r for r in self._announced if r <= floor]:
             del self._announced[r]
-        for key in [k for k in self._verdicts if k[0] <= floor]:
-            del self._verdicts[key]
+        self.audit.forget(floor)
 
     # ------------------------------------------------------------------ succession
     def _superseding(self, round_no: int, attempt: int) -> int | None:
@@ -304,7 +277,7 @@ class CentralizedRounds:
                         failovers.append({"attempt": attempt, "aggregator": sender, "why": error})
                         attempt += 1
                         continue
-                caught, audit = await self._audit(plan, attempt, sender, body, received, own)
+                caught, audit = await self.audit.check(plan, attempt, sender, body, received, own)
                 if caught is not None:
                     failovers.append({"attempt": attempt, "aggregator": sender, "why": caught})
                     attempt += 1
@@ -330,7 +303,7 @@ class CentralizedRounds:
                     attempt = later
                     continue
                 announcement, received, facts, server_facts = out
-                caught, audit = await self._audit(plan, attempt, agg, announcement, None, own)
+                caught, audit = await self.audit.check(plan, attempt, agg, announcement, None, own)
                 if caught is not None:  # the swarm fails the round over: so does this node
                     failovers.append({"attempt": attempt, "aggregator": agg, "why": caught})
                     attempt += 1
@@ -345,7 +318,7 @@ class CentralizedRounds:
                     **audit,
                     "server_facts": server_facts,  # the method's: under the record's "method"
                 }
-            if agg in self.convicted:  # an auditor caught it: every member skips it alike
+            if agg in self.audit.convicted:  # an auditor caught it: every member skips it alike
                 failovers.append({"attempt": attempt, "aggregator": agg, "why": "convicted"})
                 attempt += 1
                 continue
@@ -391,100 +364,6 @@ class CentralizedRounds:
             "received": None,
             "failovers": failovers,
         }
-
-    async def _audit(
-        self,
-        plan: RoundPlan,
-        attempt: int,
-        aggregator: str,
-        body: dict[str, Any],
-        received: State | None,
-        own: dict[str, Any] | None,
-    ) -> tuple[str | None, dict[str, Any]]:
-        """The audit of attempt ``attempt`` of ``plan.round`` (docs/design.md, "Auditing
-        the aggregator"): the auditor recomputes and announces its verdict; every other
-        member checks its own entry of the announcement and waits (bounded) for the
-        verdict. Returns (why the round fails over, or None; the record's ``audit``)."""
-        svc, r = self.services, plan.round
-        auditor = self._auditor(r, attempt)
-        if auditor is None:
-            return None, {}
-        t0 = time.monotonic()
-        record: dict[str, Any] = {"auditor": auditor}
-        own_entry = check_own_entry(body, self.id, own)
-        if own_entry is not None:
-            log.warning("%s: round %d: aggregator %s: %s", self.id, r, aggregator, own_entry)
-            record["own_entry"] = own_entry
-        if auditor == self.id:
-            verdict = await self._recompute_and_announce(plan, attempt, aggregator, body, received)
-            record.update(verdict)
-        else:
-            await svc.wait_for(
-                lambda: (r, attempt) in self._verdicts or not waits_on(svc, auditor, r),
-                t0 + self.cfg.timing.aggregator_timeout,
-            )
-            heard = self._verdicts.get((r, attempt))
-            record["verdict"] = heard["verdict"] if heard else None  # None: auditor silent
-            if heard and heard["why"]:
-                record["why"] = heard["why"]
-        record["audit_s"] = round(time.monotonic() - t0, 4)
-        caught = record.get("verdict") == "mismatch"
-        return (f"audit: {record.get('why', 'mismatch')}" if caught else None), {"audit": record}
-
-    async def _recompute_and_announce(
-        self,
-        plan: RoundPlan,
-        attempt: int,
-        aggregator: str,
-        body: dict[str, Any],
-        received: State | None,
-    ) -> dict[str, Any]:
-        """As the auditor: pull every upload the announcement names from its uploader,
-        recompute the aggregate, compare, announce the verdict (signed) and keep it."""
-        svc, r = self.services, plan.round
-        # every aggregated upload, and the aggregator's own (its defence's reference)
-        names = sorted({*body["aggregated"], aggregator} - {self.id})
-        pulled, _failed = await svc.pull_many(
-            dict.fromkeys(names, "upload"),
-            r,
-            max(1.0, self.cfg.timing.round_timeout_s),
-            attempt=attempt,
-        )
-        mine = self.role.upload(r)
-        if self.id in body["aggregated"] and mine is not None:
-            pulled[self.id] = mine
-        nbytes = sum(state_nbytes(s) for p, s in pulled.items() if p != self.id)
-        missing = sorted(set(body["aggregated"]) - set(pulled))
-        why: str | None
-        if missing:
-            verdict, why = "incomplete", f"uploads missing: {missing}"
-        else:
-            inputs = {p: pulled[p] for p in body["aggregated"]}
-            try:
-                expected = await asyncio.to_thread(
-                    recompute_aggregate,
-                    self.alg,
-                    self.cfg,
-                    aggregator,
-                    plan,
-                    inputs,
-                    body,
-                    pulled.get(aggregator),
-                )
-                why = compare(expected, self.id, received, body["server"])
-                verdict = "ok" if why is None else "mismatch"
-            except (ValueError, KeyError, TypeError, RuntimeError, ArithmeticError) as exc:
-                verdict, why = "incomplete", f"cannot recompute: {exc}"
-        message = {"aggregator": aggregator, "verdict": verdict, "why": why or ""}
-        self._note_verdict(r, attempt, check_verdict(message))
-        try:
-            await self.tr.gossip(r, message, kind="audit", attempt=attempt)
-        except TransportError as exc:
-            log.warning("%s: round %d: audit verdict not sent: %s", self.id, r, exc)
-        out: dict[str, Any] = {"verdict": verdict, "audit_bytes": nbytes}
-        if why:
-            out["why"] = why
-        return out
 
     async def _observe(self, after: int) -> dict[str, Any] | None:
         """Wait for the first announcement of a round after ``after`` (any member may have

@@ -1,0 +1,183 @@
+"""The audit's side of a centralized round for one node (docs/design.md, "Auditing the
+aggregator"): as the round's auditor, pull the announced uploads, recompute, compare and
+gossip the verdict; as any other member, check its own entry of the announcement and wait
+(bounded) for the verdict; and keep the verdicts heard and the aggregators convicted. The
+pure parts (who audits, the recomputation, the comparison) are :mod:`p2pfl.node.audit`'s;
+the round driver (:mod:`p2pfl.node.centralized`) owns one :class:`AuditRole`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from p2pfl.algorithms.base import CentralizedAlgorithm
+from p2pfl.learning.state import State
+from p2pfl.node.audit import check_own_entry, check_verdict, compare
+from p2pfl.node.audit import recompute as recompute_aggregate
+from p2pfl.node.plans import RoundPlan, waits_on
+from p2pfl.node.services import NodeServices
+from p2pfl.wire.codec import state_nbytes
+from p2pfl.wire.envelope import Envelope
+from p2pfl.wire.transport import TransportError
+
+log = logging.getLogger(__name__)
+
+
+class AuditRole:
+    """The verdicts of one node's swarm and this node's part in each audit.
+    ``aggregator_of`` / ``auditor_of(round, attempt)`` are the driver's answers (None while
+    a round's roster is unknown, or without an audit); ``upload_of(round)`` is this node's
+    own upload of a round (None when it did not train)."""
+
+    def __init__(
+        self,
+        services: NodeServices,
+        aggregator_of: Callable[[int, int], str | None],
+        auditor_of: Callable[[int, int], str | None],
+        upload_of: Callable[[int], State | None],
+    ) -> None:
+        assert isinstance(services.method, CentralizedAlgorithm)
+        self.services = services
+        self.alg: CentralizedAlgorithm = services.method
+        self.id = services.id
+        self.cfg = services.cfg
+        self.aggregator_of = aggregator_of
+        self.auditor_of = auditor_of
+        self.upload_of = upload_of
+        self.verdicts: dict[tuple[int, int], dict[str, Any]] = {}
+        # aggregators an auditor caught: every member skips them as aggregators from then on
+        self.convicted: set[str] = set()
+
+    def forget(self, floor: int) -> None:
+        """Drop the verdicts of round ``floor`` and before (convictions stay)."""
+        for key in [k for k in self.verdicts if k[0] <= floor]:
+            del self.verdicts[key]
+
+    def on_verdict(self, env: Envelope) -> None:
+        """Keep the verdict of the rightful auditor of ``(round, attempt)``; a ``mismatch``
+        convicts the aggregator it names (signed, so every member holds the same proof). The
+        driver has dropped stale and far-ahead messages already."""
+        if self.auditor_of(env.round, env.attempt) != env.sender:
+            self.services.drop("not_auditor", f"audit {env.round}/{env.attempt} from {env.sender}")
+            return
+        try:
+            body = check_verdict(env.body)
+        except ValueError as exc:
+            self.services.drop("malformed", f"audit from {env.sender}: {exc}")
+            return
+        if body["aggregator"] != self.aggregator_of(env.round, env.attempt):
+            self.services.drop("malformed", f"audit from {env.sender}: not this attempt's")
+            return
+        self.note(env.round, env.attempt, body)
+        self.services.notify()
+
+    def note(self, round_no: int, attempt: int, body: dict[str, Any]) -> None:
+        """Keep a verdict (heard or this node's own); a ``mismatch`` convicts."""
+        self.verdicts[(round_no, attempt)] = body
+        if body["verdict"] == "mismatch" and body["aggregator"] not in self.convicted:
+            self.convicted.add(body["aggregator"])
+            log.warning(
+                "%s: round %d: the audit caught aggregator %s (%s); skipped from now on",
+                self.id,
+                round_no,
+                body["aggregator"],
+                body["why"],
+            )
+
+    async def check(
+        self,
+        plan: RoundPlan,
+        attempt: int,
+        aggregator: str,
+        body: dict[str, Any],
+        received: State | None,
+        own: dict[str, Any] | None,
+    ) -> tuple[str | None, dict[str, Any]]:
+        """The audit of attempt ``attempt`` of ``plan.round`` (docs/design.md, "Auditing
+        the aggregator"): the auditor recomputes and announces its verdict; every other
+        member checks its own entry of the announcement and waits (bounded) for the
+        verdict. Returns (why the round fails over, or None; the record's ``audit``)."""
+        svc, r = self.services, plan.round
+        auditor = self.auditor_of(r, attempt)
+        if auditor is None:
+            return None, {}
+        t0 = time.monotonic()
+        record: dict[str, Any] = {"auditor": auditor}
+        own_entry = check_own_entry(body, self.id, own)
+        if own_entry is not None:
+            log.warning("%s: round %d: aggregator %s: %s", self.id, r, aggregator, own_entry)
+            record["own_entry"] = own_entry
+        if auditor == self.id:
+            verdict = await self._recompute_and_announce(plan, attempt, aggregator, body, received)
+            record.update(verdict)
+        else:
+            await svc.wait_for(
+                lambda: (r, attempt) in self.verdicts or not waits_on(svc, auditor, r),
+                t0 + self.cfg.timing.aggregator_timeout,
+            )
+            heard = self.verdicts.get((r, attempt))
+            record["verdict"] = heard["verdict"] if heard else None  # None: auditor silent
+            if heard and heard["why"]:
+                record["why"] = heard["why"]
+        record["audit_s"] = round(time.monotonic() - t0, 4)
+        caught = record.get("verdict") == "mismatch"
+        return (f"audit: {record.get('why', 'mismatch')}" if caught else None), {"audit": record}
+
+    async def _recompute_and_announce(
+        self,
+        plan: RoundPlan,
+        attempt: int,
+        aggregator: str,
+        body: dict[str, Any],
+        received: State | None,
+    ) -> dict[str, Any]:
+        """As the auditor: pull every upload the announcement names from its uploader,
+        recompute the aggregate, compare, announce the verdict (signed) and keep it."""
+        svc, r = self.services, plan.round
+        # every aggregated upload, and the aggregator's own (its defence's reference)
+        names = sorted({*body["aggregated"], aggregator} - {self.id})
+        pulled, _failed = await svc.pull_many(
+            dict.fromkeys(names, "upload"),
+            r,
+            max(1.0, self.cfg.timing.round_timeout_s),
+            attempt=attempt,
+        )
+        mine = self.upload_of(r)
+        if self.id in body["aggregated"] and mine is not None:
+            pulled[self.id] = mine
+        nbytes = sum(state_nbytes(s) for p, s in pulled.items() if p != self.id)
+        missing = sorted(set(body["aggregated"]) - set(pulled))
+        why: str | None
+        if missing:
+            verdict, why = "incomplete", f"uploads missing: {missing}"
+        else:
+            inputs = {p: pulled[p] for p in body["aggregated"]}
+            try:
+                expected = await asyncio.to_thread(
+                    recompute_aggregate,
+                    self.alg,
+                    self.cfg,
+                    aggregator,
+                    plan,
+                    inputs,
+                    body,
+                    pulled.get(aggregator),
+                )
+                why = compare(expected, self.id, received, body["server"])
+                verdict = "ok" if why is None else "mismatch"
+            except (ValueError, KeyError, TypeError, RuntimeError, ArithmeticError) as exc:
+                verdict, why = "incomplete", f"cannot recompute: {exc}"
+        message = {"aggregator": aggregator, "verdict": verdict, "why": why or ""}
+        self.note(r, attempt, check_verdict(message))
+        try:
+            await svc.transport.gossip(r, message, kind="audit", attempt=attempt)
+        except TransportError as exc:
+            log.warning("%s: round %d: audit verdict not sent: %s", self.id, r, exc)
+        out: dict[str, Any] = {"verdict": verdict, "audit_bytes": nbytes}
+        if why:
+            out["why"] = why
+        return out
