@@ -88,7 +88,9 @@ def test_frozen_node_catches_up(tmp_path, broker, method, freeze_s):
         os.killpg(workers["b"].proc.pid, signal.SIGCONT)
         t_cont = time.time()
         swarm_at_cont = max(_records(out, n)[-1]["round"] for n in others)
-        _wait(lambda: len([r for r in _records(out, "b") if r["t"] > t_cont]) >= 2, 60, "b")
+        # a bound on the wait, not the property (checked below in rounds): generous, so the
+        # test holds on a loaded 2-core machine
+        _wait(lambda: len([r for r in _records(out, "b") if r["t"] > t_cont]) >= 2, 150, "b")
         _wait(
             lambda: all(
                 len([r for r in _records(out, n) if r["t"] > t_cont]) >= 12 for n in others
