@@ -249,8 +249,8 @@ async def test_reconnects_and_resubscribes_after_broker_restart(tmp_path, broker
                 break
             await asyncio.sleep(0.05)
         broker = make_broker(broker_kind, port=port, workdir=tmp_path / "b2").start()
-        # Mosquitto publishes b's Will (offline) as it shuts down: wait for b's presence to
-        # come back online through the new broker, not merely for an entry to exist
+        # b's entry may read offline (its Last Will, seen as the old broker went): wait for
+        # its presence to come back online through the new broker, not for an entry to exist
         for _ in range(400):
             online = a.peers.get("b", {}).get("status") == "online"
             if a._connected.is_set() and b._connected.is_set() and online:
