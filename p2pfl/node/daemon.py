@@ -69,6 +69,7 @@ from p2pfl.node.decentralized import DecentralizedRounds
 from p2pfl.node.services import NodeServices, RoundDriver
 from p2pfl.wire import direct
 from p2pfl.wire.direct import local_address
+from p2pfl.wire.loop import quiet_closed_socket_races
 from p2pfl.wire.transport import BrokerLostError, Transport, TransportError
 
 log = logging.getLogger(__name__)
@@ -558,6 +559,7 @@ async def run_nodes(cfg: TopologyConfig, node_ids: list[str], options: NodeOptio
 
 async def run_all(nodes: list[Node]) -> int:
     """Run ``nodes`` together in this process; returns how many failed."""
+    quiet_closed_socket_races(asyncio.get_running_loop())
     results = await asyncio.gather(*(n.run() for n in nodes), return_exceptions=True)
     failed = 0
     for node, res in zip(nodes, results, strict=True):

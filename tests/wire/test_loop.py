@@ -1,0 +1,58 @@
+"""The loop handler that quiets the MQTT client's closed-socket race, and only that."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+
+from p2pfl.wire.loop import quiet_closed_socket_races
+
+
+async def _schedule_then_settle(callback, *args) -> None:
+    loop = asyncio.get_running_loop()
+    loop.call_soon(callback, *args)
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
+def test_add_writer_on_a_closed_socket_is_one_debug_line(caplog) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        quiet_closed_socket_races(loop)
+        sock = socket.socket()
+        fd = sock.fileno()
+        sock.close()  # the broker closed it between the schedule and the run
+        await _schedule_then_settle(loop.add_writer, fd, lambda: None)
+
+    with caplog.at_level(logging.DEBUG):
+        asyncio.run(main())
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any("socket closed before its watcher" in r.getMessage() for r in caplog.records)
+
+
+def test_any_other_callback_error_still_reaches_the_default_handler(caplog) -> None:
+    def boom() -> None:
+        raise OSError(9, "Bad file descriptor")  # same errno, but not a socket watcher
+
+    async def main() -> None:
+        quiet_closed_socket_races(asyncio.get_running_loop())
+        await _schedule_then_settle(boom)
+
+    with caplog.at_level(logging.DEBUG):
+        asyncio.run(main())
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors and "Exception in callback" in errors[0].getMessage()
+
+
+def test_a_previous_handler_keeps_the_rest() -> None:
+    seen: list[dict] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda lp, ctx: seen.append(ctx))
+        quiet_closed_socket_races(loop)
+        await _schedule_then_settle(lambda: 1 / 0)
+
+    asyncio.run(main())
+    assert len(seen) == 1 and isinstance(seen[0]["exception"], ZeroDivisionError)
