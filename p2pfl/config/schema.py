@@ -4,8 +4,8 @@ A topology file describes one swarm: who the nodes are, how they connect, which 
 they run, on which data and model. Unknown keys are rejected everywhere so that a typo never
 silently falls back to a default. Reading files, ``--set`` overrides and the check of a
 method's knobs are :mod:`p2pfl.config.load`'s: this module is the ground floor that the rest
-of p2pfl (the method registry included) builds on, so it imports none of it
-(docs/design.md, "Configuration").
+of p2pfl (the method registry included) builds on, so it imports none of it but
+:mod:`p2pfl.config.emulation`, its sibling section module (docs/design.md, "Configuration").
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from collections.abc import Callable
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from p2pfl.config.emulation import DeviceSpec, NetworkConfig
 
 PARAMS_CHECK = "validate_params"
 """The validation-context key under which a loader passes the check of a method's knobs:
@@ -325,6 +327,35 @@ class TimingConfig(_Strict):
         "(default: 3 × round_timeout_s)",
     )
 
+    mode: Literal["sync", "async"] = Field(
+        "sync",
+        description="decentralized methods: sync (each round waits for the drawn "
+        "neighbours' gossip of that round) or async (each node runs its own round counter "
+        "and uses the latest gossip and state each neighbour has, docs/algorithms.md, "
+        '"Asynchronous rounds")',
+    )
+    max_staleness: int = Field(
+        4,
+        ge=0,
+        description="async: a neighbour whose latest gossip is more than this many rounds "
+        "behind the node's round is left out of the round",
+    )
+    staleness_exponent: float = Field(
+        0.5,
+        ge=0,
+        description="async: a peer's weight in a method's mean is multiplied by "
+        "(1 + staleness)^-a (0: stale and fresh alike)",
+    )
+    quorum: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="centralized methods: the aggregator closes a round once this fraction "
+        "of the live members has reported, or at a deadline adapted from the round times "
+        "it has seen; a late upload counts in the next round, weighted by its staleness "
+        "(None: wait for every member up to round_timeout_s)",
+    )
+
     @property
     def aggregator_timeout(self) -> float:
         return self.aggregator_timeout_s or 3 * self.round_timeout_s
@@ -344,6 +375,12 @@ class TransferConfig(_Strict):
         "host's address on the route to the broker)",
     )
     direct_port: int = Field(0, ge=0, lt=65536, description="its port (0: a free one)")
+    compress: str = Field(
+        "none",
+        pattern=r"^(none|fp16|int8|topk\((0?\.\d+|1(\.0*)?)\))$",
+        description="how states travel: none, fp16, int8 (per-tensor affine), or topk(rho) "
+        "(the largest rho of each tensor's change, with error feedback)",
+    )
 
 
 class SecurityConfig(_Strict):
@@ -506,6 +543,12 @@ class TopologyConfig(_Strict):
     security: SecurityConfig = Field(default_factory=SecurityConfig)
     transfer: TransferConfig = Field(default_factory=TransferConfig)
     defence: DefenceConfig = Field(default_factory=DefenceConfig)
+    network: NetworkConfig = Field(
+        default_factory=NetworkConfig, description="emulated links (none: the real network)"
+    )
+    devices: list[DeviceSpec] = Field(
+        default_factory=list, description="emulated devices: compute speed, offline windows"
+    )
     attacks: list[AttackSpec] = Field(
         default_factory=list, description="attack scenarios for experiments (none: honest)"
     )
@@ -563,6 +606,14 @@ class TopologyConfig(_Strict):
             unknown = sorted(set(attack.nodes or ()) - set(ids))
             if unknown:
                 raise ValueError(f"attacks[{i}].nodes: unknown node ids {unknown}")
+        for i, link in enumerate(self.network.links):
+            unknown = sorted((set(link.nodes or ()) | set(link.edge or ())) - set(ids))
+            if unknown:
+                raise ValueError(f"network.links[{i}]: unknown node ids {unknown}")
+        for i, device in enumerate(self.devices):
+            unknown = sorted(set(device.nodes or ()) - set(ids))
+            if unknown:
+                raise ValueError(f"devices[{i}].nodes: unknown node ids {unknown}")
         return self
 
     def attackers(self) -> dict[str, list[AttackSpec]]:
@@ -584,6 +635,10 @@ class TopologyConfig(_Strict):
     @property
     def node_ids(self) -> list[str]:
         return [n.id for n in self.nodes]
+
+    @property
+    def node_hosts(self) -> dict[str, str | None]:
+        return {n.id: n.host for n in self.nodes}
 
     def nodes_on(self, host: str) -> list[str]:
         """The ids of the nodes pinned to ``host`` (``nodes: [{id, host}]``)."""
