@@ -210,6 +210,7 @@ def check_method(
     the method, the model and what failed, so a method that cannot work with a user's
     model says so before the swarm starts."""
     check_defence(cfg, source)
+    check_timing(cfg, source)
     cls = get_algorithm(cfg.algorithm.name)
     try:
         with torch.random.fork_rng(devices=[]):
@@ -257,6 +258,26 @@ def split_summary(model: SplitModel) -> dict[str, list[str]]:
     for (part, module), n in counts.items():
         out.setdefault(part, []).append(f"{module} ({n:,})")
     return out
+
+
+def check_timing(cfg: TopologyConfig, source: str = "topology") -> None:
+    """The ``timing:`` knobs fit the method's kind: ``mode: async`` is the decentralized
+    methods' (a centralized method's rounds are the aggregator's: ``quorum`` makes them
+    semi-asynchronous), ``quorum`` the centralized ones'. A :class:`ConfigError` naming the
+    field otherwise."""
+    cls = get_algorithm(cfg.algorithm.name)
+    t = cfg.timing
+    if cls.kind == "centralized" and t.mode == "async":
+        why = (
+            f"{cls.name} is centralized: its rounds are the aggregator's; set timing.quorum "
+            "(a fraction of the members) for semi-asynchronous rounds instead"
+        )
+        raise ConfigError(source, [("timing.mode", why)])
+    if cls.kind != "centralized" and t.quorum is not None:
+        why = (
+            f"{cls.name} is decentralized: no aggregator waits for a quorum; use timing.mode: async"
+        )
+        raise ConfigError(source, [("timing.quorum", why)])
 
 
 def check_defence(cfg: TopologyConfig, source: str = "topology") -> None:

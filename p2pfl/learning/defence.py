@@ -18,6 +18,10 @@ state it would adopt whole with :meth:`Defence.screen`. The rule comes from the 
   the inputs: a median of one honest and one flipped state is near zero, so a trusted
   reference is what separates them.
 
+In asynchronous rounds (``timing.mode: async``) each input's weight is first multiplied by its
+peer's staleness weight ``(1 + τ)^-a`` (:attr:`Defence.staleness`, docs/algorithms.md,
+"Asynchronous rounds"), so every method's mean discounts a stale peer the same way.
+
 The maths is :mod:`p2pfl.learning.robust`'s; this object holds the configured rule, the
 round (for ``clip``'s schedule) and the peers refused so far in the round, which the round
 driver records (``rejected``).
@@ -57,6 +61,9 @@ class Defence:
         # a trusted state to measure from when no input is the node's own (an aggregator
         # that did not train: its current model's part); set by the caller per round
         self.reference: State | None = None
+        # asynchronous rounds: each peer's staleness weight (1 + τ)^-a, set by the round
+        # driver per round (docs/algorithms.md, "Asynchronous rounds"); empty in sync mode
+        self.staleness: dict[str, float] = {}
 
     @property
     def rule(self) -> str:
@@ -67,6 +74,7 @@ class Defence:
         self.round = round_no
         self.rejected = {}
         self.fallbacks = 0
+        self.staleness = {}
 
     def clip_ratio(self) -> float:
         """``γ·e^(−κt/T)``, the ``clip`` bound of this round relative to ``‖w_i‖``."""
@@ -123,6 +131,8 @@ class Defence:
         rule."""
         if len(who) != len(states):
             raise ValueError(f"defence: {len(states)} states but {len(who)} names")
+        if self.staleness:  # a stale peer counts less: w_j (1 + τ_j)^-a
+            weights = [w * self.staleness.get(p, 1.0) for w, p in zip(weights, who, strict=True)]
         names = list(states[0]) if keys is None and states else list(keys or [])
         rule = self.rule
         if rule == "mean" or (len(states) == 1 and own == 0):

@@ -63,6 +63,7 @@ from p2pfl.metrics import (
     write_json,
     write_text_atomic,
 )
+from p2pfl.node.asynchronous import AsyncDecentralizedRounds
 from p2pfl.node.centralized import CentralizedRounds
 from p2pfl.node.checkpoint import checkpoint_path, load_checkpoint
 from p2pfl.node.decentralized import DecentralizedRounds
@@ -76,8 +77,10 @@ log = logging.getLogger(__name__)
 
 _MODEL_INIT_LOCK = threading.Lock()  # torch's global RNG is shared by co-hosted nodes
 # the round driver of each kind of method (``Method.kind``)
+# (``decentralized-async``: a decentralized method under ``timing.mode: async``)
 DRIVERS: dict[str, type[DecentralizedRounds] | type[CentralizedRounds]] = {
     "decentralized": DecentralizedRounds,
+    "decentralized-async": AsyncDecentralizedRounds,
     "centralized": CentralizedRounds,
 }
 
@@ -382,7 +385,10 @@ class Node:
             records=self.records,
         )
         self.services.resumed_round = self.resumed_round
-        driver = self.driver = DRIVERS[self.method_cls.kind](self.services)
+        kind = self.method_cls.kind
+        if kind == "decentralized" and self.cfg.timing.mode == "async":
+            kind = "decentralized-async"
+        driver = self.driver = DRIVERS[kind](self.services)
         transport.on_presence = self._on_presence
         transport.on_gossip = driver.on_gossip
         transport.on_inbox = driver.on_inbox
@@ -396,6 +402,9 @@ class Node:
         why = self.services.refused.get(env.sender)
         if why is not None:
             await self.services.refuse_pull(env, f"refused: {why}"[:300])
+            return
+        if self.services.off_network:  # an emulated offline window: as if unreachable
+            await self.services.refuse_pull(env, "offline")
             return
         await self.driver.serve_pull(env)
 

@@ -124,7 +124,7 @@ class DecentralizedRounds:
         lock = self._prepare_locks.setdefault(key, asyncio.Lock())
         async with lock:
             if key not in self._prepared:
-                snap = self._snapshots.get(round_no)
+                snap = self._snapshots.get(round_no)  # round_no is a served_round
                 if snap is None:
                     return None
                 state = self.alg.select(snap, part)
@@ -141,13 +141,22 @@ class DecentralizedRounds:
             reason = "not a neighbour"
         elif part not in PARTS:
             reason = f"unknown part {part!r}"
-        prepared = None if reason else await self._prepared_part(env.round, part)
+        served = self.served_round(env.round)
+        prepared = None if reason or served is None else await self._prepared_part(served, part)
         if reason is None and prepared is None:
             reason = f"no state for round {env.round}"
         if reason is not None or prepared is None:
             await svc.refuse_pull(env, reason or "")
             return
         await svc.send_state(env, prepared)
+
+    def served_round(self, requested: int) -> int | None:
+        """The snapshot a pull of round ``requested`` is served from (None: not kept)."""
+        return requested if requested in self._snapshots else None
+
+    def pull_round(self, peer: str, round_no: int) -> int:
+        """The round to ask ``peer`` for in round ``round_no``: the same round."""
+        return round_no
 
     def _keep_snapshot(self, round_no: int, state: State) -> None:
         self._snapshots[round_no] = state
@@ -159,10 +168,22 @@ class DecentralizedRounds:
 
     # ------------------------------------------------------------------ the round
     async def _publish_gossip(self, round_no: int) -> list[str]:
-        """Publish this round's gossip (if the method has any) and draw the peers to hear."""
+        """Publish this round's gossip (if the method has any) and draw the peers to hear:
+        online, in step and trusted."""
+        svc = self.services
+        if not await self._publish(round_no):
+            return []
+        # online, in step and not distrusted (reputation: docs/design.md, "Robust aggregation")
+        in_step = [
+            p for p in svc.neighbours if svc.in_step(p, round_no) and svc.trusted(p, round_no)
+        ]
+        return self.alg.choose_peers(in_step)
+
+    async def _publish(self, round_no: int) -> bool:
+        """Publish this round's gossip; False when the method has none."""
         message = self.alg.gossip()
         if message is None:
-            return []
+            return False
         svc = self.services
         if svc.adversary is not None and "n" in message:  # an experiment's inflated claim
             message = {**message, "n": svc.claimed_samples(message["n"], round_no)}
@@ -171,11 +192,7 @@ class DecentralizedRounds:
             await svc.transport.gossip(round_no, message)
         except TransportError as exc:  # broker gone: peers will not hear from us
             log.warning("%s: round %d: gossip not sent: %s", self.id, round_no, exc)
-        # online, in step and not distrusted (reputation: docs/design.md, "Robust aggregation")
-        in_step = [
-            p for p in svc.neighbours if svc.in_step(p, round_no) and svc.trusted(p, round_no)
-        ]
-        return self.alg.choose_peers(in_step)
+        return True
 
     async def _merge(
         self, round_no: int, got: dict[str, dict[str, Any]], pulled: dict[str, State]
@@ -198,6 +215,25 @@ class DecentralizedRounds:
         svc.merged_from = list(merged.get("merged_from", sorted(pulled)))
         return merged, None
 
+    async def _gather(
+        self, round_no: int, t_comm: float
+    ) -> tuple[list[str], dict[str, dict[str, Any]], dict[str, int] | None]:
+        """Publish this round's gossip, draw the peers and hear them: (chosen, their
+        admitted gossip, their staleness or None). Synchronous rounds wait for the drawn
+        peers' gossip of ``round_no`` (``timing.round_timeout_s`` from ``t_comm`` at most);
+        staleness is not recorded, it is 0 by construction."""
+        svc = self.services
+        chosen = await self._publish_gossip(round_no)
+        deadline = t_comm + svc.cfg.timing.round_timeout_s
+
+        def heard_all() -> bool:
+            got = self._gossip.get(round_no, {})
+            return all(p in got or not svc.in_step(p, round_no) for p in chosen)
+
+        await svc.wait_for(heard_all, deadline)
+        heard = self._gossip.get(round_no, {})
+        return chosen, cap_gossiped_counts(svc, {p: heard[p] for p in chosen if p in heard}), None
+
     async def run_round(self, round_no: int) -> dict[str, Any]:
         """Run round ``round_no``; return its record."""
         svc, alg = self.services, self.alg
@@ -213,22 +249,18 @@ class DecentralizedRounds:
         t_comm = time.monotonic()
         svc.publish_status(round_no, "waiting")
         self._keep_snapshot(round_no, alg.snapshot())
-        chosen = await self._publish_gossip(round_no)
+        chosen, got, staleness = await self._gather(round_no, t_comm)
         deadline = t_comm + svc.cfg.timing.round_timeout_s
-
-        def heard_all() -> bool:
-            got = self._gossip.get(round_no, {})
-            return all(p in got or not svc.in_step(p, round_no) for p in chosen)
-
-        await svc.wait_for(heard_all, deadline)
-        heard = self._gossip.get(round_no, {})
-        got = cap_gossiped_counts(svc, {p: heard[p] for p in chosen if p in heard})
         plan, facts = alg.plan(got)
         svc.publish_status(round_no, "aggregating")
         timeout = max(0.1, deadline - time.monotonic())
         own = self._snapshots[round_no]
         pulled, failed = await svc.pull_many(
-            plan, round_no, timeout, reference=lambda part: alg.select(own, part)
+            plan,
+            round_no,
+            timeout,
+            reference=lambda part: alg.select(own, part),
+            rounds={p: self.pull_round(p, round_no) for p in plan},
         )
         comm_s = time.monotonic() - t_comm
         merged, merge_error = await self._merge(round_no, got, pulled)
@@ -243,6 +275,8 @@ class DecentralizedRounds:
             "pulled": {p: plan[p] for p in sorted(pulled)},
             "pull_failed": failed,
         }
+        if staleness is not None:
+            fields["staleness"] = staleness
         if merge_error is not None:
             fields["merge_error"] = merge_error
         # the states the merge left out are robustness facts: they join ``rejected``
@@ -284,6 +318,7 @@ class DecentralizedRounds:
             await svc.report_round(r - 1, joined=r)
         self._started = True
         while r <= rounds:
+            await svc.sit_out_offline(r)
             ahead = svc.behind(r, svc.neighbours)
             if ahead is not None and ahead + 1 <= rounds:
                 log.warning(

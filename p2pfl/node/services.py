@@ -31,7 +31,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -48,6 +48,7 @@ from p2pfl.learning.state import State
 from p2pfl.learning.train import TrainResult, evaluate, round_lr, train_local
 from p2pfl.metrics import METHOD_KEY, RecordLog, node_log_path
 from p2pfl.node.checkpoint import Checkpoint, checkpoint_path, save_checkpoint
+from p2pfl.node.device import EmulatedDevice
 from p2pfl.wire.codec import state_nbytes
 from p2pfl.wire.envelope import Envelope
 from p2pfl.wire.status import phase_body, pull_body
@@ -230,6 +231,9 @@ class NodeServices:
         self._strikes: dict[str, int] = {}
         self._last_good: tuple[int, dict[str, Any]] | None = None  # (round, checkpoint)
         self._initial = method.checkpoint()  # what a node whose first round diverges keeps
+        # the topology's ``devices:`` entry for this node (speed, offline windows)
+        self.emulated = EmulatedDevice.of(cfg, node_id)
+        self.off_network = False  # inside an emulated offline window: no pull is served
         # an experiment's attack on this node (topology ``attacks:``), None when honest:
         # it wraps what the node serves and how it trains, never a method's code
         self.adversary = Adversary.for_node(cfg, node_id, data.num_classes)
@@ -323,8 +327,11 @@ class NodeServices:
         *,
         attempt: int = 0,
         reference: Callable[[str], State] | None = None,
+        rounds: dict[str, int] | None = None,
     ) -> tuple[dict[str, State], dict[str, str]]:
-        """Pull ``parts[peer]`` of round ``round_no`` from every peer at once; returns the
+        """Pull ``parts[peer]`` of round ``round_no`` (of ``rounds[peer]`` when given: an
+        asynchronous node asks each peer for the round it last gossiped) from every peer
+        at once; returns the
         states that arrived and were admitted and, for the pulls that failed, why. With
         ``reference(part)`` (the node's own matching state), every state must pass
         admission (:func:`~p2pfl.learning.admission.admit_state`: layout, finite values,
@@ -333,8 +340,9 @@ class NodeServices:
         (:meth:`publish_status`)."""
 
         async def one(peer: str) -> State:
+            asked = round_no if rounds is None else rounds.get(peer, round_no)
             state = await self.transport.pull(
-                peer, round_no, parts[peer], timeout, attempt=attempt, max_bytes=self.pull_limit
+                peer, asked, parts[peer], timeout, attempt=attempt, max_bytes=self.pull_limit
             )
             self.publish_status(round_no, pull=(peer, parts[peer], state_nbytes(state)))
             return state
@@ -509,6 +517,7 @@ class NodeServices:
         labels = self.data.train_y
         if self.adversary is not None and self.data.train_set is None:
             labels = self.adversary.train_labels(labels, round_no)
+        t0 = time.monotonic()
         result = await asyncio.to_thread(
             train_local,
             method.model,
@@ -522,6 +531,9 @@ class NodeServices:
             seed=int(self.rng.integers(2**31)),
             device=self.device,
         )
+        if self.emulated.speed < 1.0:  # a slower device: the same work, stretched
+            await asyncio.sleep(self.emulated.extra_compute_s(time.monotonic() - t0))
+            result = replace(result, seconds=time.monotonic() - t0)
         if not math.isfinite(result.loss):
             diverged = await asyncio.to_thread(self._roll_back, round_no, result.loss, lr)
             return TrainOutcome(result, lr, {}, diverged)
@@ -650,6 +662,25 @@ class NodeServices:
             save_checkpoint(checkpoint_path(self.out_dir, self.id), ckpt)
         except OSError as exc:
             log.warning("%s: round %d: checkpoint not written: %s", self.id, round_no, exc)
+
+    async def sit_out_offline(self, round_no: int) -> float:
+        """Inside an emulated offline window (``devices[].offline``): leave the network
+        until it ends (presence ``offline``, no pull served, no round run), then come back
+        ``online``; returns the seconds spent off (0: online)."""
+        left = self.emulated.offline_left()
+        if left <= 0:
+            return 0.0
+        log.info("%s: emulated device offline for %.1f s before round %d", self.id, left, round_no)
+        self.off_network = True
+        try:
+            with contextlib.suppress(TransportError):
+                await self.transport.set_status("offline")
+            await asyncio.sleep(left)
+        finally:
+            self.off_network = False
+        with contextlib.suppress(TransportError):
+            await self.transport.set_status("online")
+        return left
 
     async def report_round(self, round_no: int, *, joined: int | None = None) -> None:
         """Tell peers (presence) that this node finished ``round_no`` (or skipped to the
