@@ -49,6 +49,7 @@ from p2pfl.learning.train import TrainResult, evaluate, round_lr, train_local
 from p2pfl.metrics import METHOD_KEY, RecordLog, node_log_path
 from p2pfl.node.checkpoint import Checkpoint, checkpoint_path, save_checkpoint
 from p2pfl.wire.codec import state_nbytes
+from p2pfl.wire.compress import CompressError, decode_state, is_compressed
 from p2pfl.wire.envelope import Envelope
 from p2pfl.wire.status import phase_body, pull_body
 from p2pfl.wire.transfers import PreparedState
@@ -313,7 +314,10 @@ class NodeServices:
             state = self.adversary.outgoing(state, round_no, what)
         loop = asyncio.get_running_loop()
         digest = self.transport.digest_name  # BLAKE3 when signing, else XXH3 (wire.digest)
-        return await loop.run_in_executor(PACK_POOL, PreparedState.from_state, state, digest)
+        compress = self.cfg.transfer.compress  # the wire form is what is digested and sent
+        return await loop.run_in_executor(
+            PACK_POOL, PreparedState.from_state, state, digest, compress
+        )
 
     async def pull_many(
         self,
@@ -329,14 +333,23 @@ class NodeServices:
         ``reference(part)`` (the node's own matching state), every state must pass
         admission (:func:`~p2pfl.learning.admission.admit_state`: layout, finite values,
         norm bound) before any method sees it; one that fails is left out and named in the
-        round's :attr:`rejected`. Each pull that arrives is told to observers
-        (:meth:`publish_status`)."""
+        round's :attr:`rejected`. A compressed state (any codec, whatever this node's own
+        ``transfer.compress``) is decoded first, at most :attr:`pull_limit` bytes decoded;
+        one that does not decode fails its pull (``bad_transfer``; docs/wire.md,
+        "Compression"). Each pull that arrives is told to observers
+        (:meth:`publish_status`, with the bytes that travelled)."""
 
         async def one(peer: str) -> State:
             state = await self.transport.pull(
                 peer, round_no, parts[peer], timeout, attempt=attempt, max_bytes=self.pull_limit
             )
             self.publish_status(round_no, pull=(peer, parts[peer], state_nbytes(state)))
+            if is_compressed(state):  # decoded before admission, whatever codec the peer used
+                try:
+                    state = await asyncio.to_thread(decode_state, state, max_bytes=self.pull_limit)
+                except CompressError as exc:
+                    self.drop("bad_transfer", f"state from {peer} rejected: {exc}")
+                    raise TransportError(f"state from {peer} does not decode: {exc}") from None
             return state
 
         peers = sorted(parts)
