@@ -333,23 +333,16 @@ class NodeServices:
         ``reference(part)`` (the node's own matching state), every state must pass
         admission (:func:`~p2pfl.learning.admission.admit_state`: layout, finite values,
         norm bound) before any method sees it; one that fails is left out and named in the
-        round's :attr:`rejected`. A compressed state (any codec, whatever this node's own
-        ``transfer.compress``) is decoded first, at most :attr:`pull_limit` bytes decoded;
-        one that does not decode fails its pull (``bad_transfer``; docs/wire.md,
-        "Compression"). Each pull that arrives is told to observers
-        (:meth:`publish_status`, with the bytes that travelled)."""
+        round's :attr:`rejected`. A compressed state is decoded first (:meth:`decoded`);
+        one that does not decode fails its pull. Each pull that arrives is told to
+        observers (:meth:`publish_status`)."""
 
         async def one(peer: str) -> State:
             state = await self.transport.pull(
                 peer, round_no, parts[peer], timeout, attempt=attempt, max_bytes=self.pull_limit
             )
+            state = await self.decoded(peer, state)  # before admission
             self.publish_status(round_no, pull=(peer, parts[peer], state_nbytes(state)))
-            if is_compressed(state):  # decoded before admission, whatever codec the peer used
-                try:
-                    state = await asyncio.to_thread(decode_state, state, max_bytes=self.pull_limit)
-                except CompressError as exc:
-                    self.drop("bad_transfer", f"state from {peer} rejected: {exc}")
-                    raise TransportError(f"state from {peer} does not decode: {exc}") from None
             return state
 
         peers = sorted(parts)
@@ -369,6 +362,20 @@ class NodeServices:
         if self.adversary is not None:
             self.adversary.remember(round_no, pulled)
         return pulled, failed
+
+    async def decoded(self, peer: str, state: State) -> State:
+        """``state`` as pulled from ``peer``, decoded when it travelled compressed (any
+        codec, whatever this node's own ``transfer.compress``; docs/wire.md,
+        "Compression"), at most :attr:`pull_limit` bytes decoded. One that does not decode
+        is counted (``bad_transfer``) and raises :class:`TransportError`, as a corrupt
+        transfer does."""
+        if not is_compressed(state):
+            return state
+        try:
+            return await asyncio.to_thread(decode_state, state, max_bytes=self.pull_limit)
+        except CompressError as exc:
+            self.drop("bad_transfer", f"state from {peer} rejected: {exc}")
+            raise TransportError(f"state from {peer} does not decode: {exc}") from None
 
     # ------------------------------------------------------------------ robustness
     def admit(self, state: Any, reference: State, *, layout: bool = True) -> str | None:
