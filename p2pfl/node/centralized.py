@@ -237,6 +237,7 @@ class CentralizedRounds:
                 attempt=attempt,
                 max_bytes=self.services.pull_limit,
             )
+            state = await self.services.decoded(aggregator, state)  # docs/wire.md, "Compression"
         except TransportError as exc:
             return None, str(exc)
         self.services.publish_status(round_no, pull=(aggregator, "result", state_nbytes(state)))

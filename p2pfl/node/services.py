@@ -50,6 +50,7 @@ from p2pfl.metrics import METHOD_KEY, RecordLog, node_log_path
 from p2pfl.node.checkpoint import Checkpoint, checkpoint_path, save_checkpoint
 from p2pfl.node.device import EmulatedDevice
 from p2pfl.wire.codec import state_nbytes
+from p2pfl.wire.compress import CompressError, decode_state, is_compressed
 from p2pfl.wire.envelope import Envelope
 from p2pfl.wire.status import phase_body, pull_body
 from p2pfl.wire.transfers import PreparedState
@@ -317,7 +318,10 @@ class NodeServices:
             state = self.adversary.outgoing(state, round_no, what)
         loop = asyncio.get_running_loop()
         digest = self.transport.digest_name  # BLAKE3 when signing, else XXH3 (wire.digest)
-        return await loop.run_in_executor(PACK_POOL, PreparedState.from_state, state, digest)
+        compress = self.cfg.transfer.compress  # the wire form is what is digested and sent
+        return await loop.run_in_executor(
+            PACK_POOL, PreparedState.from_state, state, digest, compress
+        )
 
     async def pull_many(
         self,
@@ -336,14 +340,16 @@ class NodeServices:
         ``reference(part)`` (the node's own matching state), every state must pass
         admission (:func:`~p2pfl.learning.admission.admit_state`: layout, finite values,
         norm bound) before any method sees it; one that fails is left out and named in the
-        round's :attr:`rejected`. Each pull that arrives is told to observers
-        (:meth:`publish_status`)."""
+        round's :attr:`rejected`. A compressed state is decoded first (:meth:`decoded`);
+        one that does not decode fails its pull. Each pull that arrives is told to
+        observers (:meth:`publish_status`)."""
 
         async def one(peer: str) -> State:
             asked = round_no if rounds is None else rounds.get(peer, round_no)
             state = await self.transport.pull(
                 peer, asked, parts[peer], timeout, attempt=attempt, max_bytes=self.pull_limit
             )
+            state = await self.decoded(peer, state)  # before admission
             self.publish_status(round_no, pull=(peer, parts[peer], state_nbytes(state)))
             return state
 
@@ -364,6 +370,20 @@ class NodeServices:
         if self.adversary is not None:
             self.adversary.remember(round_no, pulled)
         return pulled, failed
+
+    async def decoded(self, peer: str, state: State) -> State:
+        """``state`` as pulled from ``peer``, decoded when it travelled compressed (any
+        codec, whatever this node's own ``transfer.compress``; docs/wire.md,
+        "Compression"), at most :attr:`pull_limit` bytes decoded. One that does not decode
+        is counted (``bad_transfer``) and raises :class:`TransportError`, as a corrupt
+        transfer does."""
+        if not is_compressed(state):
+            return state
+        try:
+            return await asyncio.to_thread(decode_state, state, max_bytes=self.pull_limit)
+        except CompressError as exc:
+            self.drop("bad_transfer", f"state from {peer} rejected: {exc}")
+            raise TransportError(f"state from {peer} does not decode: {exc}") from None
 
     # ------------------------------------------------------------------ robustness
     def admit(self, state: Any, reference: State, *, layout: bool = True) -> str | None:

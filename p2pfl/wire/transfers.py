@@ -22,6 +22,7 @@ import numpy as np
 
 from p2pfl.errors import P2PFLError
 from p2pfl.wire.codec import CodecError, buffer_to_state, state_to_buffer
+from p2pfl.wire.compress import encode_state
 from p2pfl.wire.digest import (
     AUTHENTICATING,
     DEFAULT_DIGEST,
@@ -50,8 +51,14 @@ class PreparedState:
     hexdigest: str
 
     @classmethod
-    def from_state(cls, state: State, digest: str = DEFAULT_DIGEST) -> PreparedState:
-        index, buf = state_to_buffer(state)
+    def from_state(
+        cls, state: State, digest: str = DEFAULT_DIGEST, compress: str = "none"
+    ) -> PreparedState:
+        """``state`` in its wire form under ``compress`` (``transfer.compress``;
+        :mod:`p2pfl.wire.compress`), packed and digested: the digest, and so a signature,
+        covers the bytes that travel. ``none`` packs ``state`` itself."""
+        wire = state if compress == "none" else encode_state(state, compress)
+        index, buf = state_to_buffer(wire)
         return cls(index=index, buf=buf, digest_name=digest, hexdigest=hexdigest(buf, digest))
 
     def nchunks(self, chunk: int) -> int:

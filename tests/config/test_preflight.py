@@ -134,3 +134,33 @@ def test_a_defence_rule_that_cannot_hold_names_the_rule_n_and_f(overrides, text)
 def test_a_defence_rule_that_holds_passes():
     check_inputs(_cfg(["edges=full", "defence={rule: trimmed_mean, beta: 0.25}"]))
     check_inputs(_cfg(["algorithm.name=fedavg", "algorithm.params={}", "defence={rule: median}"]))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "text"),
+    [
+        (["transfer.compress=topk(0.1)"], "topk(0.1) is not supported by the daemon yet"),
+        (
+            [
+                "algorithm.name=fedavg",
+                "algorithm.params={}",
+                "security.sign=true",
+                "transfer.compress=int8",
+            ],
+            "int8 is lossy and security.audit recomputes each aggregate bit for bit",
+        ),
+    ],
+)
+def test_a_compression_the_swarm_cannot_run_names_transfer_compress(overrides, text):
+    with pytest.raises(ConfigError) as exc:
+        check_inputs(_cfg(overrides), source="synthetic.yaml")
+    assert "synthetic.yaml: transfer.compress: " in str(exc.value), str(exc.value)
+    assert text in str(exc.value), str(exc.value)
+
+
+def test_compressions_the_swarm_can_run_pass():
+    check_inputs(_cfg(["transfer.compress=int8"]))
+    check_inputs(_cfg(["transfer.compress=fp16", "security.sign=true"]))  # decentralized
+    fedavg = ["algorithm.name=fedavg", "algorithm.params={}", "transfer.compress=int8"]
+    check_inputs(_cfg(fedavg))
+    check_inputs(_cfg([*fedavg, "security.sign=true", "security.audit=false"]))

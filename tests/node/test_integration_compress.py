@@ -1,0 +1,54 @@
+"""Compressed transfers end to end (docs/wire.md, "Compression"): a small swarm on a real
+Mosquitto on loopback, with and without ``transfer.compress: int8``, on each lane and for
+both kinds of method (snapshots pulled by neighbours; uploads and aggregator results)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from swarm_helpers import check_run_dir
+
+from p2pfl.config.load import load_topology
+from p2pfl.launch.broker import have_mosquitto
+from p2pfl.launch.swarm import run_swarm
+
+pytestmark = pytest.mark.integration
+
+
+def run(tmp_path, name: str, overrides: list[str]) -> list[dict]:
+    cfg = load_topology("topologies/synthetic.yaml", ["rounds=2", *overrides])
+    out = tmp_path / name
+    code, _ = run_swarm(cfg, out, nodes_per_process=4, broker_kind="mosquitto", progress=False)
+    assert code == 0
+    logs = check_run_dir(out, cfg.node_ids, 2)
+    return [r for recs in logs.values() for r in recs]
+
+
+@pytest.mark.parametrize(
+    "method, lane",
+    [("uapdfl", "direct"), ("fedavg", "mqtt")],
+)
+def test_int8_sends_fewer_state_bytes_and_the_swarm_still_learns(tmp_path, method, lane):
+    if not have_mosquitto():
+        pytest.fail("mosquitto is not installed: apt-get install -y mosquitto")
+    base = [
+        f"algorithm.name={method}",
+        *([] if method == "uapdfl" else ["algorithm.params={}"]),
+        f"transfer.direct={str(lane == 'direct').lower()}",
+    ]
+    recs = {c: run(tmp_path, c, [*base, f"transfer.compress={c}"]) for c in ("none", "int8")}
+    sent = {c: sum(r["bytes_sent"] for r in rs) for c, rs in recs.items()}
+    for c, rs in recs.items():
+        assert {lane_ for r in rs for lane_ in r["lanes"].values()} == {lane}, c
+        assert all(r["rejected"] == {} for r in rs), c
+        assert all(math.isfinite(r["test_acc"]) and r["test_acc"] > 0 for r in rs), c
+    print(f"{method} over {lane}: bytes sent {sent}")
+    assert sent["int8"] < 0.6 * sent["none"], sent
+    # the decoded (lossy) states are what the nodes merged: the losses move a little,
+    # the accuracy hardly
+    loss = {c: [r["test_loss"] for r in rs] for c, rs in recs.items()}
+    acc = {c: sum(r["test_acc"] for r in rs) / len(rs) for c, rs in recs.items()}
+    print(f"{method} over {lane}: test loss {loss}, mean acc {acc}")
+    assert loss["int8"] != loss["none"]
+    assert abs(acc["int8"] - acc["none"]) < 0.1, acc
