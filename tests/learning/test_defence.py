@@ -113,3 +113,14 @@ def test_without_an_own_state_a_trusted_reference_separates_honest_from_flipped(
     out = d.combine([st(-3.0, -4.0), st(30.0, 40.0)], [1, 1], who=["b", "c"], own=None)
     assert sorted(d.rejected) == ["b", "c"]
     assert torch.equal(out["g.w"], d.reference["g.w"])  # nothing trusted: the model stays
+
+
+def test_staleness_weights_scale_each_peer_and_reset_each_round():
+    d = defence("mean")
+    d.staleness = {"b": 0.5}  # b is stale: (1 + 3)^-0.5
+    states = [st(1.0, 1.0), st(3.0, 3.0)]
+    out = d.combine(states, [1, 1], who=["me", "b"])
+    assert torch.allclose(out["g.w"], weighted_mean(states, [1, 0.5])["g.w"])
+    d.begin_round(2)
+    assert d.staleness == {}
+    assert torch.equal(d.combine(states, [1, 1], who=["me", "b"])["g.w"], torch.tensor([2.0, 2.0]))
