@@ -245,7 +245,7 @@ async def test_reconnects_and_resubscribes_after_broker_restart(tmp_path, broker
     try:
         broker.stop()
         for _ in range(100):
-            if not a._connected.is_set() and not b._connected.is_set():
+            if not a.connected and not b.connected:
                 break
             await asyncio.sleep(0.05)
         broker = make_broker(broker_kind, port=port, workdir=tmp_path / "b2").start()
@@ -253,10 +253,10 @@ async def test_reconnects_and_resubscribes_after_broker_restart(tmp_path, broker
         # its presence to come back online through the new broker, not for an entry to exist
         for _ in range(400):
             online = a.peers.get("b", {}).get("status") == "online"
-            if a._connected.is_set() and b._connected.is_set() and online:
+            if a.connected and b.connected and online:
                 break
             await asyncio.sleep(0.05)
-        assert a._connected.is_set() and b._connected.is_set()
+        assert a.connected and b.connected
         assert a.peers["b"]["status"] == "online"  # presence re-announced to the new broker
         got = await a.pull("b", 1, "all", timeout=10)
         assert torch.equal(got["g.w"], state["g.w"])
