@@ -121,7 +121,8 @@ class DirectEndpoint:
             self.stats.received_direct(len(head) + size, messages=1)
             tls = self.lane.server_tls is not None
             certificate = direct.peer_common_name(writer.transport) if tls else None
-            env = inbound.direct_request(payload, tls=tls, certificate=certificate)
+            nbytes = len(head) + size
+            env = await inbound.direct_request(payload, nbytes, tls=tls, certificate=certificate)
             if env is None or inbound.on_request is None:
                 return
             self.replies[env.id] = writer
@@ -167,9 +168,12 @@ class DirectEndpoint:
             self.stats.sent_direct(
                 len(direct.MAGIC) + direct.LENGTH.size + len(payload), messages=0
             )
-            reply = inbound.direct_reply(peer, await rx.read_frame(self.max_message_bytes))
+            frame = await rx.read_frame(self.max_message_bytes)
+            arrived = asyncio.get_running_loop().time()  # the answer's first bytes are in
+            reply = inbound.direct_reply(peer, frame)
             body = reply.body if isinstance(reply.body, dict) else {}
             if reply.kind == "pull_error":
+                await inbound.crossed(peer, direct.LENGTH.size + len(frame), arrived)
                 raise TransportError(f"{peer} refused the pull: {body.get('reason')}")
             if reply.kind != "xfer_meta" or body.get("xfer") != xfer:
                 raise TransportError(f"direct pull from {peer}: unexpected {reply.kind}")
@@ -186,6 +190,8 @@ class DirectEndpoint:
             await rx.read_into(buf)
             rx.sink = None
             self.stats.received_direct(rx.received, messages=1)
+            # the answer, metadata and bytes, crosses the peer's emulated link as one message
+            await inbound.crossed(peer, direct.LENGTH.size + len(frame) + meta.total, arrived)
             if hasher.hexdigest() != meta.hexdigest:
                 inbound.drop(
                     "bad_transfer", f"direct transfer from {peer} rejected: digest mismatch"

@@ -11,7 +11,8 @@ Both lanes feed one :class:`ReceivePipeline`:
 
 The steps, in order: size → topic shape (MQTT) → decode → swarm → the lane's sender
 checks (topic owner, TLS certificate) → signature and freshness in a signed swarm
-(:mod:`p2pfl.security.signing`) → duplicate ids → dispatch to the node's handlers
+(:mod:`p2pfl.security.signing`) → the emulated link from the sender, when the topology
+emulates one (:mod:`p2pfl.wire.emulation`) → duplicate ids → dispatch to the node's handlers
 (``on_presence``, ``on_gossip``, ``on_inbox``, ``on_request``) or to the transfers being
 received (:class:`~p2pfl.wire.transfers.IncomingTransfers`). A message that fails a step
 is dropped: counted in :attr:`ReceivePipeline.dropped` under its reason and logged (the
@@ -22,6 +23,7 @@ handler that raises is counted as ``handler_error``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import Counter, OrderedDict
@@ -29,6 +31,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from p2pfl.wire.codec import CodecError
+from p2pfl.wire.emulation import LinkEmulator
 from p2pfl.wire.envelope import GOSSIP_KINDS, INBOX_KINDS, Envelope
 from p2pfl.wire.errors import TransportError
 from p2pfl.wire.mqtt_lane import Topics
@@ -55,7 +58,8 @@ class ReceivePipeline:
 
     :attr:`peers` holds the latest presence of every node heard; :attr:`transfers` the
     pulls being received over MQTT. ``security``: verify signatures and freshness (a
-    signed swarm)."""
+    signed swarm). ``links``: hold back what each peer sends by its emulated path (None:
+    dispatch at once)."""
 
     def __init__(
         self,
@@ -65,6 +69,7 @@ class ReceivePipeline:
         stats: TransportStats,
         *,
         security: MessageSecurity | None = None,
+        links: LinkEmulator | None = None,
     ):
         self.node_id = node_id
         self.topics = topics
@@ -72,6 +77,7 @@ class ReceivePipeline:
         self.max_message_bytes = max_message_bytes
         self.stats = stats
         self.security = security
+        self.links = links
         self.dropped: Counter[str] = Counter()
         self.peers: dict[str, dict[str, Any]] = {}  # latest presence of every node seen
         self.on_gossip: Callable[[Envelope], None] | None = None
@@ -108,9 +114,20 @@ class ReceivePipeline:
         if not task.cancelled() and task.exception() is not None:
             log.warning("%s: serving a request failed: %r", self.node_id, task.exception())
 
-    def cancel_tasks(self) -> None:
+    def close(self) -> None:
+        """Fail the transfers being received, drop what the emulated links hold, cancel
+        the requests being served."""
+        self.transfers.close()
+        if self.links is not None:
+            self.links.close()
         for t in list(self._tasks):
             t.cancel()
+
+    async def crossed(self, peer: str, nbytes: int, now: float | None = None) -> None:
+        """Return once ``nbytes`` that ``peer`` sent (and that reached this node at loop
+        time ``now``, default now) have crossed its emulated link; at once without one."""
+        if self.links is not None:
+            await self.links.crossed(peer, nbytes, now)
 
     # ------------------------------------------------------------------ shared steps
     def _decode(self, payload: bytes, where: str) -> Envelope | None:
@@ -192,7 +209,19 @@ class ReceivePipeline:
                     detail += f", sent {time.time() - env.ts:+.0f} s ago"
                 self.drop(reason, detail)
                 return
+        links = self.links
+        if links is not None and links.delays(env.sender):
+            later = functools.partial(self._route_later, topic, channel, owner, env)
+            links.deliver(env.sender, size, later)
+            return
         self._route(topic, channel, owner, env)
+
+    def _route_later(self, topic: str, channel: str, owner: str, env: Envelope) -> None:
+        """Route a message the emulated link held back; never raises."""
+        try:
+            self._route(topic, channel, owner, env)
+        except Exception as exc:  # a peer's bytes must never kill the node
+            self.drop("handler_error", f"{topic}: {exc!r}")
 
     def _route(self, topic: str, channel: str, owner: str, env: Envelope) -> None:
         """Hand an admitted MQTT message to its handler."""
@@ -241,13 +270,14 @@ class ReceivePipeline:
             self.drop("unexpected_kind", f"{topic}: {env.kind}")
 
     # ------------------------------------------------------------------ the direct lane
-    def direct_request(
-        self, payload: bytes, *, tls: bool = False, certificate: str | None = None
+    async def direct_request(
+        self, payload: bytes, nbytes: int, *, tls: bool = False, certificate: str | None = None
     ) -> Envelope | None:
-        """A pull a direct client sent (its frame already read and within the size limit)
-        passes the checks of a ``pull`` in this node's inbox: shape, swarm, kind,
-        signature and freshness, duplicates; with ``tls``, the client ``certificate``'s CN
-        must be the sender. The envelope, or None (and counted) when it does not."""
+        """A pull a direct client sent (its frame of ``nbytes`` already read and within the
+        size limit) passes the checks of a ``pull`` in this node's inbox: shape, swarm,
+        kind, signature and freshness, then the sender's emulated link, then duplicates;
+        with ``tls``, the client ``certificate``'s CN must be the sender. The envelope, or
+        None (and counted) when it does not."""
         env = self._decode(payload, "direct")
         if env is None or not self._of_this_swarm(env, "direct"):
             return None
@@ -264,13 +294,15 @@ class ReceivePipeline:
             if reason is not None:
                 self.drop(reason, f"direct: pull claiming to be from {env.sender!r}")
                 return None
+        await self.crossed(env.sender, nbytes)
         if not self._first_time(env, "direct"):
             return None
         return env
 
     def direct_reply(self, peer: str, payload: bytes) -> Envelope:
         """The answer frame of a direct pull from ``peer``, checked as an inbox message from
-        ``peer``; :class:`TransportError` (and counted) when it is not one."""
+        ``peer``; :class:`TransportError` (and counted) when it is not one. The caller
+        waits for the emulated link (:meth:`crossed`) once the whole answer is in."""
         env = self._decode(payload, f"direct reply from {peer}")
         if env is None:
             raise TransportError(f"direct pull from {peer}: malformed reply")

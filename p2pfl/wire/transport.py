@@ -36,6 +36,10 @@ given ``listen_to``, the peers it talks to: then it subscribes to their topics o
 sparse graph the broker delivers each presence and gossip message to a node's neighbours
 instead of to the whole swarm (``N·k`` deliveries a round instead of ``N²``).
 
+Given ``links`` (a :class:`~p2pfl.wire.emulation.LinkEmulator`, from the topology's
+``network:``), what this node receives from a peer, on either lane, is held back by the
+emulated path from that peer before it is dispatched; without it nothing is delayed.
+
 Use as ``async with Transport(...) as t:``.
 """
 
@@ -56,6 +60,7 @@ import aiomqtt
 from p2pfl.wire import direct
 from p2pfl.wire.digest import transfer_digest
 from p2pfl.wire.direct_lane import DirectEndpoint
+from p2pfl.wire.emulation import LinkEmulator
 from p2pfl.wire.envelope import GOSSIP_KINDS, Envelope
 from p2pfl.wire.errors import BrokerLostError, TransportError
 from p2pfl.wire.mqtt_lane import PUBLISH_WINDOW, MqttLane, Topics
@@ -121,6 +126,7 @@ class Transport:
         tls_context: ssl.SSLContext | None = None,
         direct_lane: direct.DirectLane | None = None,
         listen_to: Sequence[str] | None = None,
+        links: LinkEmulator | None = None,
     ):
         self.swarm = swarm
         self.node_id = node_id
@@ -136,7 +142,7 @@ class Transport:
         self.security = security  # sign what we send, verify what we receive
         self.stats = TransportStats()
         self.inbound = ReceivePipeline(
-            node_id, self.topics, max_message_bytes, self.stats, security=security
+            node_id, self.topics, max_message_bytes, self.stats, security=security, links=links
         )
         # the pipeline's own objects, under the names the node reads
         self.dropped: Counter[str] = self.inbound.dropped
@@ -211,10 +217,9 @@ class Transport:
             self.status = "offline"
             with contextlib.suppress(Exception):
                 await self.mqtt.publish_presence()
-        self.transfers.close()
         if self.direct is not None:
             self.direct.close()
-        self.inbound.cancel_tasks()
+        self.inbound.close()
         await self.mqtt.close()
 
     def offline_seconds(self) -> float:
