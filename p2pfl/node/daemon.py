@@ -383,7 +383,9 @@ class Node:
             max_message_bytes=int(cfg.max_message_mb * 2**20),
             max_transfer_bytes=int(cfg.max_transfer_mb * 2**20),
             broker_timeout=cfg.timing.broker_timeout_s,
-            # no broker at start: fail within the same bound as an outage (30 s at most)
+            # a broker slow to start is retried for as long as the node waits for its peers
+            startup_timeout=cfg.timing.startup_timeout_s,
+            # a publish waits for a lost connection within the bound of an outage (30 s at most)
             connect_timeout=min(30.0, cfg.timing.broker_timeout_s),
             security=signing,
             tls_context=tls,

@@ -8,22 +8,29 @@ hands every message it receives, raw, to ``on_message`` (the receive pipeline,
 :mod:`p2pfl.wire.receive`). It makes and checks no envelope: the transport
 (:mod:`p2pfl.wire.transport`) gives it the presence and Will payloads, ready to send.
 
-A publish on a connection that drops fails at once (:class:`~p2pfl.wire.errors.TransportError`);
-a publish while disconnected waits for the connection up to ``connect_timeout``. Outages
-are timed (:meth:`MqttLane.offline_seconds`) and one longer than ``broker_timeout`` ends
-:meth:`MqttLane.watch_broker` with :class:`~p2pfl.wire.errors.BrokerLostError`.
+Until the first connection succeeds, a failed attempt (refused, timed out, handshake cut
+short: a broker still starting, or slow) is logged once, as one line, and retried after an
+exponential backoff with full jitter (:func:`first_connection_waits`, seeded with the node
+id); the caller bounds the whole wait (:meth:`MqttLane.wait_connected`). After that, a lost
+connection is an outage: retried every 0.2 s doubling to 5 s, timed
+(:meth:`MqttLane.offline_seconds`), and one longer than ``broker_timeout`` ends
+:meth:`MqttLane.watch_broker` with :class:`~p2pfl.wire.errors.BrokerLostError`. A publish on
+a connection that drops fails at once (:class:`~p2pfl.wire.errors.TransportError`); a
+publish while disconnected waits for the connection up to ``connect_timeout``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import random
 import socket
 import ssl
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +44,18 @@ log = logging.getLogger("p2pfl.wire.transport")
 
 PUBLISH_WINDOW = 16  # QoS-1 publishes in flight per transfer
 KEEPALIVE_S = 15
+FIRST_WAIT_S = 0.25  # the first retry of the first connection waits up to this long
+MAX_WAIT_S = 5.0  # and no retry waits longer
+
+
+def first_connection_waits(node_id: str) -> Iterator[float]:
+    """The waits before each retry of a node's first connection: exponential backoff with
+    full jitter, the ``n``-th drawn uniformly from ``[0, min(MAX_WAIT_S, FIRST_WAIT_S ·
+    2^n)]``, so nodes started together do not retry together. Seeded with ``node_id``: the
+    same node waits the same on every run."""
+    rng = random.Random(f"p2pfl-first-connection:{node_id}")
+    for n in itertools.count():
+        yield rng.uniform(0.0, min(MAX_WAIT_S, FIRST_WAIT_S * 2 ** min(n, 16)))
 
 
 @dataclass(frozen=True)
@@ -105,6 +124,7 @@ class MqttLane:
         self._down_since: float | None = None  # monotonic time the current outage began
         self._offline_total = 0.0  # seconds without a broker in finished outages
         self._session_end: asyncio.Future | None = None  # done when this connection is lost
+        self._ever_connected = False  # before: retrying the first connection, not an outage
         self._closing = False
         self._task: asyncio.Task | None = None
 
@@ -147,7 +167,10 @@ class MqttLane:
 
     async def _run(self) -> None:
         backoff = 0.2
+        first_waits = first_connection_waits(self.node_id)
+        started, tries = time.monotonic(), 0
         while not self._closing:
+            tries += 1
             try:
                 async with self._client_factory(
                     self.host,
@@ -175,6 +198,16 @@ class MqttLane:
                         client, self.topics.of("presence", self.node_id), self._presence(), 1, True
                     )
                     self._connected.set()
+                    if not self._ever_connected and tries > 1:
+                        log.info(
+                            "%s: connected to the broker at %s:%d after %d tries (%.1f s)",
+                            self.node_id,
+                            self.host,
+                            self.port,
+                            tries,
+                            time.monotonic() - started,
+                        )
+                    self._ever_connected = True
                     self._back_online()
                     backoff = 0.2
                     async for message in client.messages:
@@ -185,6 +218,9 @@ class MqttLane:
                 self._client = None
                 if self._closing:
                     break
+                if not self._ever_connected:
+                    await self._retry_first(exc, next(first_waits), tries)
+                    continue
                 if self._down_since is None:
                     self._down_since = time.monotonic()
                     self._lost.set()
@@ -193,6 +229,24 @@ class MqttLane:
                 backoff = min(backoff * 2, 5.0)
         self._end_session()
         self._client = None
+
+    async def _retry_first(self, exc: Exception, wait: float, tries: int) -> None:
+        """The first connection failed: say so (once at warning level; later tries at
+        debug level) and wait ``wait`` seconds before the next try."""
+        why = (
+            "refused the connection" if isinstance(exc, aiomqtt.MqttCodeError) else "did not answer"
+        )
+        log.log(
+            logging.WARNING if tries == 1 else logging.DEBUG,
+            "%s: broker at %s:%d %s (%s); retrying in %.1f s",
+            self.node_id,
+            self.host,
+            self.port,
+            why,
+            exc,
+            wait,
+        )
+        await asyncio.sleep(wait)
 
     def _end_session(self) -> None:
         """The connection is gone: what is still being published on it fails now."""
@@ -210,7 +264,7 @@ class MqttLane:
 
     def offline_seconds(self) -> float:
         """Seconds spent without a broker since the first connection (the current outage
-        included)."""
+        included; the wait for the first connection is not an outage)."""
         current = 0.0 if self._down_since is None else time.monotonic() - self._down_since
         return self._offline_total + current
 

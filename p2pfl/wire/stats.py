@@ -9,7 +9,9 @@ from dataclasses import dataclass
 @dataclass
 class TransportStats:
     """Bytes and messages this node sent and received. ``bytes_*`` and ``messages_*``
-    count both lanes; ``direct_bytes_*`` are the direct lane's share of them."""
+    count both lanes; ``direct_bytes_*`` are the direct lane's share of them. Received
+    bytes count when they reach this node's socket, before any emulated link holds them
+    back (:mod:`p2pfl.wire.emulation`)."""
 
     bytes_sent: int = 0  # both lanes
     bytes_recv: int = 0

@@ -101,6 +101,11 @@ class Transport:
     - ``on_request(envelope)`` (a coroutine) for ``pull`` requests addressed to this node,
     - ``on_inbox(envelope)`` for other small messages addressed to this node (``report``),
     - ``on_presence(node_id, status_dict)`` when a presence changes.
+
+    ``async with`` connects: it retries the first connection for ``startup_timeout``
+    seconds (default ``connect_timeout``: a broker still starting, or slow), then fails
+    with :class:`TransportError`. A publish while the connection is lost waits for it up to
+    ``connect_timeout``; :meth:`watch_broker` gives up after ``broker_timeout``.
     """
 
     on_gossip = _handler("on_gossip")
@@ -120,6 +125,7 @@ class Transport:
         max_transfer_bytes: int = 2 << 30,
         chunk_bytes: int = CHUNK_BYTES,
         connect_timeout: float = 30.0,
+        startup_timeout: float | None = None,
         broker_timeout: float | None = None,
         client_factory: Callable[..., aiomqtt.Client] | None = None,
         security: MessageSecurity | None = None,
@@ -139,6 +145,8 @@ class Transport:
         self.max_transfer_bytes = max_transfer_bytes
         self.chunk_bytes = chunk_bytes
         self.connect_timeout = connect_timeout
+        # how long the first connection is retried (None: connect_timeout)
+        self.startup_timeout = connect_timeout if startup_timeout is None else startup_timeout
         self.security = security  # sign what we send, verify what we receive
         self.stats = TransportStats()
         self.inbound = ReceivePipeline(
@@ -198,13 +206,13 @@ class Transport:
         if self.direct is not None:
             self.presence_info["direct"] = await self.direct.start()
         self.mqtt.start()
-        try:
-            await self.mqtt.wait_connected(self.connect_timeout)
+        try:  # a broker that is slow or still starting is retried until then
+            await self.mqtt.wait_connected(self.startup_timeout)
         except asyncio.TimeoutError:
             await self.close(graceful=False)
             raise TransportError(
                 f"{self.node_id}: no MQTT broker reachable at {self.host}:{self.port} "
-                f"within {self.connect_timeout:.0f} s"
+                f"within {self.startup_timeout:.0f} s"
             ) from None
         return self
 

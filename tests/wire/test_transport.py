@@ -346,3 +346,50 @@ async def test_publish_in_flight_fails_when_the_connection_drops(broker):
     finally:
         await t.close(graceful=False)
         broker.stop()
+
+
+def test_first_connection_waits_are_seeded_backoff_with_full_jitter():
+    from p2pfl.wire.mqtt_lane import FIRST_WAIT_S, MAX_WAIT_S, first_connection_waits
+
+    def waits(node: str) -> list[float]:
+        it = first_connection_waits(node)
+        return [next(it) for _ in range(40)]
+
+    a = waits("a")
+    assert a == waits("a") and a != waits("b")  # the same node waits the same every run
+    for n, w in enumerate(a):
+        assert 0 <= w <= min(MAX_WAIT_S, FIRST_WAIT_S * 2**n)
+    assert max(a) > FIRST_WAIT_S * 4  # it does back off
+
+
+@pytest.mark.one_broker
+async def test_a_broker_that_starts_late_is_retried_until_it_answers(tmp_path, broker_kind, caplog):
+    """The transport starts before its broker: it says so once, retries, and connects when
+    the broker comes up, within ``startup_timeout``."""
+    import logging
+
+    from p2pfl.launch.broker import free_port, make_broker
+
+    port = free_port()
+    t = Transport("s", "a", "127.0.0.1", port, startup_timeout=60)
+    caplog.set_level(logging.DEBUG, logger="p2pfl.wire.transport")
+    entering = asyncio.ensure_future(t.__aenter__())
+    broker = None
+    try:
+        await wait_until(lambda: sum("did not answer" in r.message for r in caplog.records) >= 2)
+        assert not entering.done()
+        broker = await asyncio.to_thread(
+            make_broker(broker_kind, port=port, workdir=tmp_path).start
+        )
+        await asyncio.wait_for(entering, 30)
+        assert t.connected
+        said = [r for r in caplog.records if "did not answer" in r.message]
+        assert [r.levelname for r in said][:2] == ["WARNING", "DEBUG"]  # one warning line
+        assert f"broker at 127.0.0.1:{port} did not answer" in said[0].message
+        assert any("connected to the broker" in r.message for r in caplog.records)
+        assert t.offline_seconds() == 0  # waiting for the first connection is no outage
+    finally:
+        entering.cancel()
+        await t.close()
+        if broker is not None:
+            broker.stop()
