@@ -100,16 +100,17 @@ def test_ctrl_c_stops_every_process_it_started(tmp_path):
 
 
 def test_node_without_a_broker_fails_with_a_message(tmp_path, capsys, caplog):
-    """No broker at the address: the node exits non-zero after ``broker_timeout_s`` with a
-    one-line reason, not a traceback."""
+    """No broker at the address: the node retries for ``startup_timeout_s``, then exits
+    non-zero with a one-line reason, not a traceback."""
     from p2pfl.launch.broker import free_port
 
     args = ["node", "topologies/synthetic.yaml", "--id", "a", "--no-rich"]
     args += ["--broker", f"127.0.0.1:{free_port()}", "--out", str(tmp_path)]
-    args += ["--set", "timing.broker_timeout_s=1"]
+    args += ["--set", "timing.startup_timeout_s=1"]
     assert main(args) == 1
     text = caplog.text + capsys.readouterr().err
     assert "no MQTT broker reachable" in text, text
+    assert "did not answer" in text, text  # the retry, said once
     assert "Traceback" not in text, text
 
 

@@ -185,6 +185,19 @@ def path_between(
     )
 
 
+def paths_to(
+    node: str, net: NetworkConfig, seed: int, node_hosts: dict[str, str | None]
+) -> dict[str, LinkParams]:
+    """The emulated path from every other node of the topology to ``node`` (what ``node``
+    receives crosses it: :mod:`p2pfl.wire.emulation`); nodes with no emulated path are
+    absent, so the result is empty when the section emulates nothing."""
+    if not net.active:
+        return {}
+    access = access_links(net, seed, node_hosts)
+    paths = {a: path_between(a, node, access, net) for a in node_hosts if a != node}
+    return {a: p for a, p in paths.items() if p is not None}
+
+
 def device_of(
     devices: list[DeviceSpec], node: str, seed: int, node_hosts: dict[str, str | None]
 ) -> tuple[float, list[tuple[float, float]]]:

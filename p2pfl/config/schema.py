@@ -309,7 +309,9 @@ class TimingConfig(_Strict):
     round_timeout_s: float = Field(
         60.0, gt=0, description="per-round deadline for gossip and weight pulls"
     )
-    startup_timeout_s: float = Field(120.0, gt=0, description="wait for neighbours at start")
+    startup_timeout_s: float = Field(
+        120.0, gt=0, description="wait for the broker, then for the neighbours, at start"
+    )
     linger_s: float = Field(
         60.0, ge=0, description="after the last round, keep serving peers at most this long"
     )

@@ -45,6 +45,7 @@ import torch
 from p2pfl import PROTOCOL_VERSION
 from p2pfl.algorithms import AlgorithmContext, get_algorithm
 from p2pfl.algorithms.base import Method
+from p2pfl.config.emulation import access_links
 from p2pfl.config.load import ConfigError, dump_topology
 from p2pfl.config.preflight import check_dataset, check_model, check_node_data
 from p2pfl.config.schema import BrokerAddress, TopologyConfig
@@ -70,7 +71,9 @@ from p2pfl.node.decentralized import DecentralizedRounds
 from p2pfl.node.services import NodeServices, RoundDriver
 from p2pfl.wire import direct
 from p2pfl.wire.direct import local_address
+from p2pfl.wire.emulation import LinkEmulator
 from p2pfl.wire.loop import quiet_closed_socket_races
+from p2pfl.wire.shaping import shape_uplink
 from p2pfl.wire.transport import BrokerLostError, Transport, TransportError
 
 log = logging.getLogger(__name__)
@@ -345,6 +348,25 @@ class Node:
             client_tls=client_tls,
         )
 
+    def _links(self) -> LinkEmulator | None:
+        """The emulated links into this node (``network:``; docs/wire.md, "Emulated
+        links"), or None. Under ``network.kernel`` this node first shapes its uplink in the
+        kernel; where it cannot, it says so, and its uplink's bandwidth is not emulated."""
+        cfg, net = self.cfg, self.cfg.network
+        own = access_links(net, cfg.seed, cfg.node_hosts).get(self.id) if net.active else None
+        if net.kernel and own is not None and own.bandwidth_mbps is not None:
+            why = shape_uplink(self.broker.host, own)
+            if why is None:
+                log.info(
+                    "%s: uplink shaped to %g Mbit/s by the kernel", self.id, own.bandwidth_mbps
+                )
+            else:
+                log.warning("%s: network.kernel: uplink not shaped (%s)", self.id, why)
+        links = LinkEmulator.from_topology(cfg, self.id)
+        if links is not None:
+            log.info("%s: emulating the links from %d peers", self.id, len(links.links))
+        return links
+
     def _connect(self, signing: Any, tls: Any) -> Transport:
         """The node's transport (not connected yet), wired to the round driver."""
         cfg = self.cfg
@@ -364,13 +386,16 @@ class Node:
             max_message_bytes=int(cfg.max_message_mb * 2**20),
             max_transfer_bytes=int(cfg.max_transfer_mb * 2**20),
             broker_timeout=cfg.timing.broker_timeout_s,
-            # no broker at start: fail within the same bound as an outage (30 s at most)
+            # a broker slow to start is retried for as long as the node waits for its peers
+            startup_timeout=cfg.timing.startup_timeout_s,
+            # a publish waits for a lost connection within the bound of an outage (30 s at most)
             connect_timeout=min(30.0, cfg.timing.broker_timeout_s),
             security=signing,
             tls_context=tls,
             direct_lane=self._direct_lane(),
             # a decentralized node hears its neighbours only; a centralized member hears all
             listen_to=None if self.method_cls.kind == "centralized" else self.neighbours,
+            links=self._links(),
         )
         self.services = NodeServices(
             cfg=cfg,

@@ -20,8 +20,8 @@ on a worker thread: the thread needs a core that the sender and the receiving lo
 already using, and it reads the bytes back from memory. With ``security.tls`` both ends
 present certificates from the swarm CA (mutual TLS) and each checks that the other's
 certificate CN is the node it expects. This module holds the framing and the receiving
-machinery; the checks on envelopes live with the rest of the wire's checks in
-:class:`p2pfl.wire.transport.Transport`.
+machinery; the server and the client are :mod:`p2pfl.wire.direct_lane`, and the checks on
+envelopes live with the rest of the wire's checks in :mod:`p2pfl.wire.receive`.
 """
 
 from __future__ import annotations

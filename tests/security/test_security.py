@@ -136,7 +136,7 @@ def test_replay_guard_window_ids_and_low_water_mark():
 
 
 def _deliver(receiver: Transport, topic: str, payload: bytes) -> None:
-    receiver._dispatch(topic, payload)
+    receiver.inbound.mqtt_message(topic, payload)
 
 
 def _gossip_pair(certs) -> tuple[Transport, Transport, list[Envelope], str]:
@@ -245,7 +245,7 @@ async def test_clients_without_a_swarm_certificate_cannot_connect(certs, tls_bro
         async with Transport(SWARM, "n0", "127.0.0.1", port, connect_timeout=3):
             pass
     async with secure_transport(certs, "n0", port) as n0:  # a member gets in
-        assert n0._connected.is_set()
+        assert n0.connected
 
 
 @pytest.mark.integration
@@ -317,7 +317,7 @@ async def test_acl_and_signatures_stop_a_connected_rogue(certs, tls_broker):
         captured = n1._envelope("report", 4, {"x": 1}).pack(n1._signer(inbox))
         reports: list[Envelope] = []
         n0.on_inbox = reports.append
-        await n1._publish(inbox, captured)
+        await n1.mqtt.publish(inbox, captured)
         await rogue.publish(inbox, captured, qos=1)
         await asyncio.sleep(0.5)
         assert len(reports) == 1 and n0.dropped["replayed"] == 1

@@ -85,8 +85,8 @@ async def test_unreachable_or_absent_direct_address_falls_back_to_mqtt(broker):
             serve(t, {1: STATE})
         await until(lambda: "direct" in a.peers.get("b", {}) and "c" in a.peers)
         assert "direct" not in a.peers["c"]
-        b._direct_server.close()  # announced, but nothing listens any more
-        await b._direct_server.wait_closed()
+        b.direct.server.close()  # announced, but nothing listens any more
+        await b.direct.server.wait_closed()
         got_b = await a.pull("b", 1, "all", timeout=10)
         got_c = await a.pull("c", 1, "all", timeout=10)
         assert torch.equal(got_b["g.w"], STATE["g.w"]) and torch.equal(got_c["g.w"], STATE["g.w"])
@@ -127,7 +127,7 @@ async def test_a_direct_pull_fails_when_the_peer_goes_offline(broker):
         serve(b, {1: STATE}, gate=asyncio.Event())  # b never answers
         await until(lambda: "direct" in a.peers.get("b", {}))
         pulling = asyncio.ensure_future(a.pull("b", 1, "all", timeout=60))
-        await until(lambda: b._direct_replies)  # the request reached b
+        await until(lambda: b.direct.replies)  # the request reached b
         await b.close()  # offline presence, as the broker would publish b's Will
         with pytest.raises(TransportError, match="offline|closed|connection"):
             await asyncio.wait_for(pulling, 10)

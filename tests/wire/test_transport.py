@@ -245,7 +245,7 @@ async def test_reconnects_and_resubscribes_after_broker_restart(tmp_path, broker
     try:
         broker.stop()
         for _ in range(100):
-            if not a._connected.is_set() and not b._connected.is_set():
+            if not a.connected and not b.connected:
                 break
             await asyncio.sleep(0.05)
         broker = make_broker(broker_kind, port=port, workdir=tmp_path / "b2").start()
@@ -253,10 +253,10 @@ async def test_reconnects_and_resubscribes_after_broker_restart(tmp_path, broker
         # its presence to come back online through the new broker, not for an entry to exist
         for _ in range(400):
             online = a.peers.get("b", {}).get("status") == "online"
-            if a._connected.is_set() and b._connected.is_set() and online:
+            if a.connected and b.connected and online:
                 break
             await asyncio.sleep(0.05)
-        assert a._connected.is_set() and b._connected.is_set()
+        assert a.connected and b.connected
         assert a.peers["b"]["status"] == "online"  # presence re-announced to the new broker
         got = await a.pull("b", 1, "all", timeout=10)
         assert torch.equal(got["g.w"], state["g.w"])
@@ -346,3 +346,50 @@ async def test_publish_in_flight_fails_when_the_connection_drops(broker):
     finally:
         await t.close(graceful=False)
         broker.stop()
+
+
+def test_first_connection_waits_are_seeded_backoff_with_full_jitter():
+    from p2pfl.wire.mqtt_lane import FIRST_WAIT_S, MAX_WAIT_S, first_connection_waits
+
+    def waits(node: str) -> list[float]:
+        it = first_connection_waits(node)
+        return [next(it) for _ in range(40)]
+
+    a = waits("a")
+    assert a == waits("a") and a != waits("b")  # the same node waits the same every run
+    for n, w in enumerate(a):
+        assert 0 <= w <= min(MAX_WAIT_S, FIRST_WAIT_S * 2**n)
+    assert max(a) > FIRST_WAIT_S * 4  # it does back off
+
+
+@pytest.mark.one_broker
+async def test_a_broker_that_starts_late_is_retried_until_it_answers(tmp_path, broker_kind, caplog):
+    """The transport starts before its broker: it says so once, retries, and connects when
+    the broker comes up, within ``startup_timeout``."""
+    import logging
+
+    from p2pfl.launch.broker import free_port, make_broker
+
+    port = free_port()
+    t = Transport("s", "a", "127.0.0.1", port, startup_timeout=60)
+    caplog.set_level(logging.DEBUG, logger="p2pfl.wire.transport")
+    entering = asyncio.ensure_future(t.__aenter__())
+    broker = None
+    try:
+        await wait_until(lambda: sum("did not answer" in r.message for r in caplog.records) >= 2)
+        assert not entering.done()
+        broker = await asyncio.to_thread(
+            make_broker(broker_kind, port=port, workdir=tmp_path).start
+        )
+        await asyncio.wait_for(entering, 30)
+        assert t.connected
+        said = [r for r in caplog.records if "did not answer" in r.message]
+        assert [r.levelname for r in said][:2] == ["WARNING", "DEBUG"]  # one warning line
+        assert f"broker at 127.0.0.1:{port} did not answer" in said[0].message
+        assert any("connected to the broker" in r.message for r in caplog.records)
+        assert t.offline_seconds() == 0  # waiting for the first connection is no outage
+    finally:
+        entering.cancel()
+        await t.close()
+        if broker is not None:
+            broker.stop()

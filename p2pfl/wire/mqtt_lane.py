@@ -1,0 +1,341 @@
+"""The MQTT lane: one node's connection to the broker (docs/wire.md, "Topics" and
+"Connection").
+
+:class:`MqttLane` keeps an aiomqtt client in a reconnect loop (aiomqtt has none of its
+own): on every (re)connect it registers the Last Will, subscribes
+(:meth:`MqttLane.subscriptions`, one SUBSCRIBE) and announces presence; it publishes, and
+hands every message it receives, raw, to ``on_message`` (the receive pipeline,
+:mod:`p2pfl.wire.receive`). It makes and checks no envelope: the transport
+(:mod:`p2pfl.wire.transport`) gives it the presence and Will payloads, ready to send.
+
+Until the first connection succeeds, a failed attempt (refused, timed out, handshake cut
+short: a broker still starting, or slow) is logged once, as one line, and retried after an
+exponential backoff with full jitter (:func:`first_connection_waits`, seeded with the node
+id); the caller bounds the whole wait (:meth:`MqttLane.wait_connected`). After that, a lost
+connection is an outage: retried every 0.2 s doubling to 5 s, timed
+(:meth:`MqttLane.offline_seconds`), and one longer than ``broker_timeout`` ends
+:meth:`MqttLane.watch_broker` with :class:`~p2pfl.wire.errors.BrokerLostError`. A publish on
+a connection that drops fails at once (:class:`~p2pfl.wire.errors.TransportError`); a
+publish while disconnected waits for the connection up to ``connect_timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import random
+import socket
+import ssl
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiomqtt
+
+from p2pfl.wire.errors import BrokerLostError, TransportError
+from p2pfl.wire.stats import TransportStats
+
+# every line the transport writes goes to one logger, whichever of its modules writes it
+log = logging.getLogger("p2pfl.wire.transport")
+
+PUBLISH_WINDOW = 16  # QoS-1 publishes in flight per transfer
+KEEPALIVE_S = 15
+FIRST_WAIT_S = 0.25  # the first retry of the first connection waits up to this long
+MAX_WAIT_S = 5.0  # and no retry waits longer
+
+
+def first_connection_waits(node_id: str) -> Iterator[float]:
+    """The waits before each retry of a node's first connection: exponential backoff with
+    full jitter, the ``n``-th drawn uniformly from ``[0, min(MAX_WAIT_S, FIRST_WAIT_S ·
+    2^n)]``, so nodes started together do not retry together. Seeded with ``node_id``: the
+    same node waits the same on every run."""
+    rng = random.Random(f"p2pfl-first-connection:{node_id}")
+    for n in itertools.count():
+        yield rng.uniform(0.0, min(MAX_WAIT_S, FIRST_WAIT_S * 2 ** min(n, 16)))
+
+
+@dataclass(frozen=True)
+class Topics:
+    """The topics of one swarm: ``p2pfl/<swarm>/<channel>/<node>`` (docs/wire.md,
+    "Topics"). A signature covers the topic, so the direct lane names its messages by the
+    topic they would have on MQTT."""
+
+    swarm: str
+
+    @property
+    def prefix(self) -> str:
+        return f"p2pfl/{self.swarm}"
+
+    def of(self, channel: str, node: str) -> str:
+        return f"{self.prefix}/{channel}/{node}"
+
+    def parse(self, topic: str) -> tuple[str, str] | None:
+        """``(channel, node)`` of a topic of this swarm, or None for any other shape."""
+        parts = topic.split("/")
+        if len(parts) != 4 or "/".join(parts[:2]) != self.prefix:
+            return None
+        return parts[2], parts[3]
+
+
+class MqttLane:
+    """One node's broker connection. ``presence()`` and ``will()`` make the payloads of
+    this node's retained presence and of its Last Will when a connection needs them (the
+    Will once per connection, before it opens); ``on_message(topic, payload)`` receives
+    every message and must not raise. ``listen_to``: the peers whose presence and gossip
+    this node hears (None: every node)."""
+
+    def __init__(
+        self,
+        node_id: str,
+        topics: Topics,
+        host: str,
+        port: int,
+        *,
+        stats: TransportStats,
+        presence: Callable[[], bytes],
+        will: Callable[[], bytes],
+        on_message: Callable[[str, Any], None],
+        listen_to: Sequence[str] | None = None,
+        connect_timeout: float = 30.0,
+        broker_timeout: float | None = None,
+        client_factory: Callable[..., aiomqtt.Client] | None = None,
+        tls_context: ssl.SSLContext | None = None,
+    ):
+        self.node_id = node_id
+        self.topics = topics
+        self.host, self.port = host, port
+        self.stats = stats
+        self.connect_timeout = connect_timeout
+        self.broker_timeout = broker_timeout  # None: ride out any outage
+        self.tls_context = tls_context  # TLS with a client certificate to the broker
+        # whose presence and gossip to hear: None, every node (wildcards)
+        self.listen_to = None if listen_to is None else sorted(set(listen_to) - {node_id})
+        self._presence = presence
+        self._will = will
+        self._on_message = on_message
+        self._client_factory = client_factory or aiomqtt.Client
+        self._client: aiomqtt.Client | None = None
+        self._connected = asyncio.Event()
+        self._lost = asyncio.Event()  # the connection dropped and is not back yet
+        self._down_since: float | None = None  # monotonic time the current outage began
+        self._offline_total = 0.0  # seconds without a broker in finished outages
+        self._session_end: asyncio.Future | None = None  # done when this connection is lost
+        self._ever_connected = False  # before: retrying the first connection, not an outage
+        self._closing = False
+        self._task: asyncio.Task | None = None
+
+    # ------------------------------------------------------------------ subscriptions
+    def subscriptions(self) -> list[str]:
+        """The topic filters this node subscribes to: its inbox, and the presence and gossip
+        of the peers it listens to (of every node, when ``listen_to`` is None)."""
+        heard = ["+"] if self.listen_to is None else self.listen_to
+        return [
+            self.topics.of("inbox", self.node_id),
+            *(self.topics.of(kind, peer) for peer in heard for kind in ("presence", "gossip")),
+        ]
+
+    async def _subscribe(self, client: aiomqtt.Client) -> None:
+        """Subscribe a fresh connection to :meth:`subscriptions`, QoS 1, in one SUBSCRIBE."""
+        await client.subscribe([(t, 1) for t in self.subscriptions()])
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    def start(self) -> None:
+        """Start the connection loop (once)."""
+        self._task = asyncio.create_task(self._run(), name=f"mqtt-{self.node_id}")
+
+    async def wait_connected(self, timeout: float) -> None:
+        """Return once connected; :class:`asyncio.TimeoutError` after ``timeout`` s."""
+        await asyncio.wait_for(self._connected.wait(), timeout)
+
+    async def close(self) -> None:
+        """Stop the connection loop and disconnect (no goodbye: the caller publishes its
+        ``offline`` presence first); idempotent."""
+        self._closing = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        self._connected.clear()
+
+    async def _run(self) -> None:
+        backoff = 0.2
+        first_waits = first_connection_waits(self.node_id)
+        started, tries = time.monotonic(), 0
+        while not self._closing:
+            tries += 1
+            try:
+                async with self._client_factory(
+                    self.host,
+                    self.port,
+                    identifier=f"p2pfl-{self.topics.swarm}-{self.node_id}-{uuid.uuid4().hex[:6]}",
+                    will=aiomqtt.Will(
+                        topic=self.topics.of("presence", self.node_id),
+                        payload=self._will(),
+                        qos=1,
+                        retain=True,
+                    ),
+                    keepalive=KEEPALIVE_S,
+                    timeout=30,
+                    max_inflight_messages=PUBLISH_WINDOW * 2,
+                    max_queued_outgoing_messages=0,
+                    # small requests must not wait behind delayed ACKs (Nagle): 40 ms each
+                    socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
+                    tls_context=self.tls_context,
+                ) as client:
+                    client.pending_calls_threshold = PUBLISH_WINDOW * 4  # windowed on purpose
+                    self._client = client
+                    self._session_end = asyncio.get_running_loop().create_future()
+                    await self._subscribe(client)
+                    await self._publish_on(
+                        client, self.topics.of("presence", self.node_id), self._presence(), 1, True
+                    )
+                    self._connected.set()
+                    if not self._ever_connected and tries > 1:
+                        log.info(
+                            "%s: connected to the broker at %s:%d after %d tries (%.1f s)",
+                            self.node_id,
+                            self.host,
+                            self.port,
+                            tries,
+                            time.monotonic() - started,
+                        )
+                    self._ever_connected = True
+                    self._back_online()
+                    backoff = 0.2
+                    async for message in client.messages:
+                        self._on_message(str(message.topic), message.payload)
+            except (aiomqtt.MqttError, TransportError) as exc:
+                self._end_session()
+                self._connected.clear()
+                self._client = None
+                if self._closing:
+                    break
+                if not self._ever_connected:
+                    await self._retry_first(exc, next(first_waits), tries)
+                    continue
+                if self._down_since is None:
+                    self._down_since = time.monotonic()
+                    self._lost.set()
+                log.warning("%s: MQTT connection lost (%s); reconnecting", self.node_id, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+        self._end_session()
+        self._client = None
+
+    async def _retry_first(self, exc: Exception, wait: float, tries: int) -> None:
+        """The first connection failed: say so (once at warning level; later tries at
+        debug level) and wait ``wait`` seconds before the next try."""
+        why = (
+            "refused the connection" if isinstance(exc, aiomqtt.MqttCodeError) else "did not answer"
+        )
+        log.log(
+            logging.WARNING if tries == 1 else logging.DEBUG,
+            "%s: broker at %s:%d %s (%s); retrying in %.1f s",
+            self.node_id,
+            self.host,
+            self.port,
+            why,
+            exc,
+            wait,
+        )
+        await asyncio.sleep(wait)
+
+    def _end_session(self) -> None:
+        """The connection is gone: what is still being published on it fails now."""
+        if self._session_end is not None and not self._session_end.done():
+            self._session_end.set_result(None)
+
+    # ------------------------------------------------------------------ broker outages
+    def _back_online(self) -> None:
+        if self._down_since is not None:
+            outage = time.monotonic() - self._down_since
+            self._offline_total += outage
+            log.warning("%s: broker back after %.1f s", self.node_id, outage)
+        self._down_since = None
+        self._lost.clear()
+
+    def offline_seconds(self) -> float:
+        """Seconds spent without a broker since the first connection (the current outage
+        included; the wait for the first connection is not an outage)."""
+        current = 0.0 if self._down_since is None else time.monotonic() - self._down_since
+        return self._offline_total + current
+
+    async def watch_broker(self) -> None:
+        """Return never; raise :class:`BrokerLostError` once the broker has been unreachable
+        for ``broker_timeout`` seconds in one outage (never when it is None)."""
+        while True:
+            await self._lost.wait()
+            if self.broker_timeout is None or self._down_since is None:
+                await self._connected.wait()
+                continue
+            left = self._down_since + self.broker_timeout - time.monotonic()
+            try:
+                await asyncio.wait_for(self._connected.wait(), max(0.0, left))
+            except asyncio.TimeoutError:
+                raise BrokerLostError(
+                    f"{self.node_id}: broker {self.host}:{self.port} unreachable for "
+                    f"{self.broker_timeout:.0f} s (timing.broker_timeout_s); stopping"
+                ) from None
+
+    # ------------------------------------------------------------------ publishing
+    async def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> None:
+        """Publish on the current connection, waiting for one up to ``connect_timeout``;
+        :class:`TransportError` when there is none, or it drops before the broker
+        acknowledges (QoS 1)."""
+        if not self._connected.is_set():
+            try:
+                await asyncio.wait_for(self._connected.wait(), self.connect_timeout)
+            except asyncio.TimeoutError:
+                raise TransportError(f"{self.node_id}: not connected to the broker") from None
+        client = self._client
+        if client is None:
+            raise TransportError(f"{self.node_id}: not connected to the broker")
+        await self._publish_on(client, topic, payload, qos, retain)
+
+    async def publish_presence(self) -> None:
+        """Publish this node's current presence (retained, QoS 1)."""
+        await self.publish(self.topics.of("presence", self.node_id), self._presence(), 1, True)
+
+    async def publish_if_connected(self, topic: str, make: Callable[[], bytes]) -> None:
+        """Publish ``make()`` at QoS 0 when connected, else nothing (never waits for the
+        broker); not counted in :attr:`stats`. :class:`TransportError` when it fails."""
+        client = self._client
+        if client is None or not self._connected.is_set():
+            return
+        try:
+            await client.publish(topic, make(), qos=0)
+        except aiomqtt.MqttError as exc:
+            raise TransportError(f"{self.node_id}: status not published: {exc}") from exc
+
+    async def _publish_on(
+        self, client: aiomqtt.Client, topic: str, payload: bytes, qos: int, retain: bool
+    ) -> None:
+        # a publish on a connection that drops would otherwise wait for its acknowledgement
+        # until aiomqtt's 30 s timeout: it fails as soon as the connection is lost
+        ended = self._session_end
+        publish = asyncio.ensure_future(client.publish(topic, payload, qos=qos, retain=retain))
+        try:
+            if ended is not None:
+                await asyncio.wait({publish, ended}, return_when=asyncio.FIRST_COMPLETED)
+            else:
+                await asyncio.wait({publish})
+        finally:
+            unfinished = not publish.done()
+            if unfinished:
+                publish.cancel()
+        if unfinished:
+            raise TransportError(f"{self.node_id}: connection lost while publishing to {topic}")
+        try:
+            publish.result()
+        except aiomqtt.MqttError as exc:
+            raise TransportError(f"{self.node_id}: publish to {topic} failed: {exc}") from exc
+        self.stats.bytes_sent += len(payload)
+        self.stats.messages_sent += 1
