@@ -6,7 +6,11 @@ methods). Round ``r`` runs on a **plan** every member got from the same message:
 *roster* (the members of the round), the *participants* (who trains and uploads) and the
 method's small *server state*. The plan of round 1 is computed alike by every node from
 the members present after the startup barrier; the plan of round ``r + 1`` travels in the
-announcement of round ``r``'s aggregator.
+announcement of round ``r``'s aggregator. Under a client fraction ``C < 1`` (the method's
+``fraction`` knob; docs/algorithms.md, "Client fraction") the participants are among the
+``max(1, round(C·K))`` members every node draws from the round's seed and roster
+(``RoundPlan.drawn``); the others sit the round out (no training, report or upload) and
+still pull, apply and evaluate the round's result; records carry ``drawn`` and ``sat_out``.
 
 One round, seen from member ``i``:
 
@@ -68,7 +72,15 @@ from p2pfl.node.aggregator import AggregatorRole
 from p2pfl.node.audit import audit_active, auditor_of
 from p2pfl.node.auditor import AuditRole
 from p2pfl.node.election import succession
-from p2pfl.node.plans import RoundPlan, check_announcement, draw_plan, live_members, waits_on
+from p2pfl.node.plans import (
+    RoundPlan,
+    announced_plan,
+    check_announcement,
+    draw_plan,
+    drawn_of,
+    live_members,
+    waits_on,
+)
 from p2pfl.node.services import NodeServices, TrainOutcome
 from p2pfl.wire.codec import state_nbytes
 from p2pfl.wire.envelope import Envelope
@@ -184,6 +196,10 @@ class CentralizedRounds:
             return
         try:
             body = check_announcement(env.body, self.members)
+            # the next round's participants must be among the members its seed draws
+            drawn = drawn_of(self.alg, self.cfg.seed, env.round + 1, body["roster"])
+            if drawn is not None and not set(body["participants"]) <= set(drawn):
+                raise ValueError("participants outside the client fraction's draw")
         except ValueError as exc:
             self.services.drop("malformed", f"announce from {env.sender}: {exc}")
             return
@@ -455,12 +471,7 @@ class CentralizedRounds:
         received = settled.pop("received")
         server_facts = settled.pop("server_facts", None)
         if announcement is not None:
-            nxt = RoundPlan(
-                r + 1,
-                announcement["roster"],
-                announcement["participants"],
-                announcement["server"],
-            )
+            nxt = announced_plan(alg, cfg.seed, r + 1, announcement)
         else:  # nobody finished the round: go on with whoever is still here
             server = plan.server if plan is not None else {}
             nxt = draw_plan(alg, cfg.seed, r + 1, live_members(svc), server)
@@ -473,6 +484,9 @@ class CentralizedRounds:
             "roster": plan.roster if plan else None,
             **settled,  # aggregator, attempt, failovers (and the aggregator's own facts)
         }
+        if plan is not None and plan.drawn is not None:  # a client fraction below 1
+            fields["drawn"] = plan.drawn
+            fields["sat_out"] = self.id not in plan.drawn  # it still applies and evaluates
         if apply_error is not None:
             fields["apply_error"] = apply_error
         record = svc.round_record(
