@@ -357,7 +357,9 @@ class WholeModelExchange(DecentralizedAlgorithm):
 class Upload:
     """What one participant contributed to a round, as the aggregator received it."""
 
-    n: int  # training samples
+    # its weight: the training samples it reported (capped), discounted to
+    # n · (1 + s)^-a when it is counted s rounds late (quorum rounds; an int when fresh)
+    n: float
     state: State  # the uploaded part of the trained model (CPU tensors, already shape-checked)
     report: dict[str, Any]  # the small facts it reported (validated by ``check_report``)
 

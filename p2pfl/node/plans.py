@@ -16,6 +16,7 @@ The round driver (:mod:`p2pfl.node.centralized`) and the aggregator's role
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,7 +126,7 @@ def check_announcement(body: Any, members: set[str]) -> dict[str, Any]:
         p in aggregated and isinstance(rep, dict) for p, rep in reports.items()
     ):
         raise ValueError("reports must map aggregated nodes to maps")
-    return {
+    out = {
         "roster": roster,
         "participants": participants,
         "server": server,
@@ -135,3 +136,26 @@ def check_announcement(body: Any, members: set[str]) -> dict[str, Any]:
         "claims": claims,
         "reports": reports,
     }
+    # semi-asynchronous rounds (timing.quorum) only: the late uploads counted, with their
+    # staleness in rounds; the members the round closed without; the median report latency
+    if "late" in body:
+        late = body["late"]
+        if not isinstance(late, dict) or not all(
+            p in aggregated and isinstance(s, int) and not isinstance(s, bool) and s >= 1
+            for p, s in late.items()
+        ):
+            raise ValueError("late must map aggregated nodes to a staleness of 1 or more rounds")
+        out["late"] = dict(late)
+    if "closed_without" in body:
+        out["closed_without"] = _check_ids(body["closed_without"], members, "closed_without")
+    if "report_s" in body:
+        latency = body["report_s"]
+        if (
+            not isinstance(latency, (int, float))
+            or isinstance(latency, bool)
+            or not math.isfinite(latency)
+            or latency < 0
+        ):
+            raise ValueError("report_s must be a finite non-negative number of seconds")
+        out["report_s"] = float(latency)
+    return out

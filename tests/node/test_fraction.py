@@ -166,13 +166,21 @@ def _swarm_cfg(broker, ids, overrides=()):
 
 @pytest.mark.integration
 @pytest.mark.one_broker
-async def test_only_the_drawn_members_train_and_upload(broker, tmp_path):
+@pytest.mark.parametrize("signed", [False, True], ids=["unsigned", "audited"])
+async def test_only_the_drawn_members_train_and_upload(broker, tmp_path, signed):
     """Fraction 0.5 of four members: each round two are drawn, the same two at every node;
     only they train and report, the aggregator pulls and aggregates their uploads only, and
     the other two record that they sat the round out yet receive and evaluate the global
-    model. The run completes every round."""
+    model. The run completes every round. Signed, every round is audited (the auditor may
+    be a member that sat the round out) and every verdict is ``ok``."""
     ids = ["a", "b", "c", "d"]
     cfg = _swarm_cfg(broker, ids, ["algorithm.params.fraction=0.5"])
+    if signed:
+        from p2pfl.security.certs import make_swarm_certs
+
+        make_swarm_certs(tmp_path / "certs", cfg.name, cfg.node_ids)
+        security = cfg.security.model_copy(update={"sign": True, "certs": str(tmp_path / "certs")})
+        cfg = cfg.model_copy(update={"security": security})
     nodes = {nid: Node(cfg, nid, NodeOptions(out_dir=tmp_path)) for nid in ids}
     results = await asyncio.wait_for(asyncio.gather(*(n.run() for n in nodes.values())), 120)
     records = dict(zip(nodes, results, strict=True))
@@ -189,5 +197,7 @@ async def test_only_the_drawn_members_train_and_upload(broker, tmp_path):
             assert rec["received"] is True or nid == rec["aggregator"]
             assert 0.0 <= rec["test_acc"] <= 1.0
         agg = recs[recs["a"]["aggregator"]]
-        assert agg["upload_failed"] == {} or not agg["upload_failed"]
+        assert not agg["upload_failed"]
+        if signed:
+            assert all(rec["audit"]["verdict"] == "ok" for rec in recs.values()), r
     assert all([x["round"] for x in rs] == [1, 2, 3] for rs in records.values())
