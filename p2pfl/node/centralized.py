@@ -269,16 +269,26 @@ class CentralizedRounds:
             return True
         return any(lt.get(peer) == k - trained for k, (_, _, lt) in self._counted.items())
 
-    async def _offer_late(self, trained: int, own: dict[str, Any]) -> dict[str, Any] | None:
-        """This node's upload of round ``trained`` missed its round's close: offer it to the
-        round after the newest one announced (``{n, report, late: trained}`` to that round's
-        first aggregator), when that round exists and is at most ``max_late`` rounds later.
+    async def _offer_late(
+        self, trained: int, body: dict[str, Any], own: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """This node's upload of round ``trained`` missed its round's close (``body``: the
+        announcement of ``trained`` it takes): offer it to the round after the newest one
+        announced by its rightful aggregator (each round's roster comes from the
+        announcement before it), as ``{n, report, late: trained}`` to that round's first
+        aggregator, when that round exists and is at most ``max_late`` rounds later.
         Returns ``{round, staleness}`` for the record, None when not offered."""
-        newest = max(self._announced)
+        newest = trained
+        while newest + 1 in self._announced:  # the swarm may be further on already
+            later = self._announced[newest + 1]
+            attempt = max(later)
+            order = succession(newest + 1, body["roster"])
+            if attempt >= len(order) or later[attempt][0] != order[attempt]:
+                break
+            newest, body = newest + 1, later[attempt][1]
         target, staleness = newest + 1, newest + 1 - trained
         if target > self.cfg.rounds or staleness > self.role.max_late:
             return None
-        sender, body = self._announced[newest][max(self._announced[newest])]
         roster = body["roster"]
         self.rosters.setdefault(target, roster)  # the plan of ``target`` will hold it too
         report = {"n": own["n"], "report": own["report"], "late": trained}
@@ -352,9 +362,8 @@ class CentralizedRounds:
                 sender, body = announced[attempt]
                 if participated and own is not None and self.id in body.get("closed_without", []):
                     # the round closed at its quorum without this node: offer the upload on
-                    late_offer = (
-                        await self._offer_late(r, own) if late_offer is None else late_offer
-                    )
+                    if late_offer is None:
+                        late_offer = await self._offer_late(r, body, own)
                 needs = self.alg.needs_result(
                     participated, self.id in body["participants"], r >= cfg.rounds
                 )

@@ -228,6 +228,40 @@ def test_an_upload_is_counted_at_most_once():
     assert d._counted_before("a", 7)  # a round this node did not apply: cannot tell
 
 
+async def test_a_late_upload_goes_to_the_round_after_the_newest_rightful_announcement():
+    """``a`` missed round 1's close while the swarm already announced round 2: it offers its
+    upload to round 3 (staleness 2, to round 3's first aggregator ``d``); an announcement of
+    round 2 from a member that was not its aggregator does not move it on."""
+    roster = ["a", "b", "c", "d"]
+    body = {"roster": roster, "participants": roster, "server": {}}
+    own = {"n": 7, "report": {}}
+    sent = []
+
+    def driver():
+        d = _driver("a")
+
+        async def send(peer, kind, rnd, msg, attempt=0):
+            sent.append((peer, kind, rnd, attempt, msg))
+
+        d.services.transport.send = send
+        return d
+
+    d = driver()
+    d._announced = {1: {0: ("b", body)}, 2: {0: ("c", body)}}
+    assert await d._offer_late(1, body, own) == {"round": 3, "staleness": 2}
+    offer = {"n": 7, "report": {}, "late": 1}
+    assert d._late_offers[3] == offer and sent == [("d", "report", 3, 0, offer)]
+    assert d.rosters[3] == roster and d._aggregator(3, 0) == "d"
+    d = driver()
+    d._announced = {1: {0: ("b", body)}, 2: {0: ("b", body)}}  # b is not round 2's aggregator
+    assert await d._offer_late(1, body, own) == {"round": 2, "staleness": 1}
+    assert sent[-1][:3] == ("c", "report", 2)
+    d = driver()
+    d._announced = {3: {0: ("d", body)}}  # the last round (rounds: 3): nowhere to go
+    assert await d._offer_late(3, body, own) is None and not d._late_offers
+    assert len(sent) == 2
+
+
 async def test_the_aggregator_closes_at_its_quorum_or_at_the_adapted_deadline(monkeypatch):
     """Attempt 0 of round 2 at ``c`` (quorum 0.5 of the live expected uploaders a, b, d
     and c itself: 2 of 4): with one report in besides its own upload it closes at once; with
