@@ -12,9 +12,16 @@ For each ``--nodes`` size, runs ``p2pfl swarm`` in-process (:func:`run_swarm`) a
   the previous size (the cost of one node beyond its process's shared torch and model);
 - ``mb_per_round``: bytes sent per round by all nodes (both lanes), and ``mqtt_mb_per_round``:
   the part that went through the broker (the rest took the direct lane);
+- ``trained_per_round``: how many nodes trained a round (all of them, but under a client
+  fraction the drawn members only);
 - ``broker_out_mb_per_round``: bytes the broker delivered to the nodes per round (what they
   received over MQTT): its fan-out, which grows as ``N²`` when every node hears every
   node's presence and gossip, and as ``N·k`` when it hears its ``k`` neighbours only.
+
+``--method NAME`` runs another method than the topology's (its default knobs, as
+``p2pfl swarm --method``); ``--fraction C`` sets a centralized method's client fraction
+(``algorithm.params.fraction``): ``--method fedavg --fraction 0.1`` trains a tenth of the
+members each round. ``--set`` adds any other override.
 
 Each size runs ``--repeats`` times (sizes interleaved) and its row holds the medians.
 Writes ``--json`` and prints a table. Sizes run smallest first; a size that fails (exit
@@ -63,6 +70,14 @@ def scale_overrides(n: int) -> list[str]:
     ]
 
 
+def method_overrides(method: str | None, fraction: float | None) -> list[str]:
+    """``--method`` (the method with its default knobs) and ``--fraction`` as overrides."""
+    out = [f"algorithm.name={method}", "algorithm.params={}"] if method else []
+    if fraction is not None:
+        out.append(f"algorithm.params.fraction={fraction}")
+    return out
+
+
 def one_size(topology: str, n: int, extra: list[str]) -> dict:
     cfg = load_topology(topology, [*scale_overrides(n), *extra])
     with tempfile.TemporaryDirectory(prefix="p2pfl-scale-") as tmp:
@@ -81,8 +96,10 @@ def one_size(topology: str, n: int, extra: list[str]) -> dict:
     sent = sum(r["bytes_sent"] for r in recs)
     direct = sum(r.get("direct_bytes_sent", 0) for r in recs)
     mqtt_in = sum(r["bytes_recv"] - r.get("direct_bytes_recv", 0) for r in recs)
+    trained = sum(r.get("train_loss") is not None for r in recs)
     return {
         "nodes": n,
+        "method": cfg.algorithm.name,
         "exit": code,
         "nodes_completed": summary["nodes_completed"],
         "processes": -(-n // auto_per_process(n)),
@@ -94,6 +111,7 @@ def one_size(topology: str, n: int, extra: list[str]) -> dict:
         "mb_per_round": round(sent / rounds / 1e6, 2),
         "mqtt_mb_per_round": round((sent - direct) / rounds / 1e6, 3),
         "broker_out_mb_per_round": round(mqtt_in / rounds / 1e6, 3),
+        "trained_per_round": round(trained / rounds, 1),
         "final_acc_mean": summary["final"]["acc_mean"],
     }
 
@@ -103,7 +121,7 @@ def median_of(runs: list[dict]) -> dict:
     worst exit code and completion count, and each run's wall time."""
     row = dict(runs[0])
     for key, value in runs[0].items():
-        if key in ("nodes", "processes"):
+        if key in ("nodes", "processes", "method"):
             continue
         values = [r[key] for r in runs if isinstance(r.get(key), (int, float))]
         if isinstance(value, (int, float)) and len(values) == len(runs):
@@ -119,14 +137,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--topology", default="topologies/synthetic.yaml")
     ap.add_argument("--nodes", default="100,400,1000", help="comma list of swarm sizes")
     ap.add_argument("--repeats", type=int, default=3, help="runs per size (medians reported)")
+    ap.add_argument(
+        "--method",
+        default=None,
+        help="run this method instead of the topology's (its default knobs), e.g. fedavg",
+    )
+    ap.add_argument(
+        "--fraction",
+        type=float,
+        default=None,
+        help="a centralized method's client fraction C (algorithm.params.fraction), e.g. 0.1",
+    )
     ap.add_argument("--set", action="append", default=[], help="more topology overrides")
     ap.add_argument("--json", type=Path, default=Path("results/bench_scale.json"))
     args = ap.parse_args(argv)
     sizes = sorted(int(x) for x in args.nodes.split(","))
+    extra = [*method_overrides(args.method, args.fraction), *args.set]
+    method = load_topology(args.topology, extra).algorithm.name
     runs: dict[int, list[dict]] = {n: [] for n in sizes}
     for _ in range(args.repeats):  # sizes interleaved: a noisy minute hits every size alike
         for n in sizes:
-            res = one_size(args.topology, n, args.set)
+            res = one_size(args.topology, n, extra)
             runs[n].append(res)
             Console().print(res)
     results: list[dict] = []
@@ -138,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
                 (res["peak_pss_mb"] - prev["peak_pss_mb"]) / (n - prev["nodes"]), 2
             )
         results.append(res)
-    table = Table(title="scale: synthetic MLP, ring, 3 rounds, packed processes")
+    frac = f", fraction {args.fraction}" if args.fraction is not None else ""
+    table = Table(title=f"scale: {method}{frac}, synthetic MLP, ring, 3 rounds, packed processes")
     cols = [
         ("nodes", "nodes"),
         ("processes", "proc"),
@@ -150,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         ("peak_pss_mb", "peak PSS MB"),
         ("mb_per_node", "MB/node (marginal)"),
         ("mb_per_round", "MB sent/round"),
+        ("trained_per_round", "trained/round"),
         ("mqtt_mb_per_round", "into broker MB/round"),
         ("broker_out_mb_per_round", "out of broker MB/round"),
     ]
@@ -159,7 +192,14 @@ def main(argv: list[str] | None = None) -> int:
         table.add_row(*(str(r.get(k, "–")) for k, _ in cols))
     Console(width=200).print(table)
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"sizes": results, "runs": runs, "repeats": args.repeats, "overrides": args.set}
+    doc = {
+        "sizes": results,
+        "runs": runs,
+        "repeats": args.repeats,
+        "method": method,
+        "fraction": args.fraction,
+        "overrides": extra,
+    }
     args.json.write_text(json.dumps(doc, indent=2))
     return 0
 

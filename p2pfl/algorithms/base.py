@@ -37,6 +37,7 @@ data at construction (shapes, labels, knobs) is rebuilt, not saved; the node's R
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,7 +45,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from p2pfl.learning.defence import Defence
 from p2pfl.learning.hooks import ExtraLoss, LossFn, StepHook
@@ -60,6 +61,21 @@ class Params(BaseModel):
     """Base for a method's knobs (unknown keys rejected)."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+class CentralizedParams(Params):
+    """The knobs every centralized method has, defined once: each centralized method's
+    ``Params`` derives from this model (a method whose ``Params`` does not gets it mixed in
+    by :class:`CentralizedAlgorithm`)."""
+
+    fraction: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="client fraction C (McMahan et al.): each round max(1, round(C·K)) of "
+        "the round's K live members are drawn from the round's seed to train and upload; "
+        "the others sit the round out and still receive the result (1: every member)",
+    )
 
 
 def register(cls: type[Method]) -> type[Method]:
@@ -341,7 +357,9 @@ class WholeModelExchange(DecentralizedAlgorithm):
 class Upload:
     """What one participant contributed to a round, as the aggregator received it."""
 
-    n: int  # training samples
+    # its weight: the training samples it reported (capped), discounted to
+    # n · (1 + s)^-a when it is counted s rounds late (quorum rounds; an int when fresh)
+    n: float
     state: State  # the uploaded part of the trained model (CPU tensors, already shape-checked)
     report: dict[str, Any]  # the small facts it reported (validated by ``check_report``)
 
@@ -371,14 +389,64 @@ def kept_uploads(uploads: dict[str, Upload], defence: Defence, own: str) -> dict
     return {nodes[i]: uploads[nodes[i]] for i in kept}
 
 
+FRACTION_STREAM = 0xF4AC7  # the client-fraction draw's generator stream (see draw_members)
+
+
+def drawn_count(fraction: float, members: int) -> int:
+    """How many of ``members`` live members a round draws under client fraction ``fraction``
+    (C): ``m = max(1, ⌊C·K + ½⌋)`` (rounded half-up), never more than ``K``; 0 when ``K``
+    is 0."""
+    if members <= 0:
+        return 0
+    return min(members, max(1, math.floor(fraction * members + 0.5)))
+
+
+def draw_members(roster: Sequence[str], fraction: float, seed: int, round_no: int) -> list[str]:
+    """The members of ``roster`` drawn to train and upload in round ``round_no`` under client
+    fraction ``fraction`` (docs/algorithms.md, "Client fraction"), sorted: every member when
+    :func:`drawn_count` is all of them (no generator used), else that many drawn without
+    replacement from the sorted roster by ``numpy.random.default_rng([seed, round_no,
+    FRACTION_STREAM])``. A pure function of its arguments, so every node that knows the
+    round's roster draws the same members."""
+    pool = sorted(set(roster))
+    m = drawn_count(fraction, len(pool))
+    if m >= len(pool):
+        return pool
+    rng = np.random.default_rng([seed, round_no, FRACTION_STREAM])
+    picks = rng.choice(len(pool), size=m, replace=False)
+    return sorted(pool[int(i)] for i in picks)
+
+
 class CentralizedAlgorithm(Method):
     """One server-based method run by a rotating aggregator peer (:mod:`p2pfl.node.centralized`).
 
     Subclasses set ``name``, ``Params``, ``upload_part`` and implement :meth:`aggregate` (the
-    pure server rule: no I/O, no use of ``self.model``) and :meth:`apply`."""
+    pure server rule: no I/O, no use of ``self.model``) and :meth:`apply`. Their ``Params``
+    derive from :class:`CentralizedParams` (the knobs every centralized method has, such as
+    the client ``fraction``); one that does not has it mixed in when the class is made."""
 
     kind: ClassVar[str] = "centralized"
+    Params: ClassVar[type[BaseModel]] = CentralizedParams
     upload_part: ClassVar[str] = "all"  # "g", "h" or "all": what a participant uploads
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.Params
+        if issubclass(own, CentralizedParams):
+            return
+        if issubclass(CentralizedParams, own):  # Params itself (a method without knobs)
+            cls.Params = CentralizedParams
+            return
+        cls.Params = type(
+            own.__name__,
+            (own, CentralizedParams),
+            {"__module__": own.__module__, "__doc__": own.__doc__},
+        )
+
+    @property
+    def fraction(self) -> float:
+        """The client fraction C (knob ``fraction``; 1.0: every live member trains)."""
+        return float(getattr(self.params, "fraction", 1.0))
 
     # -- client side ---------------------------------------------------------------------
     def upload(self) -> State:

@@ -49,13 +49,19 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from p2pfl.algorithms.base import Aggregate, AlgorithmContext, Params, Upload, register
+from p2pfl.algorithms.base import (
+    Aggregate,
+    AlgorithmContext,
+    CentralizedParams,
+    Upload,
+    register,
+)
 from p2pfl.algorithms.fedavg import FedAvg
 
 _MAX_COUNT = 1_000_000  # sanity bound on counts read from a peer's server state
 
 
-class CriticalFLParams(Params):
+class CriticalFLParams(CentralizedParams):
     initial_fraction: float = Field(
         0.2, gt=0, le=1, description="starting participants k0 = max(1, round(fraction · K))"
     )

@@ -55,8 +55,8 @@ from p2pfl.algorithms.base import (
     Aggregate,
     AlgorithmContext,
     CentralizedAlgorithm,
+    CentralizedParams,
     ExtraLoss,
-    Params,
     State,
     Upload,
     check_keys,
@@ -67,7 +67,7 @@ from p2pfl.algorithms.base import (
 )
 
 
-class DiversiFedParams(Params):
+class DiversiFedParams(CentralizedParams):
     tau: float = Field(1.0, gt=0, description="temperature τ scaling the model distances")
     alpha: float = Field(1.0, gt=0, description="server step size α on L_d")
     lam: float = Field(2.0, ge=0, description="λ: the proximal term is (λ/2α)‖w − z_i‖²")

@@ -67,7 +67,7 @@ from pydantic import Field
 from p2pfl.algorithms.base import (
     Aggregate,
     CentralizedAlgorithm,
-    Params,
+    CentralizedParams,
     State,
     Upload,
     kept_uploads,
@@ -76,7 +76,7 @@ from p2pfl.algorithms.base import (
 from p2pfl.algorithms.fedavg import check_received
 
 
-class FedSAParams(Params):
+class FedSAParams(CentralizedParams):
     cv_t: float = Field(0.2, ge=0, description="threshold on the normalised cv (high dispersion)")
     sim_t: float = Field(0.2, description="minimum similarity to join or form a cluster")
     c_mic: int = Field(4, ge=1, description="number of MIC categories C")

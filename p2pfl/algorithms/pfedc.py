@@ -90,8 +90,8 @@ from p2pfl.algorithms.base import (
     Aggregate,
     AlgorithmContext,
     CentralizedAlgorithm,
+    CentralizedParams,
     LossFn,
-    Params,
     State,
     Upload,
     peer_state_mismatch,
@@ -117,7 +117,7 @@ GROUP_PRESETS = {
 }
 
 
-class PFedCParams(Params):
+class PFedCParams(CentralizedParams):
     groups: list[list[int]] | None = Field(
         None,
         description="null: T = C binary 'is class c' heads; a partition of the class ids "

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from p2pfl.algorithms import AlgorithmContext, DecentralizedAlgorithm, get_algorithm
+from p2pfl.algorithms.base import drawn_count
 from p2pfl.config.load import ConfigError
 from p2pfl.config.schema import DatasetConfig, TopologyConfig, is_import_path
 from p2pfl.config.topology import build_graph
@@ -281,13 +282,25 @@ def check_timing(cfg: TopologyConfig, source: str = "topology") -> None:
         raise ConfigError(source, [("timing.quorum", why)])
 
 
+def _fits(d, n: int) -> bool:
+    """Whether ``n`` inputs satisfy the bounds of the defence ``d``'s rule."""
+    try:
+        check_bounds(d.rule, n, d.f, d.m, d.beta)
+    except ValueError:
+        return False
+    return True
+
+
 def check_defence(cfg: TopologyConfig, source: str = "topology") -> None:
     """The ``defence:`` rule fits the swarm: its bounds hold for the most inputs a node can
     combine (a decentralized node: itself and its neighbours, checked on the node with the
-    fewest; the round's aggregator: every node), and the method can combine under it (a
-    method's ``defences``, when it lists them). A :class:`ConfigError` on ``defence.rule``
-    naming the rule, n and f otherwise. At run time a round with fewer inputs than the rule
-    needs (peers absent) falls back to the coordinate-wise median, recorded."""
+    fewest; the round's aggregator: every node, or under a client fraction ``C < 1`` the
+    ``max(1, ⌊C·K + ½⌋)`` members a round draws of the ``K`` nodes), and the method can
+    combine under it (a method's ``defences``, when it lists them). A :class:`ConfigError`
+    on ``defence.rule`` naming the rule, n and f otherwise, or on
+    ``algorithm.params.fraction`` when the rule would fit every node but not the members
+    the fraction draws. At run time a round with fewer inputs than the rule needs (peers
+    absent) falls back to the coordinate-wise median, recorded."""
     d = cfg.defence
     cls = get_algorithm(cfg.algorithm.name)
     supported = getattr(cls, "defences", None)
@@ -296,6 +309,24 @@ def check_defence(cfg: TopologyConfig, source: str = "topology") -> None:
         raise ConfigError(source, [("defence.rule", why)])
     if cls.kind == "centralized":
         n, where = len(cfg.nodes), f"the aggregator combines at most {len(cfg.nodes)} uploads"
+        fraction = float(getattr(cls.Params.model_validate(cfg.algorithm.params), "fraction", 1))
+        drawn = drawn_count(fraction, n)
+        if drawn < n and _fits(d, n):
+            try:
+                check_bounds(d.rule, drawn, d.f, d.m, d.beta)
+            except ValueError as exc:
+                why = str(exc).removeprefix("defence.rule ")
+                msg = (
+                    f"fraction {fraction} draws {drawn} of the {n} nodes a round: too few "
+                    f"uploads for defence.rule {why}; raise the fraction or choose a rule "
+                    f"that fits {drawn} inputs"
+                )
+                raise ConfigError(source, [("algorithm.params.fraction", msg)]) from None
+            n = drawn
+            where = (
+                f"the aggregator combines at most {drawn} uploads (fraction {fraction} of "
+                f"{len(cfg.nodes)} nodes)"
+            )
     else:
         graph = build_graph(cfg)
         node = min(cfg.node_ids, key=lambda x: (graph.degree(x), x))

@@ -17,9 +17,19 @@ role does the work of that attempt and serves what this node holds for its peers
    it costs count in this round's record. The attempt is abandoned as soon as the driver
    says a later one was announced;
 3. **serve**: part ``upload`` (this node's own upload of a round, kept by the driver) only to
-   the rightful aggregator of the attempt named in the pull; part ``result`` what this
-   node's result of that attempt gives the requester (its own part, or the common part).
-   Each state is packed once, however many peers ask.
+   the rightful aggregator of the attempt named in the pull; part ``late`` (the upload this
+   node offered late to that round) likewise; part ``result`` what this node's result of
+   that attempt gives the requester (its own part, or the common part). Each state is
+   packed once, however many peers ask.
+
+**Semi-asynchronous rounds** (``timing.quorum`` set; docs/algorithms.md, "Semi-asynchronous
+rounds"; the rules: :mod:`p2pfl.node.quorum`): the collection closes at a quorum of the live
+expected uploaders or at a deadline adapted from the report latencies recent announcements
+carried; a member whose report missed the close offers its upload to a later round as a
+``late`` report (``{n, report, late: t}``, ``t`` the round it trained for), and the
+aggregator of that round counts it with the weight ``n · (1 + s)^-a``, unless the member's
+fresh upload of the round is in (one upload per member and round: the fresh one), or that
+upload was counted already (``counted``). With ``quorum`` None none of this runs.
 """
 
 from __future__ import annotations
@@ -27,13 +37,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
 from p2pfl.algorithms.base import Aggregate, CentralizedAlgorithm, Upload
 from p2pfl.learning.state import State
 from p2pfl.node.plans import RoundPlan, draw_plan, live_members, waits_on
+from p2pfl.node.quorum import (
+    LATENCY_WINDOW,
+    close_deadline,
+    close_reason,
+    median_latency,
+    quorum_count,
+    staleness_weight,
+)
 from p2pfl.node.services import NodeServices
 from p2pfl.wire.envelope import Envelope
 from p2pfl.wire.transfers import PreparedState
@@ -47,13 +65,17 @@ class AggregatorRole:
     of its uploads and results. ``aggregator_of(round, attempt)`` is the driver's answer to
     who aggregates that attempt (None while the round's roster is unknown), and
     ``auditor_of(round, attempt)`` who audits it (None without an audit): an upload is
-    served to those two only."""
+    served to those two only. ``counted(peer, t)`` says whether ``peer``'s upload of round
+    ``t`` was counted already (or cannot be told): such an upload offered late is refused;
+    ``max_late`` is the most rounds a late upload may be counted after its own."""
 
     def __init__(
         self,
         services: NodeServices,
         aggregator_of: Callable[[int, int], str | None],
         auditor_of: Callable[[int, int], str | None] = lambda _r, _a: None,
+        counted: Callable[[str, int], bool] = lambda _p, _t: True,
+        max_late: int = 0,
     ) -> None:
         assert isinstance(services.method, CentralizedAlgorithm)
         self.services = services
@@ -69,11 +91,37 @@ class AggregatorRole:
         self._prepared: dict[tuple[int, int, str, int], PreparedState] = {}
         self._served: dict[tuple[int, int], set[str]] = {}  # who pulled each result
         self._prepare_lock = asyncio.Lock()
+        # semi-asynchronous rounds (timing.quorum): late offers heard, when each report
+        # arrived and each round began here, and the latencies recent announcements carried
+        self.counted = counted
+        self.max_late = max_late
+        self._late_reports: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
+        self._late_offer: dict[int, tuple[int, dict[str, Any]]] = {}  # round -> (t, report)
+        self._arrived: dict[tuple[int, int], dict[str, float]] = {}
+        self._started: dict[int, float] = {}
+        self._ready: dict[int, float] = {}  # when this node's own upload of a round was kept
+        self.latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
 
     # ------------------------------------------------------------------ what it holds
     def keep_upload(self, round_no: int, state: State) -> None:
         """This node's upload of round ``round_no``, for its aggregators' pulls."""
         self._uploads[round_no] = state
+        self._ready[round_no] = time.monotonic()
+
+    def round_started(self, round_no: int) -> None:
+        """This node began round ``round_no`` (its report latencies are measured from now)."""
+        self._started.setdefault(round_no, time.monotonic())
+
+    def offer_late(self, round_no: int, trained: int, report: dict[str, Any]) -> None:
+        """This node offers its upload of round ``trained`` (its ``report`` message, ``{n,
+        report, late}``) to round ``round_no``: served there as part ``late``, and counted by
+        this node itself when it aggregates that round without a fresh upload."""
+        self._late_offer[round_no] = (trained, report)
+
+    def late_upload(self, round_no: int) -> State | None:
+        """The upload this node offered late to round ``round_no`` (None: none)."""
+        offer = self._late_offer.get(round_no)
+        return None if offer is None else self._uploads.get(offer[0])
 
     def upload(self, round_no: int) -> State | None:
         """This node's upload of round ``round_no`` (None when it did not train)."""
@@ -92,10 +140,25 @@ class AggregatorRole:
         except ValueError as exc:
             self.services.drop("malformed", f"report from {env.sender}: {exc}")
             return False
-        self._reports.setdefault((env.round, env.attempt), {})[env.sender] = {
-            "n": n,
-            "report": report,
-        }
+        key = (env.round, env.attempt)
+        if "late" in body:  # an upload of an earlier round, offered late (quorum rounds)
+            trained = body["late"]
+            if self.cfg.timing.quorum is None:
+                self.services.drop("malformed", f"late report from {env.sender}: no quorum")
+                return False
+            if not isinstance(trained, int) or isinstance(trained, bool):
+                self.services.drop("malformed", f"late report from {env.sender}: bad round")
+                return False
+            if not 1 <= env.round - trained <= self.max_late:
+                self.services.drop(
+                    "stale_upload", f"late report {trained} for {env.round} from {env.sender}"
+                )
+                return False
+            late = {"n": n, "report": report, "trained": trained}
+            self._late_reports.setdefault(key, {})[env.sender] = late
+            return True
+        self._reports.setdefault(key, {})[env.sender] = {"n": n, "report": report}
+        self._arrived.setdefault(key, {}).setdefault(env.sender, time.monotonic())
         return True
 
     def forget(self, floor: int) -> None:
@@ -111,6 +174,12 @@ class AggregatorRole:
             del self._reports[key]
         for key in [k for k in self._served if k[0] <= floor]:
             del self._served[key]
+        for d in (self._late_reports, self._arrived):
+            for key in [k for k in d if k[0] <= floor]:
+                del d[key]
+        for d2 in (self._late_offer, self._started, self._ready):
+            for r in [r for r in d2 if r <= floor]:
+                del d2[r]
 
     # ------------------------------------------------------------------ serving
     async def _prepared_for(self, key: tuple[int, int, str], state: State) -> PreparedState:
@@ -138,6 +207,16 @@ class AggregatorRole:
                 reason = f"no upload for round {env.round}"
             else:
                 state = self._uploads[env.round]
+        elif part == "late":
+            if env.sender not in (
+                self.aggregator_of(env.round, env.attempt),
+                self.auditor_of(env.round, env.attempt),
+            ):
+                reason = f"not the aggregator or auditor of {env.round}/{env.attempt}"
+            else:
+                state = self.late_upload(env.round)
+                if state is None:
+                    reason = f"no late upload offered to round {env.round}"
         elif part == "result":
             agg = self._results.get((env.round, env.attempt))
             if agg is None:
@@ -171,25 +250,36 @@ class AggregatorRole:
         prefixed ``agg_``) or None as soon as ``superseded()`` says a later attempt of the
         round was announced meanwhile (this one is dead: its result is never announced).
         The aggregator's facts: ``aggregated``, ``upload_failed``, ``aggregate_s``,
-        ``collect_s``, ``serve_s``, and ``aggregate_error`` when the server rule failed."""
+        ``collect_s``, ``serve_s``, and ``aggregate_error`` when the server rule failed;
+        with ``timing.quorum``, ``quorum`` ``{needed, closed_by, deadline_s}``."""
         svc, cfg, r = self.services, self.cfg, plan.round
         t0 = time.monotonic()
         expected = [p for p in plan.participants if p != self.id]
+        quorum = cfg.timing.quorum
         log.info("%s: aggregating round %d attempt %d", self.id, r, attempt)
         svc.publish_status(r, "aggregating")
+        closing: dict[str, Any] | None = None
+        if quorum is None:
 
-        def ready() -> bool:
-            got = self._reports.get((r, attempt), {})
-            return superseded() or all(p in got or not waits_on(svc, p, r) for p in expected)
+            def ready() -> bool:
+                got = self._reports.get((r, attempt), {})
+                return superseded() or all(p in got or not waits_on(svc, p, r) for p in expected)
 
-        await svc.wait_for(ready, t0 + cfg.timing.round_timeout_s)
+            await svc.wait_for(ready, t0 + cfg.timing.round_timeout_s)
+        else:
+            closing = await self._collect_quorum(plan, attempt, own, superseded, t0, expected)
         if superseded():
             return None
+        got = self._reports.get((r, attempt), {})
         reports = {
             p: rep
-            for p, rep in self._reports.get((r, attempt), {}).items()
+            for p, rep in got.items()
             if p in expected and svc.trusted(p, r)  # reputation: a distrusted upload waits
         }
+        # quorum rounds: the participants the round closed without, and the late offers it
+        # counts instead of dropping (a member's fresh upload of the round replaces its late one)
+        closed_without = sorted(p for p in expected if p not in got)
+        late = self._late_offers_for(r, attempt, reports, own) if quorum is not None else {}
         template = self._uploads.get(r)
         if template is None:  # it did not train: its current model's part stands in
             template = await asyncio.to_thread(self.alg.upload)
@@ -198,19 +288,33 @@ class AggregatorRole:
             self._uploads[r] = template
         svc.defence.reference = template
         timeout = max(1.0, cfg.timing.round_timeout_s)
+        parts = {p: "upload" for p in reports}
+        parts.update({p: "late" for p in late if p != self.id})
         pulled, failed = await svc.pull_many(
-            {p: "upload" for p in reports},
+            parts,
             r,
             timeout,
             attempt=attempt,
             reference=lambda _part: template,  # admission: layout, finite, norm
         )
-        claims = svc.cap_claims({p: reports[p]["n"] for p in pulled})
+        claims = svc.cap_claims({p: (reports.get(p) or late[p])["n"] for p in pulled})
+        staleness = {p: r - late[p]["trained"] for p in late}
+        a = cfg.timing.staleness_exponent
         uploads: dict[str, Upload] = {}
         for peer, res in sorted(pulled.items()):
-            uploads[peer] = Upload(claims[peer], res, reports[peer]["report"])
+            rep = reports.get(peer) or late[peer]
+            weight = staleness_weight(claims[peer], staleness.get(peer, 0), a)
+            uploads[peer] = Upload(weight, res, rep["report"])
         if own is not None and r in self._uploads:
             uploads[self.id] = Upload(own["n"], self._uploads[r], own["report"])
+            claims[self.id] = own["n"]
+        elif self.id in late and (mine := self.late_upload(r)) is not None:
+            n_own = late[self.id]["n"]
+            uploads[self.id] = Upload(
+                staleness_weight(n_own, staleness[self.id], a), mine, late[self.id]["report"]
+            )
+            claims[self.id] = n_own
+        counted_late = {p: staleness[p] for p in uploads if p in staleness}
         if superseded():
             return None
         t_agg = time.monotonic()
@@ -232,7 +336,7 @@ class AggregatorRole:
         nxt = draw_plan(self.alg, cfg.seed, r + 1, live_members(svc), result.server)
         roster, participants = nxt.roster, nxt.participants
         self._results[(r, attempt)] = result
-        announcement = {
+        announcement: dict[str, Any] = {
             "roster": roster,
             "participants": sorted(participants),
             "server": result.server,
@@ -240,20 +344,29 @@ class AggregatorRole:
             "common": result.common is not None,
             "aggregated": sorted(uploads),
             # the weight and report each upload counted with: what an auditor recomputes
-            # from, and what each member checks against what it sent
-            "claims": {p: uploads[p].n for p in sorted(uploads)},
+            # from, and what each member checks against what it sent (a late upload's
+            # weight is its claim discounted by its staleness, ``late``)
+            "claims": {p: claims[p] for p in sorted(uploads)},
             "reports": {p: uploads[p].report for p in sorted(uploads)},
         }
+        if quorum is not None:
+            announcement["late"] = counted_late
+            announcement["closed_without"] = closed_without
+            latency = self._latency(r, attempt, reports, own)
+            if latency is not None:
+                announcement["report_s"] = latency
         try:
             await svc.transport.gossip(r, announcement, kind="announce", attempt=attempt)
         except TransportError as exc:
             log.warning("%s: round %d: announcement not sent: %s", self.id, r, exc)
         # stay in the round until every member that needs the result has it (bounded), so
-        # the bytes it costs are counted in this round's record
+        # the bytes it costs are counted in this round's record; a quorum round does not
+        # wait for the members it closed without (they pull when their training is done)
         pullers = {
             n
             for n in set(roster) | set(uploads)
             if n != self.id
+            and n not in (closed_without if quorum is not None else ())
             and (n in result.results or result.common is not None)
             and self.alg.needs_result(n in uploads, n in participants, r >= cfg.rounds)
         }
@@ -271,8 +384,82 @@ class AggregatorRole:
             "collect_s": round(t_agg - t0, 4),
             "serve_s": round(time.monotonic() - t_serve, 4),
         }
+        if closing is not None:
+            facts["quorum"] = closing
         if error is not None:
             facts["aggregate_error"] = error
         rule = result.facts if isinstance(result.facts, dict) else {}
         server_facts = {f"agg_{k}": v for k, v in rule.items()}
         return announcement, result.results.get(self.id, result.common), facts, server_facts
+
+    # ------------------------------------------------------------------ quorum rounds
+    async def _collect_quorum(
+        self,
+        plan: RoundPlan,
+        attempt: int,
+        own: dict[str, Any] | None,
+        superseded: Callable[[], bool],
+        t0: float,
+        expected: list[str],
+    ) -> dict[str, Any]:
+        """Wait until :func:`~p2pfl.node.quorum.close_reason` closes attempt ``attempt``:
+        every live expected uploader reported, or ``ceil(quorum · live)`` of them (this node
+        counts when it trained), or the deadline adapted from :attr:`latencies`, measured
+        from this node's start of the round, passed (never later than ``round_timeout_s``
+        after the collection began). Returns ``{needed, closed_by, deadline_s}``."""
+        svc, cfg, r = self.services, self.cfg, plan.round
+        quorum = float(cfg.timing.quorum or 1.0)
+        deadline_s = close_deadline(list(self.latencies), cfg.timing.round_timeout_s)
+        start = self._started.get(r, t0)
+        close_at = min(start + deadline_s, t0 + cfg.timing.round_timeout_s)
+        mine = [self.id] if own is not None and r in self._uploads else []
+
+        def reason() -> tuple[str | None, int]:
+            got = self._reports.get((r, attempt), {})
+            live = [*mine, *(p for p in expected if waits_on(svc, p, r))]
+            reported = {*mine, *(p for p in expected if p in got)}
+            why = close_reason(live, reported, quorum, time.monotonic(), close_at)
+            return why, quorum_count(quorum, len(live))
+
+        await svc.wait_for(lambda: superseded() or reason()[0] is not None, close_at)
+        why, needed = reason()
+        return {
+            "needed": needed,
+            "closed_by": why or "deadline",
+            "deadline_s": round(deadline_s, 4),
+        }
+
+    def _late_offers_for(
+        self, r: int, attempt: int, reports: dict[str, Any], own: dict[str, Any] | None
+    ) -> dict[str, dict[str, Any]]:
+        """The late offers attempt ``attempt`` of round ``r`` counts: from members whose
+        fresh upload of the round is not in, trusted, whose offered upload was not counted
+        already; this node's own offer when it has no fresh upload of the round."""
+        out: dict[str, dict[str, Any]] = {}
+        for peer, late in sorted(self._late_reports.get((r, attempt), {}).items()):
+            if peer in reports or peer == self.id or not self.services.trusted(peer, r):
+                continue
+            if self.counted(peer, late["trained"]):
+                self.services.drop("stale_upload", f"late {late['trained']} from {peer}: counted")
+                continue
+            out[peer] = late
+        offer = self._late_offer.get(r)
+        if (own is None or r not in self._uploads) and offer is not None:
+            trained, report = offer
+            if trained in self._uploads and not self.counted(self.id, trained):
+                out[self.id] = {"n": report["n"], "report": report["report"], "trained": trained}
+        return out
+
+    def _latency(
+        self, r: int, attempt: int, reports: dict[str, Any], own: dict[str, Any] | None
+    ) -> float | None:
+        """The median latency of the round's counted fresh reports (and of this node's own
+        upload), each from this node's start of the round to its arrival, in seconds."""
+        start = self._started.get(r)
+        if start is None:
+            return None
+        arrived = self._arrived.get((r, attempt), {})
+        times = [arrived[p] for p in reports if p in arrived]
+        if own is not None and r in self._ready:
+            times.append(self._ready[r])
+        return median_latency([max(0.0, t - start) for t in times])

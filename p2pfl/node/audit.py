@@ -30,6 +30,7 @@ from p2pfl.config.schema import TopologyConfig
 from p2pfl.learning.defence import Defence
 from p2pfl.learning.state import State
 from p2pfl.node.plans import RoundPlan
+from p2pfl.node.quorum import staleness_weight
 from p2pfl.wire.codec import encode
 
 VERDICTS = ("ok", "mismatch", "incomplete")
@@ -81,15 +82,22 @@ def recompute(
     """The aggregate of ``plan.round`` as ``aggregator`` had to compute it: the server rule
     of a copy of ``alg`` that is the aggregator (its id, a fresh defence at that round
     measuring from ``reference``, the state the aggregator serves as its upload) over
-    ``uploads`` with the announced weights and reports. ``alg`` itself is not changed."""
+    ``uploads`` with the announced weights (a late upload's claim discounted by its
+    announced staleness, :func:`~p2pfl.node.quorum.staleness_weight`) and reports. ``alg``
+    itself is not changed."""
     defence = Defence(cfg.defence, cfg.rounds)
     defence.begin_round(plan.round)
     defence.reference = reference
     as_aggregator = copy.copy(alg)
     as_aggregator.ctx = dataclasses.replace(alg.ctx, node_id=aggregator, defence=defence)
     claims, reports = body.get("claims", {}), body.get("reports", {})
+    late, a = body.get("late", {}), cfg.timing.staleness_exponent
     checked = {
-        p: Upload(int(claims[p]), uploads[p], alg.check_report(reports.get(p, {})))
+        p: Upload(
+            staleness_weight(int(claims[p]), int(late.get(p, 0)), a),
+            uploads[p],
+            alg.check_report(reports.get(p, {})),
+        )
         for p in sorted(uploads)
     }
     return as_aggregator.aggregate(checked, plan.server, plan.roster, plan.round)

@@ -31,7 +31,8 @@ class AuditRole:
     """The verdicts of one node's swarm and this node's part in each audit.
     ``aggregator_of`` / ``auditor_of(round, attempt)`` are the driver's answers (None while
     a round's roster is unknown, or without an audit); ``upload_of(round)`` is this node's
-    own upload of a round (None when it did not train)."""
+    own upload of a round (None when it did not train), ``late_of(round)`` the upload it
+    offered late to a round (quorum rounds; None: none)."""
 
     def __init__(
         self,
@@ -39,6 +40,7 @@ class AuditRole:
         aggregator_of: Callable[[int, int], str | None],
         auditor_of: Callable[[int, int], str | None],
         upload_of: Callable[[int], State | None],
+        late_of: Callable[[int], State | None] = lambda _r: None,
     ) -> None:
         assert isinstance(services.method, CentralizedAlgorithm)
         self.services = services
@@ -48,6 +50,7 @@ class AuditRole:
         self.aggregator_of = aggregator_of
         self.auditor_of = auditor_of
         self.upload_of = upload_of
+        self.late_of = late_of
         self.verdicts: dict[tuple[int, int], dict[str, Any]] = {}
         # aggregators an auditor caught: every member skips them as aggregators from then on
         self.convicted: set[str] = set()
@@ -138,24 +141,37 @@ class AuditRole:
         """As the auditor: pull every upload the announcement names from its uploader,
         recompute the aggregate, compare, announce the verdict (signed) and keep it."""
         svc, r = self.services, plan.round
-        # every aggregated upload, and the aggregator's own (its defence's reference)
+        # every aggregated upload (part ``late`` for one counted late), and the aggregator's
+        # own (its defence's reference)
+        late = body.get("late", {})
         names = sorted({*body["aggregated"], aggregator} - {self.id})
         pulled, _failed = await svc.pull_many(
-            dict.fromkeys(names, "upload"),
+            {p: "late" if p in late and p != aggregator else "upload" for p in names},
             r,
             max(1.0, self.cfg.timing.round_timeout_s),
             attempt=attempt,
         )
-        mine = self.upload_of(r)
+        mine = self.late_of(r) if self.id in late else self.upload_of(r)
         if self.id in body["aggregated"] and mine is not None:
             pulled[self.id] = mine
+        inputs_of = dict(pulled)  # what each aggregated node counted with
+        if aggregator in late and aggregator != self.id:  # its late upload, beside its reference
+            extra, _ = await svc.pull_many(
+                {aggregator: "late"},
+                r,
+                max(1.0, self.cfg.timing.round_timeout_s),
+                attempt=attempt,
+            )
+            inputs_of.pop(aggregator, None)
+            inputs_of.update(extra)
         nbytes = sum(state_nbytes(s) for p, s in pulled.items() if p != self.id)
-        missing = sorted(set(body["aggregated"]) - set(pulled))
+        nbytes += sum(state_nbytes(s) for p, s in inputs_of.items() if pulled.get(p) is not s)
+        missing = sorted(set(body["aggregated"]) - set(inputs_of))
         why: str | None
         if missing:
             verdict, why = "incomplete", f"uploads missing: {missing}"
         else:
-            inputs = {p: pulled[p] for p in body["aggregated"]}
+            inputs = {p: inputs_of[p] for p in body["aggregated"]}
             try:
                 expected = await asyncio.to_thread(
                     recompute_aggregate,

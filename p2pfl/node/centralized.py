@@ -6,7 +6,11 @@ methods). Round ``r`` runs on a **plan** every member got from the same message:
 *roster* (the members of the round), the *participants* (who trains and uploads) and the
 method's small *server state*. The plan of round 1 is computed alike by every node from
 the members present after the startup barrier; the plan of round ``r + 1`` travels in the
-announcement of round ``r``'s aggregator.
+announcement of round ``r``'s aggregator. Under a client fraction ``C < 1`` (the method's
+``fraction`` knob; docs/algorithms.md, "Client fraction") the participants are among the
+``max(1, round(C·K))`` members every node draws from the round's seed and roster
+(``RoundPlan.drawn``); the others sit the round out (no training, report or upload) and
+still pull, apply and evaluate the round's result; records carry ``drawn`` and ``sat_out``.
 
 One round, seen from member ``i``:
 
@@ -41,6 +45,14 @@ dead attempt changes nothing. Uploads are served only to the rightful aggregator
 auditor) of the attempt named in the pull. Every wait is bounded: a round a member cannot finish (every
 candidate gone) keeps its model and goes on.
 
+**Quorum rounds** (``timing.quorum``; docs/algorithms.md, "Semi-asynchronous rounds"): the
+aggregator closes an attempt at a quorum of its live participants or at a deadline adapted
+from the report latencies recent announcements carried (``report_s``, kept by every member
+for whoever aggregates next). A participant the round closed without (``closed_without``)
+applies the round's result as usual and offers its upload to the round after the newest
+one announced, where it counts with the weight ``n · (1 + s)^-a``; records carry ``late``
+and ``closed_without``, and the late member's ``offered_late``.
+
 A member that starts while the swarm is past round 1 (its peers' presence says so), or that
 an announcement left out of the next roster, *observes*: it waits for the next announcement,
 pulls what any non-uploader receives (:attr:`Aggregate.common`) from that aggregator, and is
@@ -68,7 +80,15 @@ from p2pfl.node.aggregator import AggregatorRole
 from p2pfl.node.audit import audit_active, auditor_of
 from p2pfl.node.auditor import AuditRole
 from p2pfl.node.election import succession
-from p2pfl.node.plans import RoundPlan, check_announcement, draw_plan, live_members, waits_on
+from p2pfl.node.plans import (
+    RoundPlan,
+    announced_plan,
+    check_announcement,
+    draw_plan,
+    drawn_of,
+    live_members,
+    waits_on,
+)
 from p2pfl.node.services import NodeServices, TrainOutcome
 from p2pfl.wire.codec import state_nbytes
 from p2pfl.wire.envelope import Envelope
@@ -110,10 +130,22 @@ class CentralizedRounds:
         # the audit of each round's aggregate (signed swarms): verdicts heard, and the
         # aggregators an auditor caught, skipped as aggregators from then on
         self.audited = audit_active(services.cfg, self.alg)
+        # semi-asynchronous rounds (timing.quorum): what each applied round counted (its
+        # aggregated uploads and the late ones' staleness), and this node's late offers
+        self._counted: dict[int, tuple[list[str] | None, list[str], dict[str, int]]] = {}
+        self._late_offers: dict[int, dict[str, Any]] = {}  # round offered to -> report
         # this node's side as an aggregator: reports, uploads, results and their pulls
-        self.role = AggregatorRole(services, self._aggregator, self._auditor)
+        self.role = AggregatorRole(
+            services,
+            self._aggregator,
+            self._auditor,
+            counted=self._counted_before,
+            max_late=min(services.cfg.timing.max_staleness, ROUNDS_KEPT - 1),
+        )
         # the audit of each round's aggregate (signed swarms): its verdicts and convictions
-        self.audit = AuditRole(services, self._aggregator, self._auditor, self.role.upload)
+        self.audit = AuditRole(
+            services, self._aggregator, self._auditor, self.role.upload, self.role.late_upload
+        )
 
     # ------------------------------------------------------------------ small helpers
     @property
@@ -184,6 +216,10 @@ class CentralizedRounds:
             return
         try:
             body = check_announcement(env.body, self.members)
+            # the next round's participants must be among the members its seed draws
+            drawn = drawn_of(self.alg, self.cfg.seed, env.round + 1, body["roster"])
+            if drawn is not None and not set(body["participants"]) <= set(drawn):
+                raise ValueError("participants outside the client fraction's draw")
         except ValueError as exc:
             self.services.drop("malformed", f"announce from {env.sender}: {exc}")
             return
@@ -215,9 +251,67 @@ class CentralizedRounds:
     def _forget_old(self, round_no: int) -> None:
         floor = round_no - ROUNDS_KEPT
         self.role.forget(floor)
-        for r in [r for r in self._announced if r <= floor]:
-            del self._announced[r]
+        for d in (self._announced, self._counted, self._late_offers):
+            for r in [r for r in d if r <= floor]:
+                del d[r]
         self.audit.forget(floor)
+
+    # ------------------------------------------------------------------ quorum rounds
+    def _counted_before(self, peer: str, trained: int) -> bool:
+        """Whether ``peer``'s upload of round ``trained`` was counted already, fresh in that
+        round or late in a later one, or cannot be one (``peer`` was not among that round's
+        participants), as far as the rounds this node applied tell; True, so the upload is
+        refused, when this node did not take part in round ``trained`` (it cannot tell)."""
+        participants, aggregated, late = self._counted.get(trained, (None, [], {}))
+        if participants is None or peer not in participants:
+            return True
+        if peer in aggregated and peer not in late:
+            return True
+        return any(lt.get(peer) == k - trained for k, (_, _, lt) in self._counted.items())
+
+    async def _offer_late(
+        self, trained: int, body: dict[str, Any], own: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """This node's upload of round ``trained`` missed its round's close (``body``: the
+        announcement of ``trained`` it takes): offer it to the round after the newest one
+        announced by its rightful aggregator (each round's roster comes from the
+        announcement before it), as ``{n, report, late: trained}`` to that round's first
+        aggregator, when that round exists and is at most ``max_late`` rounds later.
+        Returns ``{round, staleness}`` for the record, None when not offered."""
+        newest = trained
+        while newest + 1 in self._announced:  # the swarm may be further on already
+            later = self._announced[newest + 1]
+            attempt = max(later)
+            order = succession(newest + 1, body["roster"])
+            if attempt >= len(order) or later[attempt][0] != order[attempt]:
+                break
+            newest, body = newest + 1, later[attempt][1]
+        target, staleness = newest + 1, newest + 1 - trained
+        if target > self.cfg.rounds or staleness > self.role.max_late:
+            return None
+        roster = body["roster"]
+        self.rosters.setdefault(target, roster)  # the plan of ``target`` will hold it too
+        report = {"n": own["n"], "report": own["report"], "late": trained}
+        self._late_offers[target] = report
+        self.role.offer_late(target, trained, report)
+        agg = succession(target, roster)[0]
+        if agg != self.id:
+            try:
+                await self.tr.send(agg, "report", target, report, attempt=0)
+            except TransportError as exc:
+                log.warning("%s: round %d: late offer to %s failed: %s", self.id, target, agg, exc)
+        log.info("%s: round %d's upload was late: offered to round %d", self.id, trained, target)
+        return {"round": target, "staleness": staleness}
+
+    def _sent(
+        self, round_no: int, body: dict[str, Any], own: dict[str, Any] | None
+    ) -> dict[str, Any] | None:
+        """What this node sent for the upload ``body`` counted of it: its late offer when the
+        announcement counts that one, else its report of the round (for the audit's own
+        entry check)."""
+        if self.id in body.get("late", {}):
+            return self._late_offers.get(round_no)
+        return own
 
     # ------------------------------------------------------------------ succession
     def _superseding(self, round_no: int, attempt: int) -> int | None:
@@ -258,6 +352,7 @@ class CentralizedRounds:
         svc, cfg, r = self.services, self.cfg, plan.round
         order = succession(r, plan.roster)
         failovers: list[dict[str, Any]] = []
+        late_offer: dict[str, Any] | None = None  # where this round's late upload went
         attempt = 0
         while attempt < len(order):
             self.current = (r, attempt)
@@ -266,6 +361,10 @@ class CentralizedRounds:
                 attempt = max(announced)
                 self.current = (r, attempt)
                 sender, body = announced[attempt]
+                if participated and own is not None and self.id in body.get("closed_without", []):
+                    # the round closed at its quorum without this node: offer the upload on
+                    if late_offer is None:
+                        late_offer = await self._offer_late(r, body, own)
                 needs = self.alg.needs_result(
                     participated, self.id in body["participants"], r >= cfg.rounds
                 )
@@ -278,7 +377,8 @@ class CentralizedRounds:
                         failovers.append({"attempt": attempt, "aggregator": sender, "why": error})
                         attempt += 1
                         continue
-                caught, audit = await self.audit.check(plan, attempt, sender, body, received, own)
+                sent = self._sent(r, body, own)
+                caught, audit = await self.audit.check(plan, attempt, sender, body, received, sent)
                 if caught is not None:
                     failovers.append({"attempt": attempt, "aggregator": sender, "why": caught})
                     attempt += 1
@@ -289,6 +389,7 @@ class CentralizedRounds:
                     "announcement": body,
                     "received": received if needs else None,
                     "failovers": failovers,
+                    **({"offered_late": late_offer} if late_offer else {}),
                     **audit,
                 }
             agg = order[attempt]
@@ -304,7 +405,8 @@ class CentralizedRounds:
                     attempt = later
                     continue
                 announcement, received, facts, server_facts = out
-                caught, audit = await self.audit.check(plan, attempt, agg, announcement, None, own)
+                sent = self._sent(r, announcement, own)
+                caught, audit = await self.audit.check(plan, attempt, agg, announcement, None, sent)
                 if caught is not None:  # the swarm fails the round over: so does this node
                     failovers.append({"attempt": attempt, "aggregator": agg, "why": caught})
                     attempt += 1
@@ -333,6 +435,11 @@ class CentralizedRounds:
                     await self.tr.send(agg, "report", r, own, attempt=attempt)
                 except TransportError as exc:
                     log.warning("%s: round %d: report to %s failed: %s", self.id, r, agg, exc)
+            if attempt > 0 and r in self._late_offers:  # attempt 0 had it when it was made
+                try:
+                    await self.tr.send(agg, "report", r, self._late_offers[r], attempt=attempt)
+                except TransportError as exc:
+                    log.warning("%s: round %d: late offer to %s failed: %s", self.id, r, agg, exc)
             deadline = time.monotonic() + cfg.timing.aggregator_timeout
 
             def settled(attempt: int = attempt, agg: str = agg) -> bool:
@@ -415,6 +522,7 @@ class CentralizedRounds:
             r = plan.round
             self.rosters[r] = plan.roster
             self.current = (r, 0)
+            self.role.round_started(r)
             participated = self.id in plan.participants
             own = None
             if participated:
@@ -456,16 +564,16 @@ class CentralizedRounds:
         received = settled.pop("received")
         server_facts = settled.pop("server_facts", None)
         if announcement is not None:
-            nxt = RoundPlan(
-                r + 1,
-                announcement["roster"],
-                announcement["participants"],
-                announcement["server"],
-            )
+            nxt = announced_plan(alg, cfg.seed, r + 1, announcement)
         else:  # nobody finished the round: go on with whoever is still here
             server = plan.server if plan is not None else {}
             nxt = draw_plan(alg, cfg.seed, r + 1, live_members(svc), server)
         aggregated = announcement["aggregated"] if announcement else []
+        if announcement is not None:  # what the round counted, and how fast it reported
+            who = plan.participants if plan is not None else None
+            self._counted[r] = (who, aggregated, announcement.get("late", {}))
+            if "report_s" in announcement:
+                self.role.latencies.append(announcement["report_s"])
         fields = {
             "participated": participated,
             "aggregated": aggregated,
@@ -474,6 +582,13 @@ class CentralizedRounds:
             "roster": plan.roster if plan else None,
             **settled,  # aggregator, attempt, failovers (and the aggregator's own facts)
         }
+        if cfg.timing.quorum is not None:  # semi-asynchronous rounds
+            body = announcement or {}
+            fields["late"] = body.get("late", {})  # late uploads counted: their staleness
+            fields["closed_without"] = body.get("closed_without", [])
+        if plan is not None and plan.drawn is not None:  # a client fraction below 1
+            fields["drawn"] = plan.drawn
+            fields["sat_out"] = self.id not in plan.drawn  # it still applies and evaluates
         if apply_error is not None:
             fields["apply_error"] = apply_error
         record = svc.round_record(

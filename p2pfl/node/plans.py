@@ -3,8 +3,10 @@ rotating aggregator follow (docs/design.md, "Rotating aggregator"; the messages:
 docs/wire.md, "Rotating aggregator").
 
 - :class:`RoundPlan`: the roster, the participants and the method's server state of a round;
-- :func:`draw_plan`: a round's participants, drawn alike by every node that knows the
-  roster and the server state; :func:`live_members`: the roster live presence gives;
+- :func:`draw_plan`: a round's drawn members (the client fraction) and participants,
+  drawn alike by every node that knows the roster and the server state;
+  :func:`announced_plan`: the plan an announcement carries; :func:`live_members`: the
+  roster live presence gives;
 - :func:`check_announcement`: an untrusted ``announce`` body, checked before it is used;
 - :func:`waits_on`: whether a wait of a round should go on waiting for a peer.
 
@@ -14,23 +16,27 @@ The round driver (:mod:`p2pfl.node.centralized`) and the aggregator's role
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from p2pfl.algorithms.base import CentralizedAlgorithm
+from p2pfl.algorithms.base import CentralizedAlgorithm, draw_members
 from p2pfl.node.services import NodeServices
 
 
 @dataclass
 class RoundPlan:
-    """What every member of round ``round`` agrees on before it starts."""
+    """What every member of round ``round`` agrees on before it starts. ``drawn``: the
+    members the client fraction drew (:func:`~p2pfl.algorithms.base.draw_members`), None
+    when the fraction is 1 (every member is drawn); ``participants`` are among them."""
 
     round: int
     roster: list[str]
     participants: list[str]
     server: dict[str, Any] = field(default_factory=dict)
+    drawn: list[str] | None = None
 
 
 def live_members(services: NodeServices) -> list[str]:
@@ -39,14 +45,42 @@ def live_members(services: NodeServices) -> list[str]:
     return sorted(p for p in set(services.cfg.node_ids) if services.is_online(p))
 
 
+def drawn_of(
+    alg: CentralizedAlgorithm, seed: int, round_no: int, roster: list[str]
+) -> list[str] | None:
+    """The members the method's client fraction draws for round ``round_no`` from
+    ``roster`` (:func:`~p2pfl.algorithms.base.draw_members`), None when it draws them all."""
+    if alg.fraction >= 1:
+        return None
+    return draw_members(roster, alg.fraction, seed, round_no)
+
+
 def draw_plan(
     alg: CentralizedAlgorithm, seed: int, round_no: int, roster: list[str], server: dict[str, Any]
 ) -> RoundPlan:
-    """Round ``round_no``'s plan over ``roster``: the method draws its participants from
-    ``server`` with a generator seeded by the swarm's seed and the round, so every node
-    draws the same."""
+    """Round ``round_no``'s plan over ``roster``: the client fraction draws its members
+    (:func:`drawn_of`; all of them at fraction 1), then the method draws its participants
+    among them from ``server`` with a generator seeded by the swarm's seed and the round, so
+    every node draws the same."""
+    drawn = drawn_of(alg, seed, round_no, roster)
     rng = np.random.default_rng([seed, round_no, 0x5E1EC7])
-    return RoundPlan(round_no, roster, alg.participants(server, roster, round_no, rng), server)
+    pool = roster if drawn is None else drawn
+    return RoundPlan(round_no, roster, alg.participants(server, pool, round_no, rng), server, drawn)
+
+
+def announced_plan(
+    alg: CentralizedAlgorithm, seed: int, round_no: int, body: dict[str, Any]
+) -> RoundPlan:
+    """Round ``round_no``'s plan as a checked announcement of round ``round_no - 1`` gives
+    it (:func:`check_announcement`): its roster, participants and server state, and the
+    members the client fraction draws from that roster."""
+    return RoundPlan(
+        round_no,
+        body["roster"],
+        body["participants"],
+        body["server"],
+        drawn_of(alg, seed, round_no, body["roster"]),
+    )
 
 
 def waits_on(services: NodeServices, peer: str, round_no: int) -> bool:
@@ -92,7 +126,7 @@ def check_announcement(body: Any, members: set[str]) -> dict[str, Any]:
         p in aggregated and isinstance(rep, dict) for p, rep in reports.items()
     ):
         raise ValueError("reports must map aggregated nodes to maps")
-    return {
+    out = {
         "roster": roster,
         "participants": participants,
         "server": server,
@@ -102,3 +136,26 @@ def check_announcement(body: Any, members: set[str]) -> dict[str, Any]:
         "claims": claims,
         "reports": reports,
     }
+    # semi-asynchronous rounds (timing.quorum) only: the late uploads counted, with their
+    # staleness in rounds; the members the round closed without; the median report latency
+    if "late" in body:
+        late = body["late"]
+        if not isinstance(late, dict) or not all(
+            p in aggregated and isinstance(s, int) and not isinstance(s, bool) and s >= 1
+            for p, s in late.items()
+        ):
+            raise ValueError("late must map aggregated nodes to a staleness of 1 or more rounds")
+        out["late"] = dict(late)
+    if "closed_without" in body:
+        out["closed_without"] = _check_ids(body["closed_without"], members, "closed_without")
+    if "report_s" in body:
+        latency = body["report_s"]
+        if (
+            not isinstance(latency, (int, float))
+            or isinstance(latency, bool)
+            or not math.isfinite(latency)
+            or latency < 0
+        ):
+            raise ValueError("report_s must be a finite non-negative number of seconds")
+        out["report_s"] = float(latency)
+    return out

@@ -325,8 +325,9 @@ def test_registration_and_params():
         assert cls.name == name and cls.kind == "centralized"
     assert get_algorithm("fedper").upload_part == "g"
     assert get_algorithm("criticalfl").upload_part == "all"
-    assert validate_params("fedavg", {}) == {}
+    assert validate_params("fedavg", {}) == {"fraction": 1.0}  # every centralized method's
     assert validate_params("criticalfl", {}) == {
+        "fraction": 1.0,
         "initial_fraction": 0.2,
         "delta": 0.01,
         "window": 3,

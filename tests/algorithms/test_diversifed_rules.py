@@ -185,6 +185,7 @@ def test_registered_and_knobs_validated():
     assert get_algorithm("diversifed") is DiversiFed
     assert DiversiFed.kind == "centralized" and DiversiFed.upload_part == "all"
     assert validate_params("diversifed", {}) == {
+        "fraction": 1.0,  # every centralized method's client fraction
         "tau": 1.0,
         "alpha": 1.0,
         "lam": 2.0,

@@ -315,6 +315,7 @@ def test_weighted_knob_changes_only_the_low_mean():
 
 def test_params_validation():
     assert validate_params("fedsa", {}) == {
+        "fraction": 1.0,  # every centralized method's client fraction
         "cv_t": 0.2,
         "sim_t": 0.2,
         "c_mic": 4,

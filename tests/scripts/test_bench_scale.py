@@ -25,6 +25,26 @@ def test_two_small_sizes_run_and_report(tmp_path, load_script):
     assert "mb_per_node" in large and "mb_per_node" not in small
 
 
+def test_method_and_fraction_options(tmp_path, load_script):
+    """``--method fedavg --fraction 0.5``: the centralized method with half the members
+    drawn each round (2 of 4 train), named in the results."""
+    bench = load_script("bench_scale")
+    assert bench.method_overrides(None, None) == []
+    assert bench.method_overrides("fedavg", 0.1) == [
+        "algorithm.name=fedavg",
+        "algorithm.params={}",
+        "algorithm.params.fraction=0.1",
+    ]
+    out = tmp_path / "scale.json"
+    argv = ["--nodes", "4", "--repeats", "1", "--method", "fedavg", "--fraction", "0.5"]
+    assert bench.main([*argv, "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert (doc["method"], doc["fraction"]) == ("fedavg", 0.5)
+    (row,) = doc["sizes"]
+    assert row["method"] == "fedavg" and row["exit"] == 0 and row["nodes_completed"] == 4
+    assert row["trained_per_round"] == 2
+
+
 def test_median_of_runs(load_script):
     bench = load_script("bench_scale")
     runs = [
