@@ -640,6 +640,9 @@ class CentralizedRounds:
             await self._start_observing(after)
         caught_up_from: int | None = None
         while True:
+            if plan is not None and await svc.sit_out_offline(plan.round):
+                after, plan = max(self._swarm_round(), plan.round - 1), None  # catch up
+                await self._start_observing(after)
             if plan is not None and self.id not in plan.roster:
                 log.info("%s: not in round %d's roster; observing", self.id, plan.round)
                 after, plan = plan.round - 1, None

@@ -29,7 +29,7 @@ def test_staleness_weight_and_bound() -> None:
 def run(tmp_path, overrides: list[str], rounds: int = 6):
     cfg = load_topology(
         "topologies/synthetic.yaml",
-        [f"rounds={rounds}", "timing.linger_s=30", "timing.mode=async", *overrides],
+        [f"rounds={rounds}", "timing.linger_s=30", *overrides],
     )
     code, _ = run_swarm(cfg, tmp_path / "run", nodes_per_process=4, progress=False)
     logs = "".join(p.read_text() for p in (tmp_path / "run" / "logs").glob("*.log"))
@@ -46,6 +46,7 @@ def test_a_slow_device_does_not_set_the_pace(tmp_path, method):
         [
             f"algorithm.name={method}",
             "algorithm.params={}",
+            "timing.mode=async",
             "dataset.synthetic_train=2400",
             "devices=[{nodes: [c], speed: 0.05}]",
         ],
@@ -73,13 +74,28 @@ def test_a_slow_device_does_not_set_the_pace(tmp_path, method):
     assert median("c") > 5 * median("a"), (median("c"), median("a"))
 
 
-def test_an_offline_window_takes_a_device_off_and_back(tmp_path):
+@pytest.mark.parametrize("method", ["uapdfl", "fedavg"])
+def test_an_offline_window_takes_a_device_off_and_back(tmp_path, method):
+    mode = "timing.mode=async" if method == "uapdfl" else "timing.quorum=0.5"
     records, logs = run(
         tmp_path,
-        ["devices=[{nodes: [d], offline: [[0, 3]]}]", "dataset.synthetic_train=2400"],
-        rounds=4,
+        [
+            f"algorithm.name={method}",
+            "algorithm.params={}",
+            mode,
+            # d is away for its first 1.5 s; the others' rounds are slowed so the run
+            # outlasts the window and d comes back to a swarm still under way
+            "devices=[{nodes: [a, b, c], speed: 0.2}, {nodes: [d], offline: [[0, 1.5]]}]",
+            "dataset.synthetic_train=2400",
+        ],
+        rounds=6,
     )
     assert "emulated device offline" in logs
-    # while d was away its neighbours drew without it
+    # while d was away the others went on without it; back, it took part again
     first = [records[n][0] for n in ("a", "c")]
-    assert all("d" not in r["chosen"] for r in first), first
+    if method == "fedavg":
+        assert all("d" not in r["aggregated"] for r in first), first
+        assert any("d" in r["aggregated"] for r in records["a"][1:])
+    else:
+        assert all("d" not in r["chosen"] for r in first), first
+        assert any("d" in r["pulled"] for n in ("a", "c") for r in records[n][1:])
