@@ -37,7 +37,7 @@ def test_the_known_errors_are_found():
         "p2pfl.errors.P2PFLError",
         "p2pfl.config.load.ConfigError",
         "p2pfl.wire.codec.CodecError",
-        "p2pfl.wire.transport.TransportError",
+        "p2pfl.wire.errors.TransportError",
         "p2pfl.launch.broker.BrokerError",
         "p2pfl.security.certs.CertError",
     } <= set(EXCEPTIONS)
@@ -53,7 +53,7 @@ def test_every_public_exception_derives_from_p2pflerror(name):
     [
         ("p2pfl.config.load.ConfigError", ValueError),
         ("p2pfl.wire.codec.CodecError", ValueError),
-        ("p2pfl.wire.transport.TransportError", RuntimeError),
+        ("p2pfl.wire.errors.TransportError", RuntimeError),
         ("p2pfl.launch.broker.BrokerError", RuntimeError),
         ("p2pfl.security.certs.CertError", ValueError),
     ],

@@ -40,7 +40,7 @@ def run(tmp_path, overrides: list[str], rounds: int = 6):
 
 @pytest.mark.parametrize("method", ["uapdfl", "dfedavgm", "dispfl"])
 def test_a_slow_device_does_not_set_the_pace(tmp_path, method):
-    # ring a-b-c-d-a; c trains 20 times slower than the others
+    # ring a-b-c-d-a; c trains 10 times slower than the others
     records, _ = run(
         tmp_path,
         [
@@ -48,7 +48,7 @@ def test_a_slow_device_does_not_set_the_pace(tmp_path, method):
             "algorithm.params={}",
             "timing.mode=async",
             "dataset.synthetic_train=2400",
-            "devices=[{nodes: [c], speed: 0.05}]",
+            "devices=[{nodes: [c], speed: 0.1}]",
         ],
     )
     for nid, recs in records.items():
@@ -71,7 +71,7 @@ def test_a_slow_device_does_not_set_the_pace(tmp_path, method):
         assert any(part for _, part in from_c), from_c
     # c's training time is stretched in its records
     median = lambda n: statistics.median(r["train_s"] for r in records[n])  # noqa: E731
-    assert median("c") > 5 * median("a"), (median("c"), median("a"))
+    assert median("c") > 3 * median("a"), (median("c"), median("a"))
 
 
 @pytest.mark.parametrize("method", ["uapdfl", "fedavg"])
