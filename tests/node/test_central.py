@@ -8,8 +8,8 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from services_helpers import offline_services
 
-from p2pfl.algorithms.fedavg import FedAvg
 from p2pfl.config.load import load_topology
 from p2pfl.learning.state import layout_mismatch
 from p2pfl.node.centralized import check_announcement
@@ -167,30 +167,10 @@ def test_layout_mismatch_checks_keys_shapes_and_dtypes():
 def _driver(node_id="b", ids=("a", "b", "c")):
     """A driver over real node services: a real (unconnected) transport and a real FedAvg,
     for its handlers."""
-    import numpy as np
-    import torch
-
-    from p2pfl.learning.data import load_node_data
     from p2pfl.node.centralized import CentralizedRounds
-    from p2pfl.node.daemon import build_method
-    from p2pfl.node.services import NodeServices
-    from p2pfl.wire.transport import Transport
 
     cfg = _cfg(SimpleNamespace(host="127.0.0.1", port=1), list(ids))
-    data = load_node_data(cfg.dataset, cfg.node_ids, node_id, cfg.seed)
-    rng = np.random.default_rng(0)
-    method = build_method(FedAvg, cfg, node_id, data, rng, torch.device("cpu"))
-    services = NodeServices(
-        cfg=cfg,
-        node_id=node_id,
-        neighbours=[n for n in ids if n != node_id],
-        method=method,
-        data=data,
-        transport=Transport("s", node_id, "127.0.0.1", 1),
-        rng=rng,
-        device=torch.device("cpu"),
-    )
-    return CentralizedRounds(services)
+    return CentralizedRounds(offline_services(cfg, node_id))
 
 
 def _env(sender, kind, rnd, attempt, body):

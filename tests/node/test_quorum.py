@@ -12,9 +12,10 @@ import time
 
 import pytest
 import torch
+from services_helpers import offline_services
 
 from p2pfl.algorithms.base import Upload
-from p2pfl.algorithms.fedavg import FedAvg, fedavg_aggregate
+from p2pfl.algorithms.fedavg import fedavg_aggregate
 from p2pfl.config.load import load_topology
 from p2pfl.learning.state import weighted_mean
 from p2pfl.node.aggregator import AggregatorRole
@@ -155,29 +156,10 @@ def test_announcement_fields_of_quorum_rounds_are_checked():
 def _driver(node_id="c", overrides=("timing.quorum=0.5",)):
     """A centralized driver over real node services (a real, unconnected transport and a
     real FedAvg), for its handlers and its bookkeeping."""
-    import numpy as np
-
-    from p2pfl.learning.data import load_node_data
-    from p2pfl.node.daemon import build_method
-    from p2pfl.wire.transport import Transport
-
     cfg = load_topology(
         "topologies/synthetic.yaml", ["algorithm.name=fedavg", "algorithm.params={}", *overrides]
     )
-    data = load_node_data(cfg.dataset, cfg.node_ids, node_id, cfg.seed)
-    rng = np.random.default_rng(0)
-    method = build_method(FedAvg, cfg, node_id, data, rng, torch.device("cpu"))
-    services = NodeServices(
-        cfg=cfg,
-        node_id=node_id,
-        neighbours=[n for n in cfg.node_ids if n != node_id],
-        method=method,
-        data=data,
-        transport=Transport("s", node_id, "127.0.0.1", 1),
-        rng=rng,
-        device=torch.device("cpu"),
-    )
-    return CentralizedRounds(services)
+    return CentralizedRounds(offline_services(cfg, node_id))
 
 
 def _report(sender, rnd, body, attempt=0):

@@ -6,34 +6,15 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
+from services_helpers import offline_services
 
-from p2pfl.algorithms import get_algorithm
 from p2pfl.config.load import load_topology
-from p2pfl.learning.data import load_node_data
-from p2pfl.node.daemon import build_method
 from p2pfl.node.services import NodeServices
-from p2pfl.wire.transport import Transport
 
 
 def services(overrides: list[str] | None = None, node_id: str = "a") -> NodeServices:
-    cfg = load_topology("topologies/synthetic.yaml", overrides or [])
-    data = load_node_data(cfg.dataset, cfg.node_ids, node_id, cfg.seed)
-    rng = np.random.default_rng(0)
-    method = build_method(
-        get_algorithm(cfg.algorithm.name), cfg, node_id, data, rng, torch.device("cpu")
-    )
-    return NodeServices(
-        cfg=cfg,
-        node_id=node_id,
-        neighbours=[n for n in cfg.node_ids if n != node_id],
-        method=method,
-        data=data,
-        transport=Transport("s", node_id, "127.0.0.1", 1),
-        rng=rng,
-        device=torch.device("cpu"),
-    )
+    return offline_services(load_topology("topologies/synthetic.yaml", overrides or []), node_id)
 
 
 def weights(svc: NodeServices) -> dict[str, torch.Tensor]:
