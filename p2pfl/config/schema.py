@@ -340,13 +340,14 @@ class TimingConfig(_Strict):
         4,
         ge=0,
         description="async: a neighbour whose latest gossip is more than this many rounds "
-        "behind the node's round is left out of the round",
+        "behind the node's round is left out of the round; quorum: a late upload counts at "
+        "most min(max_staleness, 2) rounds after its own",
     )
     staleness_exponent: float = Field(
         0.5,
         ge=0,
-        description="async: a peer's weight in a method's mean is multiplied by "
-        "(1 + staleness)^-a (0: stale and fresh alike)",
+        description="async and quorum: a stale peer's (or late upload's) weight in a "
+        "method's mean is multiplied by (1 + staleness)^-a (0: stale and fresh alike)",
     )
     quorum: float | None = Field(
         None,
@@ -380,8 +381,9 @@ class TransferConfig(_Strict):
     compress: str = Field(
         "none",
         pattern=r"^(none|fp16|int8|topk\((0?\.\d+|1(\.0*)?)\))$",
-        description="how states travel: none, fp16, int8 (per-tensor affine), or topk(rho) "
-        "(the largest rho of each tensor's change, with error feedback)",
+        description="how states travel: none, fp16, int8 (per-tensor affine); topk(rho) "
+        "(the largest rho of each tensor's change, with error feedback) is a codec of "
+        'p2pfl.wire.compress that the daemon refuses for now (docs/wire.md, "Compression")',
     )
 
 
