@@ -476,16 +476,24 @@ class CentralizedRounds:
     async def _observe(self, after: int) -> dict[str, Any] | None:
         """Wait for the first announcement of a round after ``after`` (any member may have
         sent it: this node does not know that round's roster) and pull what a non-uploader
-        gets. Returns the settle facts, or None when nothing came before the deadline."""
+        gets. Returns the settle facts, or None when nothing came before the deadline; raises
+        :class:`_Behind` when presence shows the swarm :data:`LAG_ROUNDS` past ``after``."""
         svc, cfg = self.services, self.cfg
         deadline = time.monotonic() + cfg.timing.startup_timeout_s + cfg.timing.aggregator_timeout
         while True:
-
+            # the swarm may be further on than ``after`` said (a node that resumes from a
+            # freeze decides on the presence it held before its reconnect): announcements of
+            # its rounds are then too far to keep, so presence that shows it ahead restarts
+            # the catch-up from there rather than waiting for an announcement never kept
             def heard() -> bool:
-                return any(r > after for r in self._announced)
+                return (
+                    any(r > after for r in self._announced) or self._behind(after + 1) is not None
+                )
 
             if not await svc.wait_for(heard, deadline):
                 return None
+            if not any(r > after for r in self._announced):
+                self._check_behind(after + 1)  # raises _Behind: the run loop catches up
             r = max(r for r in self._announced if r > after)  # the newest: the current model
             attempt = max(self._announced[r])
             sender, body = self._announced[r][attempt]
