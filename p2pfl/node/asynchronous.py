@@ -24,13 +24,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from p2pfl.node import quorum
 from p2pfl.node.decentralized import DecentralizedRounds, cap_gossiped_counts
 from p2pfl.wire.envelope import Envelope
 
 
 def staleness_weight(tau: int, exponent: float) -> float:
-    """``(1 + τ)^-a``: the weight multiplier of a peer ``τ`` rounds stale (1 at τ = 0)."""
-    return float((1 + max(0, tau)) ** -exponent)
+    """``(1 + τ)^-a``: the weight multiplier of a peer ``τ`` rounds stale (1 at τ = 0); the
+    quorum rounds' discount (:func:`~p2pfl.node.quorum.staleness_weight`) of a unit weight."""
+    return float(quorum.staleness_weight(1.0, tau, exponent))
 
 
 def fresh_peers(latest_rounds: dict[str, int], round_no: int, max_staleness: int) -> dict[str, int]:
