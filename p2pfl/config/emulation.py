@@ -128,7 +128,7 @@ class DeviceSpec(_Strict):
         return self
 
 
-def _chosen(
+def chosen_nodes(
     i: int,
     kind: str,
     nodes: list[str] | None,
@@ -137,8 +137,10 @@ def _chosen(
     seed: int,
     node_hosts: dict[str, str | None],
 ) -> list[str]:
-    """The nodes an entry names, in a deterministic order (``fraction``: drawn with the seed
-    and the entry's position, as attacks are)."""
+    """The nodes the ``i``-th entry of a section (``kind``: ``attack``, ``link``, ``device``)
+    names: ``nodes`` as given, the nodes pinned to ``hosts``, or ``round(fraction × N)``
+    (at least 1) drawn with the seed, the kind and the entry's position, so every node
+    computes the same set."""
     ids = sorted(node_hosts)
     if nodes is not None:
         return list(nodes)
@@ -158,7 +160,9 @@ def access_links(
         out = dict.fromkeys(node_hosts, base)
     for i, spec in enumerate(net.links):
         if spec.edge is None:
-            for n in _chosen(i, "link", spec.nodes, spec.hosts, spec.fraction, seed, node_hosts):
+            for n in chosen_nodes(
+                i, "link", spec.nodes, spec.hosts, spec.fraction, seed, node_hosts
+            ):
                 out[n] = spec.params()
     return out
 
@@ -204,6 +208,8 @@ def device_of(
     """``node``'s (speed, offline windows); later entries win. (1.0, []) when none names it."""
     speed, offline = 1.0, []
     for i, spec in enumerate(devices):
-        if node in _chosen(i, "device", spec.nodes, spec.hosts, spec.fraction, seed, node_hosts):
+        if node in chosen_nodes(
+            i, "device", spec.nodes, spec.hosts, spec.fraction, seed, node_hosts
+        ):
             speed, offline = spec.speed, sorted(spec.offline)
     return speed, offline

@@ -10,14 +10,13 @@ of p2pfl (the method registry included) builds on, so it imports none of it but
 
 from __future__ import annotations
 
-import random
 import re
 from collections.abc import Callable
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from p2pfl.config.emulation import DeviceSpec, NetworkConfig
+from p2pfl.config.emulation import DeviceSpec, NetworkConfig, chosen_nodes
 
 PARAMS_CHECK = "validate_params"
 """The validation-context key under which a loader passes the check of a method's knobs:
@@ -625,13 +624,11 @@ class TopologyConfig(_Strict):
         ``round(fraction * N)`` (at least 1) nodes drawn by a permutation seeded with
         ``seed`` and the attack's position, so every node computes the same set."""
         out: dict[str, list[AttackSpec]] = {}
-        ids = sorted(self.node_ids)
+        hosts = self.node_hosts
         for i, attack in enumerate(self.attacks):
-            if attack.nodes is not None:
-                chosen = attack.nodes
-            else:
-                k = max(1, round((attack.fraction or 0) * len(ids)))
-                chosen = random.Random(f"{self.seed}:attack:{i}").sample(ids, k)
+            chosen = chosen_nodes(
+                i, "attack", attack.nodes, None, attack.fraction, self.seed, hosts
+            )
             for node in chosen:
                 out.setdefault(node, []).append(attack)
         return out
