@@ -58,6 +58,16 @@ an announcement left out of the next roster, *observes*: it waits for the next a
 pulls what any non-uploader receives (:attr:`Aggregate.common`) from that aggregator, and is
 in the roster of the round after.
 
+**What a member hears** (docs/wire.md, "Topics"): every member hears every gossip topic
+(announcements and audit verdicts, a few a round), but presence only as far as its part in
+the round needs (:meth:`CentralizedRounds.hearing`). Every member's presence, while it may
+aggregate or audit (it waits on the participants, pulls their uploads and draws the next
+roster from live presence), while it observes, and from the start until its first round;
+the presence of the round's first :data:`HEADS` aggregators (and their auditors) only,
+otherwise. A broker thus delivers ``O(N)`` presence messages a round instead of ``N²``.
+Each change of hearing waits (:data:`FRESH_S` at most) for the retained presence of the
+peers newly heard, so the view a member decides on is live.
+
 The plan and the announcement that carries the next one (:class:`RoundPlan`,
 :func:`check_announcement`) are in :mod:`p2pfl.node.plans`, shared with the aggregator's role.
 
@@ -97,6 +107,9 @@ from p2pfl.wire.transport import TransportError
 log = logging.getLogger(__name__)
 
 ROUNDS_KEPT = 3  # uploads and results kept for late pulls
+# a member hears the presence of the aggregators of its current attempt and of the next one
+HEADS = 2
+FRESH_S = 3.0  # how long a change of hearing waits for the retained presence of new peers
 
 __all__ = ["ROUNDS_KEPT", "CentralizedRounds", "RoundPlan", "check_announcement"]
 
@@ -168,6 +181,39 @@ class CentralizedRounds:
         if not self.audited or not roster or agg is None:
             return None
         return auditor_of(self.cfg.seed, round_no, attempt, roster, agg)
+
+    def hearing(self, plan: RoundPlan, attempt: int) -> list[str] | None:
+        """Whose presence this node needs at attempt ``attempt`` of ``plan``'s round: None
+        (every member's) when it aggregates or audits one of the attempts up to
+        ``attempt + HEADS - 1``; otherwise those attempts' aggregators and auditors, whose
+        presence says when to fail over and whose results it pulls."""
+        return self._hearing_in(plan.round, plan.roster, attempt)
+
+    def hearing_at_start(self) -> list[str] | None:
+        """Whose presence this node hears from its start until its first round (and waits
+        for at the startup barrier): round 1's, as :meth:`hearing` gives it on round 1's
+        roster (the topology's members); every member's when it resumes (it observes
+        first)."""
+        if self.services.resumed_round >= 1:
+            return None
+        return self._hearing_in(1, sorted(self.members), 0)
+
+    def _hearing_in(self, r: int, roster: list[str], attempt: int) -> list[str] | None:
+        order = succession(r, roster)
+        heads = order[: attempt + HEADS]
+        auditors = (
+            {auditor_of(self.cfg.seed, r, a, roster, agg) for a, agg in enumerate(heads)}
+            if self.audited
+            else set()
+        )
+        if self.id in heads or self.id in auditors:
+            return None
+        return sorted((set(heads) | auditors) - {self.id})
+
+    async def _hear(self, peers: list[str] | None) -> None:
+        """Hear the presence of ``peers`` (None: every member's) and no other's
+        (:meth:`~p2pfl.wire.transport.Transport.hear_presence`)."""
+        await self.tr.hear_presence(peers, FRESH_S, members=sorted(self.members))
 
     def _behind(self, round_no: int) -> int | None:
         """The latest round the swarm reports finished when this node, at ``round_no``, has
@@ -360,6 +406,8 @@ class CentralizedRounds:
             if announced:  # this attempt or a later one is over: take its result
                 attempt = max(announced)
                 self.current = (r, attempt)
+            await self._hear(self.hearing(plan, attempt))
+            if announced:
                 sender, body = announced[attempt]
                 if participated and own is not None and self.id in body.get("closed_without", []):
                     # the round closed at its quorum without this node: offer the upload on
@@ -479,6 +527,7 @@ class CentralizedRounds:
         gets. Returns the settle facts, or None when nothing came before the deadline; raises
         :class:`_Behind` when presence shows the swarm :data:`LAG_ROUNDS` past ``after``."""
         svc, cfg = self.services, self.cfg
+        await self._hear(None)  # the next roster is unknown: any member may aggregate
         deadline = time.monotonic() + cfg.timing.startup_timeout_s + cfg.timing.aggregator_timeout
         while True:
             # the swarm may be further on than ``after`` said (a node that resumes from a
@@ -530,6 +579,7 @@ class CentralizedRounds:
             r = plan.round
             self.rosters[r] = plan.roster
             self.current = (r, 0)
+            await self._hear(self.hearing(plan, 0))
             self.role.round_started(r)
             participated = self.id in plan.participants
             own = None
@@ -575,6 +625,7 @@ class CentralizedRounds:
             nxt = announced_plan(alg, cfg.seed, r + 1, announcement)
         else:  # nobody finished the round: go on with whoever is still here
             server = plan.server if plan is not None else {}
+            await self._hear(None)  # on a live view of every member
             nxt = draw_plan(alg, cfg.seed, r + 1, live_members(svc), server)
         aggregated = announcement["aggregated"] if announcement else []
         if announcement is not None:  # what the round counted, and how fast it reported
@@ -619,12 +670,14 @@ class CentralizedRounds:
         return self.services.swarm_round(sorted(self.members - {self.id}))
 
     def first_plan(self) -> RoundPlan | None:
-        """Round 1's plan from the members present now, or None when this node joins a
-        swarm already under way (a peer's presence reports a finished round) or resumes from
-        a checkpoint."""
+        """Round 1's plan on the topology's members (a member absent at the start sits in
+        round 1's roster; nobody waits on it, and round 2's roster, drawn from the
+        aggregator's live presence, leaves it out), or None when this node joins a swarm
+        already under way (a heard peer's presence reports a finished round) or resumes
+        from a checkpoint."""
         if self._swarm_round() >= 1 or self.services.resumed_round >= 1:
             return None
-        roster = live_members(self.services)
+        roster = sorted(self.members)  # every node draws the same, whatever it hears
         server = self.alg.initial_server_state(roster)
         return draw_plan(self.alg, self.cfg.seed, 1, roster, server)
 

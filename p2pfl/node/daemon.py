@@ -7,6 +7,9 @@ Lifecycle of :meth:`Node.run` (one asyncio task per node; several may share a pr
    one (:mod:`p2pfl.node.checkpoint`; ``fresh`` ignores it);
 2. connect to the broker (:class:`~p2pfl.wire.transport.Transport`, retained presence + Last Will);
 3. wait until its topology neighbours are present (``timing.startup_timeout_s`` at most);
+   a centralized member waits for the peers it hears until its first round (round 1's
+   aggregators; every member when it is one of them:
+   :meth:`~p2pfl.node.centralized.CentralizedRounds.hearing_at_start`);
 4. hand the rounds to the driver the method's kind asks for (:data:`DRIVERS`):
    :mod:`p2pfl.node.decentralized` or :mod:`p2pfl.node.centralized`, over the node's
    :class:`~p2pfl.node.services.NodeServices`; every wait is bounded by
@@ -494,16 +497,21 @@ class Node:
         self.transport = self._connect(signing, tls)
         svc, driver = self.services, self.driver
         assert svc is not None and driver is not None
+        # the peers whose presence the startup barrier waits for: the neighbours, or for a
+        # centralized member the ones it hears until its first round (round 1's aggregators)
+        awaited = self.neighbours
+        if isinstance(driver, CentralizedRounds):
+            heard = driver.hearing_at_start()
+            await self.transport.hear_presence(heard, fresh_within=0)  # before it connects
+            awaited = self.neighbours if heard is None else heard
         async with self.transport:
             await self._announce(stack)
             present = await svc.wait_for(
-                lambda: all(
-                    svc.status(p) in ("online", "done", "refused") for p in self.neighbours
-                ),
+                lambda: all(svc.status(p) in ("online", "done", "refused") for p in awaited),
                 time.monotonic() + cfg.timing.startup_timeout_s,
             )
             if not present:
-                absent = [p for p in self.neighbours if svc.status(p) not in ("online", "done")]
+                absent = [p for p in awaited if svc.status(p) not in ("online", "done")]
                 log.warning("%s: starting without neighbours %s", self.id, absent)
             log.info(
                 "%s: ready after %.1f s; neighbours %s",
@@ -517,8 +525,15 @@ class Node:
             except TransportError as exc:
                 log.warning("%s: could not announce done: %s", self.id, exc)
             await self._write_model()  # the trained model, for p2pfl export/predict
+            # linger while a peer it hears may still pull from it (of a peer it no longer
+            # hears, a centralized member's view is stale: that peer needs nothing from it)
+            transport = self.transport
             await svc.wait_for(
-                lambda: all(svc.status(p) != "online" for p in self.neighbours),
+                lambda: all(
+                    svc.status(p) != "online"
+                    for p in self.neighbours
+                    if transport.hears_presence(p)
+                ),
                 time.monotonic() + cfg.timing.linger_s,
             )
         await self._flush_records()

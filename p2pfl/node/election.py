@@ -23,5 +23,8 @@ def aggregator_for(round_no: int, members: Iterable[str], attempt: int = 0) -> s
 
 def succession(round_no: int, members: Iterable[str]) -> list[str]:
     """Every member in the order they would take round ``round_no`` over (attempt 0, 1, …)."""
-    ordered = sorted(set(members))
-    return [aggregator_for(round_no, ordered, a) for a in range(len(ordered))]
+    ordered = sorted(set(members))  # one sort: aggregator_for's order, rotated
+    if round_no < 0:
+        raise ValueError("round and attempt must be non-negative")
+    start = round_no % len(ordered) if ordered else 0
+    return ordered[start:] + ordered[:start]

@@ -1,5 +1,14 @@
-"""Event-loop hygiene for the MQTT client's socket callbacks.
+"""Event-loop and logging hygiene for the MQTT client.
 
+**Late acknowledgements.** aiomqtt stops waiting for a SUBACK or UNSUBACK after its
+timeout (or when the call is cancelled) and forgets the packet id; when the broker's
+acknowledgement then arrives (a loop starved by hundreds of nodes in one process), it logs
+``Unexpected message ID`` at error level with a traceback. The subscription change itself
+is made (or not) by the broker either way, and the caller already got its timeout.
+:data:`CLIENT_LOG` is the logger the lane hands to aiomqtt: :class:`LateAcknowledgements`
+turns those records into one debug line of this module.
+
+**Closed-socket races.**
 paho asks aiomqtt to watch its socket for writing from whichever thread it runs on, so
 aiomqtt schedules ``loop.add_writer(fd, …)`` with ``call_soon_threadsafe``. When the broker
 closes the connection between that schedule and its run, the descriptor is already closed
@@ -18,6 +27,23 @@ import logging
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+
+class LateAcknowledgements(logging.Filter):
+    """Drop aiomqtt's ``Unexpected message ID`` records (an acknowledgement for a call that
+    stopped waiting), logging one debug line instead; let every other record through."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.startswith("Unexpected message ID"):
+            return True
+        log.debug("acknowledgement after its call stopped waiting: %s", message)
+        return False
+
+
+#: the logger aiomqtt (and paho through it) writes to for every MQTT lane
+CLIENT_LOG = logging.getLogger("mqtt.p2pfl")
+CLIENT_LOG.addFilter(LateAcknowledgements())
 
 #: loop methods whose scheduled call races with a socket the broker has just closed
 _WATCHERS = frozenset({"add_writer", "add_reader"})

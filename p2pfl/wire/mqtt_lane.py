@@ -37,6 +37,7 @@ from typing import Any
 import aiomqtt
 
 from p2pfl.wire.errors import BrokerLostError, TransportError
+from p2pfl.wire.loop import CLIENT_LOG
 from p2pfl.wire.stats import TransportStats
 
 # every line the transport writes goes to one logger, whichever of its modules writes it
@@ -86,7 +87,8 @@ class MqttLane:
     this node's retained presence and of its Last Will when a connection needs them (the
     Will once per connection, before it opens); ``on_message(topic, payload)`` receives
     every message and must not raise. ``listen_to``: the peers whose presence and gossip
-    this node hears (None: every node)."""
+    this node hears (None: every node); :meth:`hear_presence` changes whose presence it
+    hears while it runs."""
 
     def __init__(
         self,
@@ -112,8 +114,11 @@ class MqttLane:
         self.connect_timeout = connect_timeout
         self.broker_timeout = broker_timeout  # None: ride out any outage
         self.tls_context = tls_context  # TLS with a client certificate to the broker
-        # whose presence and gossip to hear: None, every node (wildcards)
-        self.listen_to = None if listen_to is None else sorted(set(listen_to) - {node_id})
+        # whose presence and whose gossip to hear: None, every node (wildcards)
+        heard = None if listen_to is None else sorted(set(listen_to) - {node_id})
+        self.presence_from: list[str] | None = heard
+        self.gossip_from: list[str] | None = heard
+        self._listening = asyncio.Lock()  # one change of subscriptions at a time
         self._presence = presence
         self._will = will
         self._on_message = on_message
@@ -129,14 +134,48 @@ class MqttLane:
         self._task: asyncio.Task | None = None
 
     # ------------------------------------------------------------------ subscriptions
+    def _filters(self, kind: str, heard: list[str] | None) -> list[str]:
+        return [self.topics.of(kind, peer) for peer in (["+"] if heard is None else heard)]
+
     def subscriptions(self) -> list[str]:
         """The topic filters this node subscribes to: its inbox, and the presence and gossip
-        of the peers it listens to (of every node, when ``listen_to`` is None)."""
-        heard = ["+"] if self.listen_to is None else self.listen_to
+        of the peers it listens to (of every node, for a kind heard from all)."""
         return [
             self.topics.of("inbox", self.node_id),
-            *(self.topics.of(kind, peer) for peer in heard for kind in ("presence", "gossip")),
+            *self._filters("presence", self.presence_from),
+            *self._filters("gossip", self.gossip_from),
         ]
+
+    def hears_presence(self, peer: str) -> bool:
+        """Whether this node subscribes to ``peer``'s presence now."""
+        return self.presence_from is None or peer in self.presence_from
+
+    async def hear_presence(self, peers: Sequence[str] | None) -> None:
+        """Hear the presence of ``peers`` from now on (None: of every node), and no other's.
+
+        The change applies to the live connection at once (new filters subscribed before
+        old ones are dropped, so a peer heard in both sets is never missed) and to every
+        reconnection after; the broker hands the retained presence of each newly heard peer
+        over on subscription. A connection lost meanwhile is not an error: the next
+        connection subscribes to the new set."""
+        wanted = None if peers is None else sorted(set(peers) - {self.node_id})
+        async with self._listening:
+            before = self.presence_from
+            if wanted == before:
+                return
+            self.presence_from = wanted
+            old, new = self._filters("presence", before), self._filters("presence", wanted)
+            added = [t for t in new if t not in old]
+            removed = [t for t in old if t not in new]
+            client = self._client
+            if client is not None and self._connected.is_set():
+                try:
+                    if added:
+                        await client.subscribe([(t, 1) for t in added])
+                    if removed:
+                        await client.unsubscribe(removed)
+                except aiomqtt.MqttError as exc:  # the reconnection subscribes to the new set
+                    log.debug("%s: subscription change on a lost connection: %s", self.node_id, exc)
 
     async def _subscribe(self, client: aiomqtt.Client) -> None:
         """Subscribe a fresh connection to :meth:`subscriptions`, QoS 1, in one SUBSCRIBE."""
@@ -189,6 +228,7 @@ class MqttLane:
                     # small requests must not wait behind delayed ACKs (Nagle): 40 ms each
                     socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
                     tls_context=self.tls_context,
+                    logger=CLIENT_LOG,  # its late acknowledgements are not errors
                 ) as client:
                     client.pending_calls_threshold = PUBLISH_WINDOW * 4  # windowed on purpose
                     self._client = client

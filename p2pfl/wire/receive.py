@@ -84,6 +84,8 @@ class ReceivePipeline:
         self.on_request: Callable[[Envelope], Awaitable[None]] | None = None
         self.on_inbox: Callable[[Envelope], None] | None = None
         self.on_presence: Callable[[str, dict[str, Any]], None] | None = None
+        # every presence admitted, a retained one already held included (fresh views)
+        self.presence_heard: Callable[[str], None] | None = None
         self.transfers = IncomingTransfers(
             node_id, max_message_bytes, self.drop, self.spawn, signed=security is not None
         )
@@ -201,8 +203,10 @@ class ReceivePipeline:
             return  # our own presence or gossip, echoed back by the broker
         if self.security is not None:
             reason = self.authenticate(topic, env)
-            if reason == "same":
-                return  # a retained presence we already hold, delivered again
+            if reason == "same":  # a retained presence we already hold, delivered again
+                if self.presence_heard is not None:
+                    self.presence_heard(owner)
+                return
             if reason is not None:
                 detail = f"{topic}: {env.kind} claiming to be from {env.sender!r}"
                 if reason == "stale":  # or the two clocks disagree: say by how much
@@ -236,6 +240,8 @@ class ReceivePipeline:
                 self.drop("malformed", f"{topic}: bad presence")
                 return
             self.peers[owner] = info
+            if self.presence_heard is not None:
+                self.presence_heard(owner)
             if info["status"] == "offline":  # its Last Will: what it was sending never comes
                 self.transfers.fail_peer(owner, f"{owner} went offline")
             if self.on_presence is not None:

@@ -34,7 +34,9 @@ pull used (the latest :data:`PULL_LANES_KEPT`; :attr:`Transport.pulls` counts th
 A node subscribes to the presence and gossip of every node (``+`` wildcards) unless it is
 given ``listen_to``, the peers it talks to: then it subscribes to their topics only, so in a
 sparse graph the broker delivers each presence and gossip message to a node's neighbours
-instead of to the whole swarm (``N·k`` deliveries a round instead of ``N²``).
+instead of to the whole swarm (``N·k`` deliveries a round instead of ``N²``). Whose
+presence it hears can change while it runs (:meth:`Transport.hear_presence`): a centralized
+member hears the round's aggregators only, and every member while it may aggregate.
 
 Given ``links`` (a :class:`~p2pfl.wire.emulation.LinkEmulator`, from the topology's
 ``network:``), what this node receives from a peer, on either lane, is held back by the
@@ -156,6 +158,9 @@ class Transport:
         self.dropped: Counter[str] = self.inbound.dropped
         self.peers: dict[str, dict[str, Any]] = self.inbound.peers
         self.transfers: IncomingTransfers = self.inbound.transfers
+        self.inbound.presence_heard = self._presence_heard
+        self._awaited: set[str] = set()  # newly heard peers whose presence has not come yet
+        self._presence_came = asyncio.Event()
         self.digest_name = transfer_digest(security is not None)  # for the states served
         self.mqtt = MqttLane(
             node_id,
@@ -196,6 +201,42 @@ class Transport:
     def subscriptions(self) -> list[str]:
         """The topic filters this node subscribes to (:meth:`MqttLane.subscriptions`)."""
         return self.mqtt.subscriptions()
+
+    def hears_presence(self, peer: str) -> bool:
+        """Whether this node hears ``peer``'s presence now (its view of it is live)."""
+        return self.mqtt.hears_presence(peer)
+
+    async def hear_presence(
+        self, peers: Sequence[str] | None, fresh_within: float, members: Sequence[str] = ()
+    ) -> None:
+        """Hear the presence of ``peers`` from now on (None: of every node) and no other's
+        (:meth:`MqttLane.hear_presence`). Returns once the presence of every newly heard
+        peer (of ``members``, when ``peers`` is None) has arrived (the broker's retained
+        copy, handed over on subscription), so the node's view of them is live, or after
+        ``fresh_within`` seconds (a peer that never connected has no retained presence).
+        Of a peer not heard, :attr:`peers` keeps the last presence heard: a view that may
+        be stale."""
+        candidates = set(members if peers is None else peers) - {self.node_id}
+        added = {p for p in candidates if not self.mqtt.hears_presence(p)}
+        if fresh_within > 0:  # before subscribing: a retained copy may come before SUBACK
+            self._awaited |= added
+        await self.mqtt.hear_presence(peers)
+        if not added or fresh_within <= 0:
+            return
+        deadline = time.monotonic() + fresh_within
+        while self._awaited & added:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._presence_came.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._presence_came.wait(), left)
+        self._awaited -= added
+
+    def _presence_heard(self, peer: str) -> None:
+        if peer in self._awaited:
+            self._awaited.discard(peer)
+            self._presence_came.set()
 
     @property
     def connected(self) -> bool:

@@ -8,12 +8,14 @@ import time
 from types import SimpleNamespace
 
 import pytest
+import torch
 from services_helpers import offline_services
 
 from p2pfl.config.load import load_topology
 from p2pfl.learning.state import layout_mismatch
-from p2pfl.node.centralized import check_announcement
+from p2pfl.node.centralized import HEADS, check_announcement
 from p2pfl.node.daemon import Node, NodeOptions
+from p2pfl.node.election import succession
 
 pytestmark = pytest.mark.integration
 
@@ -133,6 +135,37 @@ async def test_late_member_catches_up_and_joins_the_next_round(broker, tmp_path)
     assert joined and joined[0]["round"] == d_recs[0]["round"] + 1
     a_last = results[0][-1]
     assert "d" in a_last["aggregated"] and "d" in a_last["roster"]
+
+
+async def test_members_hear_only_the_presence_their_part_needs(broker, tmp_path):
+    """Eight members, two rounds: a member that is none of the first two aggregators of
+    round 1 or 2 only ever hears those aggregators' presence (the broker delivers it no
+    other: a round costs O(N) presence deliveries, not N²), while round 1's aggregator
+    heard every member's; every node still runs both rounds on one model."""
+    ids = [f"n{i}" for i in range(8)]
+    cfg = _cfg(
+        broker,
+        None,
+        ["nodes=8", "rounds=2", "timing.round_timeout_s=20", "timing.linger_s=5"],
+    )
+    assert cfg.node_ids == ids
+    nodes = {nid: Node(cfg, nid, NodeOptions(out_dir=tmp_path)) for nid in ids}
+    results = await asyncio.wait_for(asyncio.gather(*(n.run() for n in nodes.values())), 120)
+    assert all([r["round"] for r in recs] == [1, 2] for recs in results)
+    assert all(r["attempt"] == 0 for recs in results for r in recs)
+    heads = {1: succession(1, ids)[:HEADS], 2: succession(2, ids)[:HEADS]}
+    wide = set(heads[1]) | set(heads[2])
+    narrow = [nid for nid in ids if nid not in wide]
+    assert narrow  # 8 members, at most 4 of them heads
+    for nid in narrow:
+        heard = set(nodes[nid].transport.peers)
+        assert heard <= wide, (nid, heard)
+        other = narrow[0] if nid != narrow[0] else narrow[-1]
+        assert not nodes[nid].transport.hears_presence(other)
+    assert set(nodes[heads[1][0]].transport.peers) == set(ids) - {heads[1][0]}
+    finals = {nid: n.method.model_state() for nid, n in nodes.items()}
+    for state in finals.values():  # FedAvg: every member applied round 2's global model
+        assert all(torch.equal(state[k], finals[ids[0]][k]) for k in state)
 
 
 def test_announcement_validation_rejects_bad_bodies():

@@ -30,3 +30,14 @@ def test_errors():
         aggregator_for(1, [])
     with pytest.raises(ValueError):
         aggregator_for(-1, ["a"])
+
+
+def test_succession_is_every_attempt_in_one_sort():
+    """``succession`` lists ``aggregator_for`` of every attempt (it sorts once: it runs on
+    every message of a round, on rosters of a thousand members)."""
+    members = [f"n{i}" for i in (17, 3, 250, 42, 8, 99, 5)]
+    for r in range(0, 20):
+        assert succession(r, members) == [
+            aggregator_for(r, members, a) for a in range(len(members))
+        ]
+    assert succession(4, []) == []

@@ -1,4 +1,5 @@
-"""The loop handler that quiets the MQTT client's closed-socket race, and only that."""
+"""The loop handler that quiets the MQTT client's closed-socket race, and the filter that
+quiets its late acknowledgements: those, and only those."""
 
 from __future__ import annotations
 
@@ -56,3 +57,22 @@ def test_a_previous_handler_keeps_the_rest() -> None:
 
     asyncio.run(main())
     assert len(seen) == 1 and isinstance(seen[0]["exception"], ZeroDivisionError)
+
+
+def test_a_late_unsuback_is_one_debug_line_and_other_errors_pass(caplog) -> None:
+    """aiomqtt, given the lane's logger, meets an UNSUBACK for a call that stopped waiting
+    (its packet id forgotten): no error, no traceback; its own other errors still show."""
+    import aiomqtt
+
+    from p2pfl.wire.loop import CLIENT_LOG
+
+    async def main() -> None:
+        client = aiomqtt.Client("127.0.0.1", 1, logger=CLIENT_LOG)
+        client._on_unsubscribe(client._client, None, 4242, [], None)  # paho's callback
+        CLIENT_LOG.error("There are %d pending publish calls.", 99)
+
+    with caplog.at_level(logging.DEBUG):
+        asyncio.run(main())
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [r.getMessage() for r in errors] == ["There are 99 pending publish calls."]
+    assert any("after its call stopped waiting" in r.getMessage() for r in caplog.records)

@@ -139,6 +139,53 @@ async def test_listen_to_hears_only_the_named_peers(broker):
         await b.close()
 
 
+async def test_hear_presence_narrows_and_widens_on_the_live_connection(broker):
+    """A node that narrows whose presence it hears stops receiving the others' presence
+    (the broker no longer delivers it); widening again returns only once the retained
+    presence of every newly heard peer has arrived, so its view of them is live."""
+    a, b = await pair(broker)
+    c = Transport("s", "c", broker.host, broker.port)
+    try:
+        await c.__aenter__()
+        await wait_until(lambda: {"a", "b"} <= set(c.peers))
+        await c.hear_presence(["a"], fresh_within=5.0, members=["a", "b", "c"])
+        assert c.subscriptions()[1:2] == ["p2pfl/s/presence/a"]
+        assert c.hears_presence("a") and not c.hears_presence("b")
+        received = c.stats.messages_recv
+        await b.set_status("done", round=7)  # not delivered to c any more
+        await a.set_status("done", round=3)
+        await wait_until(lambda: c.peers["a"].get("round") == 3)
+        assert c.peers["b"]["status"] == "online" and "round" not in c.peers["b"]
+        assert c.stats.messages_recv == received + 1  # a's presence only
+        await c.hear_presence(None, fresh_within=5.0, members=["a", "b", "c"])
+        # returned after b's retained presence: c's view of b is live without any wait
+        assert c.peers["b"]["status"] == "done" and c.peers["b"]["round"] == 7
+        assert c.hears_presence("b") and "p2pfl/s/presence/+" in c.subscriptions()
+    finally:
+        await c.close()
+        await a.close()
+        await b.close()
+
+
+async def test_hear_presence_sets_what_a_new_connection_subscribes_to(broker):
+    """The presence a node hears is what every later connection subscribes to (the lane
+    subscribes each new connection from :meth:`MqttLane.subscriptions`)."""
+    a, b = await pair(broker)
+    try:
+        await a.hear_presence(["b"], fresh_within=5.0)
+        assert a.mqtt.subscriptions() == [
+            "p2pfl/s/inbox/a",
+            "p2pfl/s/presence/b",
+            "p2pfl/s/gossip/+",
+        ]
+        fresh = aiomqtt.Client(broker.host, broker.port)
+        async with fresh:  # the lane subscribes a new connection from the same sets
+            await a.mqtt._subscribe(fresh)
+    finally:
+        await a.close()
+        await b.close()
+
+
 async def wait_until(cond, timeout: float = 10.0) -> None:
     async with asyncio.timeout(timeout):
         while not cond():
