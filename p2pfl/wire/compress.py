@@ -24,7 +24,8 @@ Pure: no transport, no event loop. ``transfer.compress`` names the mode:
   that holds ``P_b`` (same stream epoch, ``b`` within the sender's window) gets the union
   of the positions changed since ``b`` with ``P_t``'s values there and rebuilds ``P_t`` bit
   for bit; any other receiver gets ``P_t`` dense (raw, after which it holds ``P_t``; or
-  int8, after which it holds no base).
+  int8, after which it holds no base). The daemon keeps them per stream and a pull names
+  the base it holds (:mod:`p2pfl.wire.streams`).
 
 Every non-floating tensor travels raw. Non-finite values never make a codec fail: ``fp16``
 keeps them, ``int8`` and ``topk`` send that tensor raw, so the decoded state holds exactly
