@@ -341,19 +341,11 @@ def check_defence(cfg: TopologyConfig, source: str = "topology") -> None:
 
 def check_transfer(cfg: TopologyConfig, source: str = "topology") -> None:
     """``transfer.compress`` can run in this swarm (docs/wire.md, "Compression"), else a
-    :class:`ConfigError` on it saying why: ``topk(rho)`` is not wired into the pull
-    protocol (its delta needs the pull to name the base the receiver holds), and a lossy
-    codec (``fp16``, ``int8``) cannot meet the audit of a signed centralized swarm, which
-    recomputes the aggregate bit for bit from uploads it pulls compressed while the
-    aggregator counted its own upload exact."""
+    :class:`ConfigError` on it saying why: a lossy codec (``fp16``, ``int8``,
+    ``topk(rho)``) cannot meet the audit of a signed centralized swarm, which recomputes
+    the aggregate bit for bit from uploads it pulls compressed while the aggregator
+    counted its own upload exact."""
     mode = cfg.transfer.compress
-    if mode.startswith("topk"):
-        why = (
-            f"{mode} is not supported by the daemon yet: a top-k delta needs the pull to name "
-            "the base the receiver holds, which the pull protocol does not carry; use none, "
-            "fp16 or int8"
-        )
-        raise ConfigError(source, [("transfer.compress", why)])
     audited = cfg.security.sign and cfg.security.audit
     if mode != "none" and audited and get_algorithm(cfg.algorithm.name).kind == "centralized":
         why = (

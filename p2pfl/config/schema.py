@@ -380,9 +380,11 @@ class TransferConfig(_Strict):
     compress: str = Field(
         "none",
         pattern=r"^(none|fp16|int8|topk\((0?\.\d+|1(\.0*)?)\))$",
-        description="how states travel: none, fp16, int8 (per-tensor affine); topk(rho) "
-        "(the largest rho of each tensor's change, with error feedback) is a codec of "
-        'p2pfl.wire.compress that the daemon refuses for now (docs/wire.md, "Compression")',
+        description="how states travel: none, fp16, int8 (per-tensor affine), or topk(rho): "
+        "each served state a stream per sender, a pull naming the base it holds of it and "
+        "getting the positions of the largest rho of each tensor's change since (error "
+        "feedback), or the state dense when the sender cannot answer that base "
+        '(docs/wire.md, "Compression"); lossy ones are refused with a centralized audit',
     )
 
 

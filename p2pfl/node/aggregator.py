@@ -190,6 +190,20 @@ class AggregatorRole:
                 self._prepared[full] = await self.services.prepare(state, key[0], what)
         return self._prepared[full]
 
+    def _stream_of(self, env: Envelope, part: str) -> tuple[tuple[str, ...], Any]:
+        """The top-k stream (docs/wire.md, "Compression") a pull of ``part`` is answered
+        from, and the tag of the state in it: this node's uploads (``upload`` and ``late``,
+        tagged by the round trained for), its common result, or its result for the
+        requester ((round, attempt))."""
+        if part == "result":
+            agg = self._results[(env.round, env.attempt)]
+            whose = env.sender if env.sender in agg.results else ""
+            return ("result", whose), (env.round, env.attempt)
+        if part == "late":
+            offer = self._late_offer.get(env.round)
+            return ("upload",), (offer[0] if offer is not None else env.round)
+        return ("upload",), env.round
+
     async def serve_pull(self, env: Envelope) -> None:
         """``upload``: only to the rightful aggregator of the attempt named; ``result``: what
         this aggregator's result gives the requester (its own part, or the common part)."""
@@ -230,8 +244,13 @@ class AggregatorRole:
         if reason is not None or state is None:
             await self.services.refuse_pull(env, reason or "nothing for this node")
             return
-        prepared = await self._prepared_for((env.round, env.attempt, str(part)), state)
-        await self.services.send_state(env, prepared)
+        if self.services.streams is not None:  # top-k: served from a stream (below)
+            stream, tag = self._stream_of(env, str(part))
+            what = "result" if part == "result" else "model"
+            await self.services.serve_stream(env, stream, tag, state, env.round, what)
+        else:
+            prepared = await self._prepared_for((env.round, env.attempt, str(part)), state)
+            await self.services.send_state(env, prepared)
         if part == "result":
             self._served.setdefault((env.round, env.attempt), set()).add(env.sender)
             self.services.notify()

@@ -142,6 +142,11 @@ class DecentralizedRounds:
         elif part not in PARTS:
             reason = f"unknown part {part!r}"
         served = self.served_round(env.round)
+        if svc.streams is not None and reason is None and served is not None:
+            # top-k: each part is a stream, each snapshot published into it once
+            state = self.alg.select(self._snapshots[served], part)
+            await svc.serve_stream(env, part, served, state, served, "model")
+            return
         prepared = None if reason or served is None else await self._prepared_part(served, part)
         if reason is None and prepared is None:
             reason = f"no state for round {env.round}"

@@ -50,9 +50,10 @@ from p2pfl.metrics import METHOD_KEY, RecordLog, node_log_path
 from p2pfl.node.checkpoint import Checkpoint, checkpoint_path, save_checkpoint
 from p2pfl.node.device import EmulatedDevice
 from p2pfl.wire.codec import state_nbytes
-from p2pfl.wire.compress import CompressError, decode_state, is_compressed
+from p2pfl.wire.compress import CompressError, decode_state, is_compressed, parse_base, parse_spec
 from p2pfl.wire.envelope import Envelope
 from p2pfl.wire.status import phase_body, pull_body
+from p2pfl.wire.streams import ReceivedStreams, ServedStreams
 from p2pfl.wire.transfers import PreparedState
 from p2pfl.wire.transport import Transport, TransportError
 
@@ -238,6 +239,14 @@ class NodeServices:
         # an experiment's attack on this node (topology ``attacks:``), None when honest:
         # it wraps what the node serves and how it trains, never a method's code
         self.adversary = Adversary.for_node(cfg, node_id, data.num_classes)
+        # ``transfer.compress: topk(rho)``: the streams this node serves, and those it pulls
+        # (the transport names their bases in its pull requests); None otherwise
+        self.streams: ServedStreams | None = None
+        spec = parse_spec(cfg.transfer.compress)
+        if spec.mode == "topk":
+            assert spec.rho is not None
+            self.streams = ServedStreams(spec.rho, transport.digest_name, pool=PACK_POOL)
+            transport.streams = ReceivedStreams()
 
     # ------------------------------------------------------------------ presence view
     def status(self, peer: str) -> str:
@@ -319,9 +328,52 @@ class NodeServices:
         loop = asyncio.get_running_loop()
         digest = self.transport.digest_name  # BLAKE3 when signing, else XXH3 (wire.digest)
         compress = self.cfg.transfer.compress  # the wire form is what is digested and sent
+        if self.streams is not None:  # top-k is served by stream (serve_stream); this is
+            compress = "none"  # a state outside its stream, which travels as it is
         return await loop.run_in_executor(
             PACK_POOL, PreparedState.from_state, state, digest, compress
         )
+
+    async def serve_stream(
+        self,
+        env: Envelope,
+        stream: Any,
+        tag: Any,
+        state: State,
+        round_no: int | None = None,
+        what: str = "model",
+    ) -> None:
+        """Answer the pull ``env`` (``transfer.compress: topk``) with ``state``, publish
+        ``tag`` of this node's top-k ``stream`` (:class:`~p2pfl.wire.streams.ServedStreams`):
+        a delta from the base the request names when the stream can answer it, else the
+        stream's estimate dense; uncompressed when ``tag`` is older than the stream's latest
+        publish and no longer kept. A request whose ``base`` is malformed is dropped
+        (``malformed``) and refused. ``round_no`` and ``what``: as for :meth:`prepare` (an
+        attack's corruption, applied once, when ``tag`` is published)."""
+        assert self.streams is not None
+        body = env.body if isinstance(env.body, dict) else {}
+        try:
+            base = parse_base(body.get("base"))
+        except CompressError as exc:
+            self.drop("malformed", f"pull from {env.sender}: {exc}")
+            await self.transport.send(
+                env.sender,
+                "pull_error",
+                env.round,
+                {"xfer": env.id, "reason": f"malformed base: {exc}"[:300]},
+                attempt=env.attempt,
+            )
+            return
+
+        def published() -> State:
+            if self.adversary is None or round_no is None:
+                return state
+            return self.adversary.outgoing(state, round_no, what)
+
+        prepared = await self.streams.prepared(stream, tag, published, base)
+        if prepared is None:  # an old state outside the stream: as it is
+            prepared = await self.prepare(state, round_no, what)
+        await self.send_state(env, prepared)
 
     async def pull_many(
         self,

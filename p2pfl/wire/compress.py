@@ -24,7 +24,8 @@ Pure: no transport, no event loop. ``transfer.compress`` names the mode:
   that holds ``P_b`` (same stream epoch, ``b`` within the sender's window) gets the union
   of the positions changed since ``b`` with ``P_t``'s values there and rebuilds ``P_t`` bit
   for bit; any other receiver gets ``P_t`` dense (raw, after which it holds ``P_t``; or
-  int8, after which it holds no base).
+  int8, after which it holds no base). The daemon keeps them per stream and a pull names
+  the base it holds (:mod:`p2pfl.wire.streams`).
 
 Every non-floating tensor travels raw. Non-finite values never make a codec fail: ``fp16``
 keeps them, ``int8`` and ``topk`` send that tensor raw, so the decoded state holds exactly
@@ -76,9 +77,11 @@ __all__ = [
     "TopKReceiver",
     "TopKSender",
     "codec_for",
+    "codec_of",
     "decode_state",
     "encode_state",
     "is_compressed",
+    "parse_base",
     "parse_spec",
     "topk_positions",
 ]
@@ -103,6 +106,8 @@ _FORM_KEYS = {
     "topk": _COMMON_KEYS,
 }
 _STREAM_KEYS = frozenset({"epoch", "seq", "base"})
+MAX_EPOCH_CHARS = 64
+MAX_SEQ = (1 << 63) - 1  # a stream's sequence numbers fit an int64
 
 
 class CompressError(P2PFLError, ValueError):
@@ -360,7 +365,7 @@ def _read_header(wire: Any) -> _Header:
         if not isinstance(s, dict) or s.keys() != _STREAM_KEYS:
             raise CompressError(f"a topk header needs stream {sorted(_STREAM_KEYS)}")
         epoch, seq, base = s["epoch"], s["seq"], s["base"]
-        if not isinstance(epoch, str) or not 0 < len(epoch) <= 64:
+        if not isinstance(epoch, str) or not 0 < len(epoch) <= MAX_EPOCH_CHARS:
             raise CompressError("stream epoch must be a string of 1 to 64 characters")
         if (
             not _is_int(seq)
@@ -503,6 +508,31 @@ def decode_state(wire: Mapping[str, torch.Tensor], *, max_bytes: int) -> Mapping
     return _decode_entries(header, wire, max_bytes, None)
 
 
+def codec_of(wire: Mapping[str, Any]) -> str | None:
+    """The codec whose header ``wire`` (a state as it arrived) carries, None when it is not
+    compressed; :class:`CompressError` when the header is malformed."""
+    if not isinstance(wire, Mapping):
+        raise CompressError(f"a state must be a map, got {type(wire).__name__}")
+    return _read_header(wire).codec if HEADER in wire else None
+
+
+def parse_base(value: Any) -> tuple[str, int] | None:
+    """The base a pull request names (its body's optional ``base``: ``[epoch, seq]`` of the
+    sender's published estimate the puller holds, docs/wire.md, "Compression"), None when
+    it names none. Untrusted: anything but a list of a string of 1 to 64 characters and an
+    int in ``[0, 2**63)`` raises :class:`CompressError`."""
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        raise CompressError(f"base must be [epoch, seq], got {type(value).__name__}")
+    epoch, seq = value
+    if not isinstance(epoch, str) or not 0 < len(epoch) <= MAX_EPOCH_CHARS:
+        raise CompressError(f"base epoch must be a string of 1 to {MAX_EPOCH_CHARS} characters")
+    if not _is_int(seq) or not 0 <= seq <= MAX_SEQ:
+        raise CompressError("base seq must be an int in [0, 2**63)")
+    return epoch, seq
+
+
 # ----------------------------------------------------------------------------- top-k
 
 
@@ -598,9 +628,9 @@ class TopKSender:
             raise CompressError("nothing published yet")
         if dense not in ("raw", "int8"):
             raise CompressError(f"dense form {dense!r}: raw or int8")
-        oldest = self._sent[0][0] - 1  # the oldest base a delta can start from
-        if base is None or base[0] != self.epoch or not oldest <= base[1] <= self.seq:
+        if self.answers(base) is None:
             return self._dense(dense)
+        assert base is not None
         entries: list[dict] = []
         tensors: State = {}
         for name, p in self.estimate.items():
@@ -621,6 +651,26 @@ class TopKSender:
             tensors[name + IDX_SUFFIX] = pos.to(idx_dtype)
         stream = {"epoch": self.epoch, "seq": self.seq, "base": base[1]}
         return _pack("topk", entries, tensors, stream)
+
+    def answers(self, base: tuple[str, int] | None) -> int | None:
+        """The sequence number :meth:`message` answers ``base`` with a delta from (``base``'s
+        own), None when it answers with a dense state (no base, another epoch, outside the
+        window, nothing published)."""
+        if self.estimate is None or base is None or base[0] != self.epoch:
+            return None
+        # the oldest base a delta can start from; never 0 (no receiver holds what came
+        # before the first publish)
+        oldest = max(self._sent[0][0] - 1, 1)
+        return base[1] if oldest <= base[1] <= self.seq else None
+
+    def view(self) -> TopKSender:
+        """This sender as it stands (its current publish): a copy that later publishes
+        leave as it is, whose :meth:`message` answers from this publish's estimate (shared,
+        never modified: a publish makes a new one)."""
+        frozen = TopKSender(self.rho, window=self.window, epoch=self.epoch)
+        frozen.seq, frozen.estimate = self.seq, self.estimate
+        frozen._sent = deque(self._sent, maxlen=self.window)
+        return frozen
 
     def _dense(self, form: str) -> State:
         assert self.estimate is not None

@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any
 import aiomqtt
 
 from p2pfl.wire import direct
+from p2pfl.wire.compress import CompressError
 from p2pfl.wire.digest import transfer_digest
 from p2pfl.wire.direct_lane import DirectEndpoint
 from p2pfl.wire.emulation import LinkEmulator
@@ -68,6 +69,7 @@ from p2pfl.wire.errors import BrokerLostError, TransportError
 from p2pfl.wire.mqtt_lane import PUBLISH_WINDOW, MqttLane, Topics
 from p2pfl.wire.receive import ReceivePipeline
 from p2pfl.wire.stats import TransportStats
+from p2pfl.wire.streams import ReceivedStreams
 from p2pfl.wire.transfers import CHUNK_BYTES, IncomingTransfers, PreparedState, State, TransferError
 
 if TYPE_CHECKING:
@@ -193,6 +195,9 @@ class Transport:
         # (peer, "direct" | "mqtt") of the latest pulls, oldest first; ``pulls`` counts all
         self.pull_lanes: deque[tuple[str, str]] = deque(maxlen=PULL_LANES_KEPT)
         self.pulls = 0
+        # top-k streams pulled (``transfer.compress: topk``; None: none): each pull names
+        # the base held of the peer's stream, and a top-k answer is decoded with it
+        self.streams: ReceivedStreams | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def topic(self, kind: str, node: str) -> str:
@@ -399,16 +404,52 @@ class Transport:
         (at most, and by default, ``max_transfer_bytes``) is refused before any memory is
         allocated for it.
 
-        Raises :class:`TransportError` on refusal, timeout, a corrupt transfer, or as soon
-        as ``peer``'s presence is (or goes) ``offline``."""
-        if self.peers.get(peer, {}).get("status") == "offline":
-            raise TransportError(f"pull of {part!r} from {peer}: {peer} is offline")
-        xfer = uuid.uuid4().hex[:16]
-        limit = (
+        With :attr:`streams` (top-k), the request's body names the base held of ``peer``'s
+        stream of ``part`` (``base: [epoch, seq]``) and a top-k answer comes back decoded
+        with it (:class:`~p2pfl.wire.streams.ReceivedStreams`).
+
+        Raises :class:`TransportError` on refusal, timeout, a corrupt transfer (a top-k
+        answer that does not decode included), or as soon as ``peer``'s presence is (or
+        goes) ``offline``."""
+        streams = self.streams
+        if streams is None:
+            return await self._pull(
+                peer, round_no, part, {"part": part}, timeout, attempt, max_bytes
+            )
+        body: dict[str, Any] = {"part": part}
+        base = streams.base(peer, part)
+        if base is not None:
+            body["base"] = list(base)
+        state = await self._pull(peer, round_no, part, body, timeout, attempt, max_bytes)
+        limit = self._limit(max_bytes)
+        try:
+            return await asyncio.to_thread(streams.decode, peer, part, state, max_bytes=limit)
+        except CompressError as exc:
+            self.drop("bad_transfer", f"state from {peer} rejected: {exc}")
+            raise TransportError(f"{part!r} from {peer} does not decode: {exc}") from None
+
+    def _limit(self, max_bytes: int | None) -> int:
+        return (
             self.max_transfer_bytes
             if max_bytes is None
             else min(max_bytes, self.max_transfer_bytes)
         )
+
+    async def _pull(
+        self,
+        peer: str,
+        round_no: int,
+        part: str,
+        body: dict[str, Any],
+        timeout: float,
+        attempt: int,
+        max_bytes: int | None,
+    ) -> State:
+        """:meth:`pull` with the request's ``body``: the transfer, on either lane."""
+        if self.peers.get(peer, {}).get("status") == "offline":
+            raise TransportError(f"pull of {part!r} from {peer}: {peer} is offline")
+        xfer = uuid.uuid4().hex[:16]
+        limit = self._limit(max_bytes)
         deadline = asyncio.get_running_loop().time() + timeout
         address = direct.parse_address(self.peers.get(peer, {}).get("direct"))
         # the future fails when the peer goes offline or the transport closes (both lanes)
@@ -417,7 +458,7 @@ class Transport:
             if address is not None and self.direct is not None:
 
                 def request() -> bytes:  # made once connected, signed for peer's inbox
-                    env = self._envelope("pull", round_no, {"part": part}, xfer, attempt)
+                    env = self._envelope("pull", round_no, body, xfer, attempt)
                     return env.pack(self._signer(self.topic("inbox", peer)))
 
                 fetch = self.direct.pull(peer, address, request, xfer, limit)
@@ -425,7 +466,7 @@ class Transport:
                 if state is not None:
                     self._pulled(peer, "direct")
                     return state
-            await self.send(peer, "pull", round_no, {"part": part}, mid=xfer, attempt=attempt)
+            await self.send(peer, "pull", round_no, body, mid=xfer, attempt=attempt)
             remaining = max(0.0, deadline - asyncio.get_running_loop().time())
             state = await asyncio.wait_for(fut, remaining)
             self._pulled(peer, "mqtt")

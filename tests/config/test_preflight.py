@@ -139,7 +139,15 @@ def test_a_defence_rule_that_holds_passes():
 @pytest.mark.parametrize(
     ("overrides", "text"),
     [
-        (["transfer.compress=topk(0.1)"], "topk(0.1) is not supported by the daemon yet"),
+        (
+            [
+                "algorithm.name=fedavg",
+                "algorithm.params={}",
+                "security.sign=true",
+                "transfer.compress=topk(0.1)",
+            ],
+            "topk(0.1) is lossy and security.audit recomputes each aggregate bit for bit",
+        ),
         (
             [
                 "algorithm.name=fedavg",
@@ -164,3 +172,9 @@ def test_compressions_the_swarm_can_run_pass():
     fedavg = ["algorithm.name=fedavg", "algorithm.params={}", "transfer.compress=int8"]
     check_inputs(_cfg(fedavg))
     check_inputs(_cfg([*fedavg, "security.sign=true", "security.audit=false"]))
+    # top-k: the pull names the receiver's base (docs/wire.md, "Compression")
+    check_inputs(_cfg(["transfer.compress=topk(0.1)"]))
+    check_inputs(_cfg(["transfer.compress=topk(1)", "security.sign=true"]))  # decentralized
+    topk = ["algorithm.name=fedavg", "algorithm.params={}", "transfer.compress=topk(0.25)"]
+    check_inputs(_cfg(topk))
+    check_inputs(_cfg([*topk, "security.sign=true", "security.audit=false"]))

@@ -5,15 +5,24 @@ pull cleanly."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from services_helpers import offline_services
 
 from p2pfl.config.load import load_topology
+from p2pfl.node.decentralized import DecentralizedRounds
 from p2pfl.node.services import NodeServices
-from p2pfl.wire.codec import buffer_to_state, encode
-from p2pfl.wire.compress import HEADER, encode_state, is_compressed
+from p2pfl.wire.codec import buffer_to_state, encode, state_nbytes
+from p2pfl.wire.compress import HEADER, TopKReceiver, encode_state, is_compressed
 from p2pfl.wire.digest import hexdigest
+from p2pfl.wire.envelope import Envelope
 from p2pfl.wire.transfers import PreparedState
+
+LIMIT = 1 << 26
+
+
+def same(a, b) -> bool:
+    return list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def services(compress: str, node_id: str = "a") -> NodeServices:
@@ -93,3 +102,126 @@ async def test_a_decoded_state_over_the_pull_limit_fails_its_pull():
     svc.transport.pull = pull
     pulled, failed = await svc.pull_many({"b": "all"}, 1, 5.0)
     assert pulled == {} and "exceeds the limit of 1000" in failed["b"]
+
+
+# ----------------------------------------------------------------------------- top-k
+
+
+class Wire:
+    """What a node's transport sent: each answer (``send_state``) and refusal (``send``)."""
+
+    def __init__(self, svc: NodeServices):
+        self.states: list[PreparedState] = []
+        self.refusals: list[dict] = []
+
+        async def send_state(to, xfer, round_no, prepared):
+            self.states.append(prepared)
+
+        async def send(to, kind, round_no, body, mid=None, *, attempt=0):
+            assert kind == "pull_error"
+            self.refusals.append(body)
+
+        svc.transport.send_state = send_state
+        svc.transport.send = send
+
+
+def pull_env(sender: str, round_no: int, body: dict, attempt: int = 0) -> Envelope:
+    return Envelope(
+        "s", sender, round_no, "pull", f"x{len(str(body))}{round_no}", body, attempt=attempt
+    )
+
+
+def drift(state: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        k: (v + 0.01 * torch.randn(v.shape, generator=g)) if v.is_floating_point() else v
+        for k, v in state.items()
+    }
+
+
+async def test_topk_snapshots_are_served_from_the_base_the_pull_names():
+    svc = services("topk(0.1)")
+    wire = Wire(svc)
+    rounds = DecentralizedRounds(svc)
+    own = own_state(svc)
+    rx = TopKReceiver()
+    dense = state_nbytes(own)
+    for r in (1, 2, 3):
+        rounds._keep_snapshot(r, drift(own, r) if r > 1 else own)
+        base = None if rx.base is None else list(rx.base)
+        await rounds.serve_pull(
+            pull_env("b", r, {"part": "all", **({"base": base} if base else {})})
+        )
+        got = rx.apply(arrived(wire.states[-1]), max_bytes=LIMIT)
+        assert list(got) == list(own)
+        assert (
+            len(wire.states[-1].buf) >= dense if r == 1 else len(wire.states[-1].buf) < 0.3 * dense
+        )
+    # a stale or unknown base (another epoch, a seq the stream never reached): dense
+    epoch = rx.base[0]
+    for base in ([epoch, 1 << 40], ["not-its-epoch", 2], [epoch, 0]):
+        await rounds.serve_pull(pull_env("c", 3, {"part": "all", "base": base}))
+        assert len(wire.states[-1].buf) >= dense, base
+        assert same(TopKReceiver().apply(arrived(wire.states[-1]), max_bytes=LIMIT), got)
+    assert wire.refusals == [] and sum(svc.transport.dropped.values()) == 0
+
+
+@pytest.mark.parametrize(
+    "base",
+    [
+        "epoch",
+        3,
+        [1, 2],
+        ["e"],
+        ["e", -1],
+        ["e", 1 << 63],
+        ["e", (1 << 64) - 1],
+        ["e", "1"],
+        ["e" * 100, 1],
+        {"epoch": "e", "seq": 1},
+        [["e"], 1],
+    ],
+)
+async def test_a_hostile_base_is_dropped_and_refused_never_raised(base):
+    svc = services("topk(0.1)")
+    wire = Wire(svc)
+    rounds = DecentralizedRounds(svc)
+    rounds._keep_snapshot(1, own_state(svc))
+    await rounds.serve_pull(pull_env("b", 1, {"part": "g", "base": base}))
+    assert wire.states == [] and len(wire.refusals) == 1
+    assert "malformed base" in wire.refusals[0]["reason"]
+    assert svc.transport.dropped["malformed"] == 1
+    # the stream is untouched: an honest pull right after gets its dense first answer
+    await rounds.serve_pull(pull_env("c", 1, {"part": "g"}))
+    assert len(wire.states) == 1 and svc.streams.sender("g").seq == 1
+
+
+async def test_topk_uploads_and_results_are_streams_of_the_aggregator_role():
+    from p2pfl.algorithms.base import Aggregate
+    from p2pfl.node.aggregator import AggregatorRole
+
+    cfg = load_topology(
+        "topologies/synthetic.yaml",
+        ["algorithm.name=fedavg", "algorithm.params={}", "transfer.compress=topk(0.1)"],
+    )
+    svc = offline_services(cfg, "a")
+    wire = Wire(svc)
+    role = AggregatorRole(svc, aggregator_of=lambda r, a: "b")
+    own = own_state(svc)
+    for r in (1, 2):
+        role.keep_upload(r, drift(own, r))
+    await role.serve_pull(pull_env("b", 1, {"part": "upload"}))
+    rx = TopKReceiver()
+    rx.apply(arrived(wire.states[-1]), max_bytes=LIMIT)
+    await role.serve_pull(pull_env("b", 2, {"part": "upload", "base": list(rx.base)}))
+    assert len(wire.states[-1].buf) < 0.3 * len(wire.states[0].buf)
+    assert same(
+        rx.apply(arrived(wire.states[-1]), max_bytes=LIMIT),
+        svc.streams.sender(("upload",)).estimate,
+    )
+    # results: the common one is a stream, a member's own result another
+    role._results[(1, 0)] = Aggregate(results={"c": drift(own, 7)}, common=drift(own, 8))
+    await role.serve_pull(pull_env("c", 1, {"part": "result"}))
+    await role.serve_pull(pull_env("d", 1, {"part": "result"}))
+    assert svc.streams.sender(("result", "c")).epoch != svc.streams.sender(("result", "")).epoch
+    assert wire.refusals == []
