@@ -259,8 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     todo = settings(args)
     done: list[dict[str, Any]] = []
     path = Path(args.json) if args.json else None
+    commands: list[str] = []  # every command that added runs to the file, in order
     if path is not None and path.exists():
-        done = json.loads(path.read_text())["runs"]
+        saved = json.loads(path.read_text())
+        done, commands = saved["runs"], list(saved.get("meta", {}).get("commands", []))
+    command = " ".join(["python scripts/bench_hetero.py", *(argv or sys.argv[1:])])
     have = {run_key(r) for r in done}
     if args.dry_run:
         for s in todo:
@@ -276,10 +279,12 @@ def main(argv: list[str] | None = None) -> int:
         done.append(row)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
+            if command not in commands:
+                commands.append(command)
             meta = {
                 "machine": platform.node(),
                 "python": sys.version.split()[0],
-                "argv": argv or sys.argv[1:],
+                "commands": commands,
             }
             path.write_text(json.dumps({"meta": meta, "runs": done}, indent=1))
     console.print(table(done))
