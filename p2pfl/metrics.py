@@ -234,7 +234,7 @@ def summarize(
         wall_s = (max(ends) - min(starts)) if starts else 0.0
     # a node that joined late has fewer records but still reached the last round
     completed = [n for n in expected_nodes if logs.get(n) and logs[n][-1]["round"] >= rounds]
-    return {
+    summary = {
         "algorithm": algorithm,
         "nodes": len(expected_nodes),
         "nodes_completed": len(completed),
@@ -248,6 +248,33 @@ def summarize(
         "final": _stats(finals),
         "best_acc_mean": max((c["acc_mean"] for c in curve), default=float("nan")),
         "curve": curve,
+    }
+    privacy = privacy_summary(logs)
+    if privacy is not None:  # a run under privacy.dp only: other summaries are unchanged
+        summary["epsilon"] = privacy
+    return summary
+
+
+def privacy_summary(logs: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
+    """Under ``privacy.dp``: each node's ε after its last recorded round (``per_node``),
+    their ``max`` and ``mean``, and the nodes whose budget ran out (``exhausted``); None
+    when no record carries ``epsilon``."""
+    last: dict[str, float] = {}
+    exhausted = set()
+    for nid, recs in logs.items():
+        for rec in recs:
+            eps = rec.get("epsilon")
+            if isinstance(eps, (int, float)) and not isinstance(eps, bool):
+                last[nid] = float(eps)
+            if rec.get("dp_exhausted") is True:
+                exhausted.add(nid)
+    if not last:
+        return None
+    return {
+        "max": max(last.values()),
+        "mean": statistics.fmean(last.values()),
+        "per_node": dict(sorted(last.items())),
+        "exhausted": sorted(exhausted),
     }
 
 

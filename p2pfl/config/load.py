@@ -146,6 +146,6 @@ def load_node_overrides(path: str | Path) -> NodeOverrides:
 
 def dump_topology(cfg: TopologyConfig) -> str:
     """The resolved config as YAML (what a run directory records)."""
-    data = cfg.model_dump(mode="json")
+    data = cfg.dump()
     data["broker"] = str(cfg.broker)
     return yaml.safe_dump(data, sort_keys=False)

@@ -18,16 +18,18 @@ import numpy as np
 import torch
 
 from p2pfl.algorithms import AlgorithmContext, DecentralizedAlgorithm, get_algorithm
-from p2pfl.algorithms.base import drawn_count
+from p2pfl.algorithms.base import Method, drawn_count
 from p2pfl.config.load import ConfigError
 from p2pfl.config.schema import DatasetConfig, TopologyConfig, is_import_path
 from p2pfl.config.topology import build_graph
 from p2pfl.learning.data import DatasetArrays, DatasetError, NodeData, load_arrays, load_node_data
+from p2pfl.learning.dp_train import dp_problems, fix_model
 from p2pfl.learning.models import UserModelError, build_model
 from p2pfl.learning.partition import partition_indices
 from p2pfl.learning.robust import check_bounds
 from p2pfl.learning.split_model import SplitModel
 from p2pfl.learning.user_code import describe
+from p2pfl.privacy.accountant import epsilon_floor
 
 DOWNLOADABLE = ("fashionmnist", "mnist", "cifar10", "cifar100", "svhn")
 
@@ -213,11 +215,14 @@ def check_method(
     check_defence(cfg, source)
     check_timing(cfg, source)
     check_transfer(cfg, source)
+    check_privacy(cfg, source)
     cls = get_algorithm(cfg.algorithm.name)
     try:
         with torch.random.fork_rng(devices=[]):
             params = cls.Params.model_validate(cfg.algorithm.params)
             model = cls.adapt_model(model, params, num_classes)
+            if cfg.dp is not None:  # as every node builds it (node.daemon.build_node_model)
+                model = check_dp_model(cfg, model, source)
             ctx = AlgorithmContext(
                 node_id="preflight",
                 model=model,
@@ -233,6 +238,8 @@ def check_method(
             method.snapshot()
             if isinstance(method, DecentralizedAlgorithm):
                 method.gossip()
+    except ConfigError:
+        raise
     except Exception as exc:  # any failure here is the method meeting this model
         raise ConfigError(
             source,
@@ -354,3 +361,41 @@ def check_transfer(cfg: TopologyConfig, source: str = "topology") -> None:
             "security.audit: false"
         )
         raise ConfigError(source, [("transfer.compress", why)])
+
+
+def check_privacy(cfg: TopologyConfig, source: str = "topology") -> None:
+    """``privacy.dp`` can run in this swarm (docs/algorithms.md, "Differential privacy"),
+    else a :class:`ConfigError` naming the field and why: the method must not replace the
+    loss (a ``loss_fn`` couples the samples of a batch, so per-sample clipping would not
+    bound one record's influence: pFedC), and ``target_epsilon`` must be above the least
+    ε the accountant can certify for ``delta`` however large the noise."""
+    dp = cfg.dp
+    if dp is None:
+        return
+    cls = get_algorithm(cfg.algorithm.name)
+    if cls.loss_fn is not Method.loss_fn:
+        why = (
+            f"{cls.name} trains with its own loss over the whole batch (loss_fn), whose "
+            "per-sample gradients DP-SGD cannot clip; choose another method, or no privacy.dp"
+        )
+        raise ConfigError(source, [("privacy.dp", why)])
+    if dp.target_epsilon is not None:
+        floor = epsilon_floor(dp.delta, 1.0, 1, dp.accountant)
+        if dp.target_epsilon <= floor:
+            why = (
+                f"{dp.target_epsilon} is below {floor:.3g}, the least ε the {dp.accountant} "
+                f"accountant certifies for delta {dp.delta} even for one step with any noise"
+            )
+            raise ConfigError(source, [("privacy.dp.target_epsilon", why)])
+
+
+def check_dp_model(cfg: TopologyConfig, model: SplitModel, source: str = "topology") -> SplitModel:
+    """``model`` as DP-SGD trains it (BatchNorm → GroupNorm: :func:`~p2pfl.learning.
+    dp_train.fix_model`), or a :class:`ConfigError` on ``privacy.dp`` naming the layers
+    Opacus still cannot train per sample."""
+    fixed, _ = fix_model(model)
+    problems = dp_problems(fixed)
+    if problems:
+        why = f"model {cfg.model.name!r} has layers DP-SGD cannot train: {'; '.join(problems)}"
+        raise ConfigError(source, [("privacy.dp", why)])
+    return fixed

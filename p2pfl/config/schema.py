@@ -475,6 +475,48 @@ class DefenceConfig(_Strict):
     )
 
 
+class DPConfig(_Strict):
+    """DP-SGD on every node (docs/algorithms.md, "Differential privacy"): Poisson-sampled
+    batches, each sample's gradient clipped to ``max_grad_norm``, Gaussian noise of standard
+    deviation ``noise_multiplier · max_grad_norm`` per step, and an accountant that composes
+    every step of the node's rounds into one (ε, ``delta``). Give ``noise_multiplier`` or
+    ``target_epsilon``, exactly one."""
+
+    noise_multiplier: float | None = Field(
+        None, gt=0, description="σ: the noise's standard deviation over max_grad_norm"
+    )
+    target_epsilon: float | None = Field(
+        None,
+        gt=0,
+        description="or: the ε the node may spend over the run; σ is planned once for "
+        "`rounds` rounds, and the node stops training when a round would exceed it",
+    )
+    max_grad_norm: float = Field(1.0, gt=0, description="C: each sample's gradient bound")
+    delta: float = Field(1e-5, gt=0, lt=1, description="δ of the (ε, δ) guarantee")
+    accountant: Literal["rdp", "prv"] = Field(
+        "rdp", description="how steps compose: Rényi DP or privacy random variables (Opacus)"
+    )
+    rounds: int | None = Field(
+        None,
+        ge=1,
+        description="target_epsilon: the rounds σ is planned for (default: the run's rounds)",
+    )
+
+    @model_validator(mode="after")
+    def _one_noise(self) -> DPConfig:
+        if (self.noise_multiplier is None) == (self.target_epsilon is None):
+            raise ValueError("give noise_multiplier or target_epsilon (exactly one of them)")
+        if self.rounds is not None and self.target_epsilon is None:
+            raise ValueError("rounds: only with target_epsilon (it plans σ for that budget)")
+        return self
+
+
+class PrivacyConfig(_Strict):
+    """Privacy protections of the swarm (none by default)."""
+
+    dp: DPConfig | None = Field(None, description="DP-SGD on every node's local training")
+
+
 AttackKind = Literal[
     "sign_flip",
     "scale",
@@ -557,6 +599,9 @@ class TopologyConfig(_Strict):
     attacks: list[AttackSpec] = Field(
         default_factory=list, description="attack scenarios for experiments (none: honest)"
     )
+    privacy: PrivacyConfig | None = Field(
+        None, description="differential privacy (none: off, and absent from dumps)"
+    )
     nodes: list[NodeSpec]
     edges: GeneratedEdges | list[tuple[str, str]] = Field(
         default_factory=lambda: GeneratedEdges(kind="ring")
@@ -634,6 +679,19 @@ class TopologyConfig(_Strict):
             for node in chosen:
                 out.setdefault(node, []).append(attack)
         return out
+
+    @property
+    def dp(self) -> DPConfig | None:
+        """``privacy.dp`` when DP-SGD is on, else None."""
+        return None if self.privacy is None else self.privacy.dp
+
+    def dump(self) -> dict[str, Any]:
+        """The config as JSON-able data, without ``privacy`` when it is not set (so a run
+        without it records exactly what it did before the section existed)."""
+        data = self.model_dump(mode="json")
+        if data.get("privacy") is None:
+            data.pop("privacy", None)
+        return data
 
     @property
     def node_ids(self) -> list[str]:

@@ -54,6 +54,8 @@ KEPT_FIELDS = (
     "attempt",
     "observer",
     "caught_up_from",
+    "epsilon",  # privacy.dp only
+    "dp_exhausted",
 )
 # the method's facts it shows (UA-PDFL's decisions, whose states a merge took), kept beside
 # the fields above: a record has them under its ``method`` map, an older run's record at

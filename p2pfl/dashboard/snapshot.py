@@ -216,6 +216,17 @@ def _edge_flags(run: RunState, edge_list: list[list[str]]) -> list[dict[str, Any
     return out
 
 
+def _privacy_fields(run: RunState, nid: str) -> dict[str, Any]:
+    """Under ``privacy.dp``: the node's ``epsilon`` after its last recorded round and
+    whether its budget is spent (``dp_exhausted``); nothing for a run without DP."""
+    eps = run.series(nid, "epsilon")
+    if not eps:
+        return {}
+    recs = run.records.get(nid, [])
+    spent = any(rec.get("dp_exhausted") is True for rec in recs)
+    return {"epsilon": eps[-1][1], "dp_exhausted": spent}
+
+
 def _series(run: RunState, key: str, scale: float = 1.0) -> dict[str, Any]:
     def pts(values: list[tuple[int, float]]) -> list[list[float]]:
         return [[r, round(v * scale, 6)] for r, v in values]
@@ -286,6 +297,7 @@ def build_snapshot(
                 "acc": series[-1][1] if series else None,
                 "phase_round": phase.round if phase is not None else None,
                 **_robust_fields(run.robust.get(nid)),
+                **_privacy_fields(run, nid),
             }
         )
     pulls = []

@@ -150,6 +150,7 @@ def summary_table(summary: dict[str, Any]) -> Table:
         ("best acc mean", f"{summary['best_acc_mean']:.4f}"),
         ("bytes sent (all nodes)", f"{summary['bytes_sent_total'] / 1e6:.2f} MB"),
         ("dropout rounds", str(summary["dropout_rounds"])),
+        *_privacy_rows(summary),
     ]
     for k, v in rows:
         t.add_row(k, v)
@@ -308,3 +309,14 @@ def run_swarm(
     console.print(summary_table(summary))
     console.print(f"results in {out_dir}")
     return code, summary
+
+
+def _privacy_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """The summary table's ε rows, under ``privacy.dp`` only."""
+    eps = summary.get("epsilon")
+    if not isinstance(eps, dict):
+        return []
+    rows = [("ε (max / mean over nodes)", f"{eps['max']:.3f} / {eps['mean']:.3f}")]
+    if eps.get("exhausted"):
+        rows.append(("DP budget spent", ", ".join(eps["exhausted"])))
+    return rows

@@ -44,7 +44,9 @@ def config_fingerprint(cfg: TopologyConfig) -> str:
     edges, the dataset and its partition, the model, the method and its knobs, training,
     rounds and seed. Where the broker is, the data's folder, certificates and timeouts may
     change between a crash and a restart."""
-    data = cfg.model_dump(mode="json", exclude={"broker", "timing", "security"})
+    data = cfg.dump()
+    for name in ("broker", "timing", "security"):
+        data.pop(name, None)
     data.get("dataset", {}).pop("root", None)
     text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
@@ -92,6 +94,9 @@ class Checkpoint:
     round: int
     method: dict[str, Any]
     rng: dict[str, Any]
+    # ``privacy.dp``: the node's accountant (NodePrivacy.state); None, and absent from the
+    # file, without it
+    privacy: dict[str, Any] | None = None
 
     @classmethod
     def take(cls, cfg: TopologyConfig, node_id: str, round_no: int, method: Any, rng: Any):
@@ -106,17 +111,18 @@ class Checkpoint:
         )
 
     def to_bytes(self) -> bytes:
-        return encode(
-            {
-                "format": FORMAT,
-                "node": self.node,
-                "swarm": self.swarm,
-                "fingerprint": self.fingerprint,
-                "round": self.round,
-                "method": self.method,
-                "rng": self.rng,
-            }
-        )
+        obj: dict[str, Any] = {
+            "format": FORMAT,
+            "node": self.node,
+            "swarm": self.swarm,
+            "fingerprint": self.fingerprint,
+            "round": self.round,
+            "method": self.method,
+            "rng": self.rng,
+        }
+        if self.privacy is not None:
+            obj["privacy"] = self.privacy
+        return encode(obj)
 
     @classmethod
     def from_bytes(cls, data: bytes, where: str = "checkpoint") -> Checkpoint:
@@ -140,6 +146,7 @@ class Checkpoint:
             round=obj["round"],
             method=obj["method"],
             rng=obj.get("rng") if isinstance(obj.get("rng"), dict) else {},
+            privacy=obj.get("privacy"),
         )
 
     def check_for(self, cfg: TopologyConfig, node_id: str, where: str) -> None:

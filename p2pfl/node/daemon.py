@@ -57,6 +57,7 @@ from p2pfl.errors import P2PFLError
 from p2pfl.learning.artifacts import ExportError, write_model_artifacts
 from p2pfl.learning.data import DatasetArrays, NodeData, load_node_data
 from p2pfl.learning.defence import Defence
+from p2pfl.learning.dp_train import fix_model
 from p2pfl.learning.layout import describe_layout, layout_difference, parse_layout
 from p2pfl.learning.layout import summary as layout_summary
 from p2pfl.learning.models import SplitModel, build_model
@@ -69,9 +70,11 @@ from p2pfl.metrics import (
 )
 from p2pfl.node.asynchronous import AsyncDecentralizedRounds
 from p2pfl.node.centralized import CentralizedRounds
-from p2pfl.node.checkpoint import checkpoint_path, load_checkpoint
+from p2pfl.node.checkpoint import CheckpointError, checkpoint_path, load_checkpoint
 from p2pfl.node.decentralized import DecentralizedRounds
+from p2pfl.node.privacy import NodePrivacy
 from p2pfl.node.services import NodeServices, RoundDriver
+from p2pfl.privacy.accountant import PrivacyError
 from p2pfl.wire import direct
 from p2pfl.wire.direct import local_address
 from p2pfl.wire.emulation import LinkEmulator
@@ -101,16 +104,29 @@ def node_seed(seed: int, node_id: str) -> list[int]:
 
 
 def build_node_model(
-    cls: type[Method], cfg: TopologyConfig, num_classes: int, input_shape: tuple[int, ...]
+    cls: type[Method],
+    cfg: TopologyConfig,
+    num_classes: int,
+    input_shape: tuple[int, ...],
+    replaced: list[str] | None = None,
 ) -> SplitModel:
     """The swarm's common initial model for method ``cls``: ``model`` built with torch's RNG
     seeded with ``cfg.seed`` (under a lock shared by co-hosted nodes), then adapted by the
-    method (e.g. pFedC's heads). Every node, and :func:`p2pfl.load_model`, builds the same."""
+    method (e.g. pFedC's heads). Every node, and :func:`p2pfl.load_model`, builds the same.
+    Under ``privacy.dp`` the layers DP-SGD cannot train are then replaced
+    (:func:`~p2pfl.learning.dp_train.fix_model`: BatchNorm → GroupNorm); their names are
+    appended to ``replaced`` when given."""
     with _MODEL_INIT_LOCK:  # the same initial model on every node of the swarm
         torch.manual_seed(cfg.seed)
         model = build_model(cfg.model, num_classes, input_shape)
         params = cls.Params.model_validate(cfg.algorithm.params)
-        return cls.adapt_model(model, params, num_classes)
+        model = cls.adapt_model(model, params, num_classes)
+        if cfg.dp is None:
+            return model
+        model, names = fix_model(model)
+        if replaced is not None:
+            replaced.extend(names)
+        return model
 
 
 def build_method(
@@ -123,8 +139,15 @@ def build_method(
 ) -> Method:
     """Node ``node_id``'s method instance over the swarm's common initial model
     (:func:`build_node_model`), on ``device``, told its epochs, the run's rounds and its
-    training labels."""
-    model = build_node_model(cls, cfg, data.num_classes, tuple(data.input_shape))
+    training labels. Under ``privacy.dp`` it logs, once, the layers replaced for DP-SGD."""
+    replaced: list[str] = []
+    model = build_node_model(cls, cfg, data.num_classes, tuple(data.input_shape), replaced)
+    if cfg.dp is not None:
+        log.info(
+            "%s: privacy.dp: layers replaced for DP-SGD: %s",
+            node_id,
+            "; ".join(replaced) or "none",
+        )
     model.to(device)
     ctx = AlgorithmContext(
         node_id=node_id,
@@ -187,6 +210,7 @@ class Node:
         self._online: set[str] = set()  # peers whose latest presence is online
         self._security_ctx: tuple[Any, Any] | None = None  # see security_context()
         self.layout: dict[str, Any] | None = None  # describe_layout of the built model
+        self.privacy: NodePrivacy | None = None  # privacy.dp: settings and accountant
 
     # ------------------------------------------------------------------ set-up
     def _load(self) -> None:
@@ -214,6 +238,12 @@ class Node:
         self.method = build_method(
             self.method_cls, self.cfg, self.id, self.data, self.rng, self.device
         )
+        if self.cfg.dp is not None:  # σ planned once, before round 1
+            try:
+                self.privacy = NodePrivacy.plan(self.cfg, self.id, len(self.data.train_y))
+            except PrivacyError as exc:
+                raise ConfigError(source, [(exc.field, exc.reason)]) from None
+            log.info("%s: privacy.dp: %s", self.id, self.privacy.describe())
         self.layout = describe_layout(
             self.method.model.state_dict(), tuple(self.data.input_shape), self.data.num_classes
         )
@@ -240,6 +270,11 @@ class Node:
         ckpt.check_for(self.cfg, self.id, str(path))
         assert self.method is not None
         ckpt.restore(self.method, self.rng, str(path))
+        if self.privacy is not None:
+            try:
+                self.privacy.load_state(ckpt.privacy, str(path))
+            except ValueError as exc:
+                raise CheckpointError(str(exc)) from None
         log.warning("%s: resuming from the checkpoint of round %d (%s)", self.id, ckpt.round, path)
         return max(ckpt.round, recorded)
 
@@ -411,6 +446,7 @@ class Node:
             device=self.device,
             out_dir=self.out_dir,
             records=self.records,
+            privacy=self.privacy,
         )
         self.services.resumed_round = self.resumed_round
         kind = self.method_cls.kind

@@ -44,11 +44,13 @@ from p2pfl.config.schema import TopologyConfig
 from p2pfl.learning.admission import admit_state, cap_claims
 from p2pfl.learning.data import NodeData
 from p2pfl.learning.defence import Defence
+from p2pfl.learning.dp_train import train_private
 from p2pfl.learning.state import State
 from p2pfl.learning.train import TrainResult, evaluate, round_lr, train_local
 from p2pfl.metrics import METHOD_KEY, RecordLog, node_log_path
 from p2pfl.node.checkpoint import Checkpoint, checkpoint_path, save_checkpoint
 from p2pfl.node.device import EmulatedDevice
+from p2pfl.node.privacy import NodePrivacy
 from p2pfl.wire.codec import state_nbytes
 from p2pfl.wire.compress import CompressError, decode_state, is_compressed, parse_base, parse_spec
 from p2pfl.wire.envelope import Envelope
@@ -102,6 +104,9 @@ RECORD_FIELDS = frozenset(
         "diverged",
         "dropped_total",
         "t",
+        # a node under privacy.dp only (docs/algorithms.md, "Differential privacy")
+        "epsilon",
+        "dp_exhausted",
     }
 )
 
@@ -197,6 +202,7 @@ class NodeServices:
         device: torch.device,
         out_dir: Path | None = None,
         records: list[dict[str, Any]] | None = None,
+        privacy: NodePrivacy | None = None,
     ):
         self.cfg = cfg
         self.id = node_id
@@ -208,6 +214,8 @@ class NodeServices:
         self.device = device
         self.out_dir = out_dir
         self.records: list[dict[str, Any]] = records if records is not None else []
+        # ``privacy.dp``: DP-SGD settings and the accountant (None: plain training)
+        self.privacy = privacy
         self.record_log = RecordLog(node_log_path(out_dir, node_id)) if out_dir else None
         self.resumed_round = 0  # the round of the checkpoint this node resumed from (0: none)
         # what a peer may send for one pull: a part of a model like ours (plus masks or
@@ -583,7 +591,11 @@ class NodeServices:
         When the loss turns non-finite the node does not go on from a broken model: it
         rolls back to the method's state after its last finite round (model and what the
         method keeps), logs the peers whose states it merged this round
-        (:attr:`merged_from`), and says so in :attr:`TrainOutcome.diverged`."""
+        (:attr:`merged_from`), and says so in :attr:`TrainOutcome.diverged`.
+
+        Under ``privacy.dp`` the round trains with DP-SGD instead (:meth:`_train_private`)."""
+        if self.privacy is not None:
+            return await self._train_private(round_no, self.privacy)
         method, cfg = self.method, self.cfg
         lr = round_lr(cfg.training, round_no)
         labels = self.data.train_y
@@ -604,6 +616,52 @@ class NodeServices:
             device=self.device,
         )
         if self.emulated.speed < 1.0:  # a slower device: the same work, stretched
+            await asyncio.sleep(self.emulated.extra_compute_s(time.monotonic() - t0))
+            result = replace(result, seconds=time.monotonic() - t0)
+        if not math.isfinite(result.loss):
+            diverged = await asyncio.to_thread(self._roll_back, round_no, result.loss, lr)
+            return TrainOutcome(result, lr, {}, diverged)
+        facts = await asyncio.to_thread(method.after_train)
+        self._last_good = (round_no, method.checkpoint())
+        return TrainOutcome(result, lr, facts or {})
+
+    async def _train_private(self, round_no: int, privacy: NodePrivacy) -> TrainOutcome:
+        """:meth:`train` under ``privacy.dp``: the round's DP-SGD steps
+        (:func:`~p2pfl.learning.dp_train.train_private`, seeded from the node's RNG as plain
+        training is), accounted for in :attr:`privacy`; then ``after_train``. A node whose
+        budget is spent takes no step (a result of 0 steps, its losses NaN and recorded as
+        None) and still runs ``after_train``, so the method's round goes on as usual."""
+        method, cfg = self.method, self.cfg
+        lr = round_lr(cfg.training, round_no)
+        labels = self.data.train_y
+        if self.adversary is not None and self.data.train_set is None:
+            labels = self.adversary.train_labels(labels, round_no)
+        seed = int(self.rng.integers(2**31))
+        if not privacy.may_train(round_no):
+            idle = TrainResult(math.nan, math.nan, 0, 0.0, 0.0)
+            facts = await asyncio.to_thread(method.after_train)
+            return TrainOutcome(idle, lr, facts or {})
+        t0 = time.monotonic()
+        dp = privacy.dp
+        result = await asyncio.to_thread(
+            train_private,
+            method.model,
+            self.data.train_inputs,
+            labels,
+            cfg.training,
+            lr,
+            noise_multiplier=privacy.noise_multiplier,
+            max_grad_norm=dp.max_grad_norm,
+            q=privacy.q,
+            steps_per_epoch=privacy.steps_per_epoch,
+            extra_loss=method.extra_loss(),
+            loss_fn=method.loss_fn(),
+            step_hook=method.step_hook(),
+            seed=seed,
+            device=self.device,
+        )
+        privacy.spent(result.steps)  # spent even when the round is rolled back
+        if self.emulated.speed < 1.0:
             await asyncio.sleep(self.emulated.extra_compute_s(time.monotonic() - t0))
             result = replace(result, seconds=time.monotonic() - t0)
         if not math.isfinite(result.loss):
@@ -695,7 +753,7 @@ class NodeServices:
                 facts.update(part)
         result = trained.result if trained is not None else None
         acc, test_loss = evaluated
-        return {
+        record = {
             "round": round_no,
             "test_acc": acc,
             "test_loss": test_loss,
@@ -714,6 +772,16 @@ class NodeServices:
             "dropped_total": self.dropped_total(),
             "t": time.time(),
         }
+        if self.privacy is None:
+            return record
+        # privacy.dp: ε so far, before ``t``; a round without steps has no training loss
+        stepped = result is not None and result.steps > 0
+        if result is not None and not stepped:
+            record["train_loss"] = record["train_ce"] = None
+        t = record.pop("t")
+        record.update(self.privacy.record_fields(stepped))
+        record["t"] = t
+        return record
 
     async def finish_round(self, record: dict[str, Any], summary: str) -> None:
         """Keep the round's record, append it to the node's log in the run directory (whole
@@ -729,6 +797,8 @@ class NodeServices:
 
     def _save_checkpoint(self, round_no: int) -> None:
         ckpt = Checkpoint.take(self.cfg, self.id, round_no, self.method, self.rng)
+        if self.privacy is not None:
+            ckpt.privacy = self.privacy.state()
         try:
             assert self.out_dir is not None
             save_checkpoint(checkpoint_path(self.out_dir, self.id), ckpt)

@@ -344,7 +344,11 @@
       html("i", { class: `sw st-${n.state}` }, st);
       st.appendChild(document.createTextNode(n.state));
       html("td", {}, tr, `${n.round}/${state.rounds}`);
-      html("td", {}, tr, fmtAcc(n.acc));
+      const acc = html("td", {}, tr, fmtAcc(n.acc));
+      if (n.epsilon !== undefined) {  // privacy.dp: ε spent so far
+        const spent = n.dp_exhausted ? ", budget spent: no more local training" : "";
+        html("span", { class: "tag eps", title: `ε for the run's δ${spent}` }, acc, ` ε ${n.epsilon.toFixed(2)}${n.dp_exhausted ? " (spent)" : ""}`);
+      }
       html("td", {}, tr, fmtNum(lastOf(state.series.mb_sent.nodes[n.id]), 2));
       html("td", {}, tr, fmtNum(lastOf(state.series.round_s.nodes[n.id]), 1));
       const rob = html("td", { class: "robust", title: robustLines(n).join("\n") }, tr);
