@@ -380,7 +380,7 @@ def check_privacy(cfg: TopologyConfig, source: str = "topology") -> None:
         )
         raise ConfigError(source, [("privacy.dp", why)])
     if dp.target_epsilon is not None:
-        floor = epsilon_floor(dp.delta, 1.0, 1, dp.accountant)
+        floor = epsilon_floor(dp.delta, dp.accountant)
         if dp.target_epsilon <= floor:
             why = (
                 f"{dp.target_epsilon} is below {floor:.3g}, the least ε the {dp.accountant} "

@@ -501,6 +501,12 @@ class DPConfig(_Strict):
         ge=1,
         description="target_epsilon: the rounds σ is planned for (default: the run's rounds)",
     )
+    secret_noise: bool = Field(
+        False,
+        description="draw the batches and the noise from a seed the node keeps to itself "
+        "(os.urandom) instead of the swarm's seed: whoever knows the topology cannot "
+        "regenerate the noise, and runs are not reproducible (for deployments)",
+    )
 
     @model_validator(mode="after")
     def _one_noise(self) -> DPConfig:

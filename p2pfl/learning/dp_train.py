@@ -49,8 +49,13 @@ _PER_SAMPLE_ATTRS = ("grad_sample", "summed_grad", "_processed")
 
 def dp_problems(model: torch.nn.Module) -> list[str]:
     """What keeps Opacus from training ``model`` privately after :func:`fix_model` (empty:
-    nothing)."""
-    return [str(e) for e in ModuleValidator.validate(model, strict=False)]
+    nothing). The model's training mode is left as it was."""
+    was_training = model.training
+    model.train()  # Opacus validates a model as it trains it
+    try:
+        return [str(e) for e in ModuleValidator.validate(model, strict=False)]
+    finally:
+        model.train(was_training)
 
 
 def fix_model(model: SplitModel) -> tuple[SplitModel, list[str]]:

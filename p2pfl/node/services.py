@@ -29,6 +29,7 @@ import concurrent.futures
 import contextlib
 import logging
 import math
+import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -636,7 +637,9 @@ class NodeServices:
         labels = self.data.train_y
         if self.adversary is not None and self.data.train_set is None:
             labels = self.adversary.train_labels(labels, round_no)
-        seed = int(self.rng.integers(2**31))
+        seed = int(self.rng.integers(2**31))  # drawn either way: the RNG's stream is kept
+        if privacy.dp.secret_noise:  # unknown to anyone who knows the swarm's seed
+            seed = secrets.randbits(31)
         if not privacy.may_train(round_no):
             idle = TrainResult(math.nan, math.nan, 0, 0.0, 0.0)
             facts = await asyncio.to_thread(method.after_train)

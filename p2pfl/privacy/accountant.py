@@ -93,6 +93,13 @@ def plan_noise(
     naming ``privacy.dp.target_epsilon`` when no σ up to Opacus's bound reaches it."""
     if steps <= 0:
         raise ValueError(f"steps must be positive, got {steps}")
+    floor = epsilon_floor(delta, mechanism)
+    if target_epsilon <= floor:  # no σ reaches it: say so without Opacus's long search
+        raise PrivacyError(
+            "privacy.dp.target_epsilon",
+            f"{target_epsilon} cannot be reached for delta {delta}: the {mechanism} "
+            f"accountant certifies no less than about {floor:.3g}, whatever the noise",
+        )
     try:
         with warnings.catch_warnings(), np.errstate(divide="ignore"):
             warnings.simplefilter("ignore")
@@ -105,7 +112,6 @@ def plan_noise(
             )
         return float(sigma)
     except ValueError as exc:
-        floor = epsilon_floor(delta, q, steps, mechanism)
         raise PrivacyError(
             "privacy.dp.target_epsilon",
             f"{target_epsilon} cannot be reached for delta "
@@ -114,10 +120,11 @@ def plan_noise(
         ) from None
 
 
-def epsilon_floor(delta: float, q: float, steps: int, mechanism: str = "rdp") -> float:
-    """About the least ε the accountant certifies for ``delta`` however large σ is
-    (its value at σ = :data:`FLOOR_SIGMA`): the conversion from RDP to (ε, δ) has a floor."""
-    return compose_epsilon([(FLOOR_SIGMA, q, steps)], delta, mechanism)
+def epsilon_floor(delta: float, mechanism: str = "rdp") -> float:
+    """About the least ε the accountant certifies for ``delta`` however large σ is: its
+    value for one unsampled step at σ = :data:`FLOOR_SIGMA` (the conversion to (ε, δ) has
+    a floor that sampling and more steps do not lower)."""
+    return compose_epsilon([(FLOOR_SIGMA, 1.0, 1)], delta, mechanism)
 
 
 class Accountant:
