@@ -147,3 +147,32 @@ def test_noise_is_the_seeds_unless_secret(secret):
         states.append(node.method.model.state_dict())
     same = all(states[0][k].equal(states[1][k]) for k in states[0])
     assert same is not secret
+
+
+@pytest.mark.parametrize(
+    "method",
+    [
+        "uapdfl",
+        "dfedavgm",
+        "dispfl",
+        "local",
+        "fedavg",
+        "fedper",
+        "criticalfl",
+        "diversifed",
+        "fedsa",
+    ],
+)
+def test_every_method_trains_a_dp_round(method):
+    cfg = _cfg(f"algorithm.name={method}", "algorithm.params={}", "privacy.dp.noise_multiplier=1")
+    node = _loaded(cfg)
+    keys = list(node.method.model.state_dict())
+    before = node.method.checkpoint()
+    svc = _services(node)
+    trained = asyncio.run(svc.train(1))
+    assert trained.result.steps == node.privacy.round_steps and trained.diverged is None
+    assert list(node.method.model.state_dict()) == keys
+    assert node.privacy.epsilon > 0
+    after = node.method.model.state_dict()
+    assert any(not before["model"][k].equal(after[k]) for k in keys)
+    node.method.restore(node.method.checkpoint())  # what it keeps still checkpoints
