@@ -82,3 +82,25 @@ def test_finish_run_reports_a_summary_it_cannot_write(tmp_path):
     summary = finish_run(cfg, tmp_path, 1.0, console)
     assert summary["final"]["acc_mean"] == 0.75 and summary["nodes_completed"] == 1
     assert "could not write the summary" in console.export_text()
+
+
+def test_the_summary_has_epsilon_under_privacy_only(tmp_path):
+    from p2pfl.metrics import append_record, summarize
+
+    base = {"test_acc": 0.5, "bytes_sent": 1, "t": 1.0}
+    for nid, eps in (("a", [0.3, 0.6]), ("b", [0.4, 0.4])):
+        for r, e in enumerate(eps, 1):
+            extra = {"dp_exhausted": True} if nid == "b" and r == 2 else {}
+            append_record(
+                tmp_path / "nodes" / f"{nid}.jsonl", {"round": r, **base, "epsilon": e, **extra}
+            )
+    summary = summarize(tmp_path, algorithm="uapdfl", expected_nodes=["a", "b"], rounds=2)
+    assert summary["epsilon"] == {
+        "max": 0.6,
+        "mean": 0.5,
+        "per_node": {"a": 0.6, "b": 0.4},
+        "exhausted": ["b"],
+    }
+    plain = tmp_path / "plain"
+    append_record(plain / "nodes" / "a.jsonl", {"round": 1, **base})
+    assert "epsilon" not in summarize(plain, algorithm="fedavg", expected_nodes=["a"], rounds=1)
