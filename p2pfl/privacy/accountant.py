@@ -53,8 +53,9 @@ def sample_rate(batch_size: int, n_samples: int) -> float:
 
 
 def steps_per_epoch(q: float) -> int:
-    """Poisson-sampled steps in one epoch: ``max(1, ⌊1/q⌋)`` (as Opacus's DP data loader)."""
-    return max(1, int(1.0 / q))
+    """Poisson-sampled steps in one epoch: ``max(1, ⌊1/q⌋)`` (as Opacus's DP data loader;
+    ``1/q`` is nudged up by 1e-9 so that ``q = 1/3`` gives 3, not 2.999… → 2)."""
+    return max(1, int(1.0 / q + 1e-9))
 
 
 def steps_per_round(batch_size: int, n_samples: int, epochs: int) -> int:

@@ -134,3 +134,15 @@ def test_empty_poisson_batches_step_on_noise_alone():
     )  # fmt: skip
     assert result.steps == 2 and result.loss == 0.0  # no batch had a sample
     assert not _same(model, _model())  # noise moved it
+
+
+def test_a_dataset_trains_as_its_tensors_do():
+    """A map-style Dataset (read by Poisson batches) gives the tensors' result, bit for bit."""
+    from torch.utils.data import TensorDataset
+
+    x, y = _data()
+    base = _model()
+    from_tensors, from_dataset = copy.deepcopy(base), copy.deepcopy(base)
+    _dp(from_tensors, x, y)
+    _dp(from_dataset, TensorDataset(x, y), None)
+    assert _same(from_tensors, from_dataset)

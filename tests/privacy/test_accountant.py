@@ -87,6 +87,8 @@ def test_sampling_rate_and_steps():
     assert sample_rate(20, 200) == 0.1 and steps_per_epoch(0.1) == 10
     assert sample_rate(50, 30) == 1.0 and steps_per_epoch(1.0) == 1
     assert steps_per_round(32, 600, 2) == 2 * 18  # ⌊600 / 32⌋ per epoch, as Opacus
+    assert 1 / sample_rate(1, 93) < 93  # in floats: ⌊1/q⌋ would be 92
+    assert steps_per_epoch(sample_rate(1, 93)) == 93
     with pytest.raises(ValueError, match="at least one training sample"):
         sample_rate(20, 0)
 
