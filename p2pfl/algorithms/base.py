@@ -138,11 +138,14 @@ class Method(ABC):
         return select_part(state, part)
 
     def extra_loss(self) -> ExtraLoss | None:
-        """A term added to the cross-entropy during local training, or None."""
+        """A term added to the cross-entropy during local training, or None. Under
+        ``privacy.dp`` it must not depend on the batch: DP-SGD calls it with empty batches
+        and adds its gradient after the noise (docs/algorithms.md, "Differential privacy")."""
         return None
 
     def loss_fn(self) -> LossFn | None:
-        """A loss that replaces cross-entropy (and ``extra_loss``) in training, or None."""
+        """A loss that replaces cross-entropy (and ``extra_loss``) in training, or None. A
+        method that has one cannot run under ``privacy.dp`` (refused at load)."""
         return None
 
     def step_hook(self) -> StepHook | None:
