@@ -54,13 +54,14 @@ def test_every_record_carries_a_growing_epsilon(tmp_path, method):
     assert written["epsilon"]["exhausted"] == []
 
 
-def test_a_spent_budget_stops_training_and_the_swarm_completes(tmp_path):
+@pytest.mark.parametrize("method", ["uapdfl", "fedavg"])
+def test_a_spent_budget_stops_training_and_the_swarm_completes(tmp_path, method):
     """σ planned for 1 round of a 3-round run: each node trains round 1, then says its
     budget is spent and only merges what its neighbours serve (it keeps serving too). The
     noise of ε = 0.5 moves the models further apart than the default ``clip`` defence
     accepts (docs/algorithms.md, "Differential privacy"): the swarm combines by the mean."""
     cfg, summary, logs = _run(
-        tmp_path, "uapdfl", "{target_epsilon: 0.5, rounds: 1}", ("defence.rule=mean",)
+        tmp_path, method, "{target_epsilon: 0.5, rounds: 1}", ("defence.rule=mean",)
     )
     for nid, recs in logs.items():
         first, later = recs[0], recs[1:]
@@ -69,7 +70,10 @@ def test_a_spent_budget_stops_training_and_the_swarm_completes(tmp_path):
         for rec in later:
             assert rec["dp_exhausted"] is True and rec["train_loss"] is None, (nid, rec)
             assert rec["epsilon"] == first["epsilon"]  # no more steps, no more ε
-            assert rec["pulled"] and rec["method"]["merged_from"], (nid, rec)  # it merges
-        assert sum(rec["bytes_sent"] for rec in later) > 0  # and serves its neighbours
+            if method == "uapdfl":  # it still pulls and merges its neighbours' states
+                assert rec["pulled"] and rec["method"]["merged_from"], (nid, rec)
+            else:  # it still uploads (its last applied model) and applies the result
+                assert rec["participated"] and rec["received"], (nid, rec)
+        assert sum(rec["bytes_sent"] for rec in later) > 0  # and serves its peers
     assert summary["epsilon"]["exhausted"] == sorted(cfg.node_ids)
     assert summary["nodes_completed"] == len(cfg.node_ids)
