@@ -47,6 +47,7 @@ class NodePrivacy:
     epochs: int
     accountant: Accountant
     exhausted: bool = False
+    _epsilon: float = 0.0  # the accountant's ε, recomputed when it changes (PRV takes seconds)
 
     @classmethod
     def plan(cls, cfg: TopologyConfig, node_id: str, n_samples: int) -> NodePrivacy:
@@ -72,8 +73,9 @@ class NodePrivacy:
 
     @property
     def epsilon(self) -> float:
-        """ε for ``dp.delta`` of every step the node took so far."""
-        return self.accountant.epsilon(self.dp.delta)
+        """ε for ``dp.delta`` of every step the node took so far (computed when steps are
+        added, so reading it is free)."""
+        return self._epsilon
 
     def describe(self) -> str:
         """One line for the start-up log."""
@@ -111,8 +113,10 @@ class NodePrivacy:
         return False
 
     def spent(self, steps: int) -> None:
-        """Account for ``steps`` DP-SGD steps just taken."""
+        """Account for ``steps`` DP-SGD steps just taken (and compose ε anew: in a worker
+        thread, as :meth:`may_train`)."""
         self.accountant.step(self.noise_multiplier, self.q, steps)
+        self._epsilon = self.accountant.epsilon(self.dp.delta)
 
     def record_fields(self, trained: bool) -> dict[str, Any]:
         """``epsilon`` (composed so far), and ``dp_exhausted: true`` for a round the node
@@ -157,3 +161,4 @@ class NodePrivacy:
             raise ValueError(f"{where}: privacy.accountant: {accountant.mechanism!r} differs")
         self.accountant = accountant
         self.exhausted = exhausted
+        self._epsilon = accountant.epsilon(self.dp.delta)

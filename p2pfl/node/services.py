@@ -640,7 +640,7 @@ class NodeServices:
         seed = int(self.rng.integers(2**31))  # drawn either way: the RNG's stream is kept
         if privacy.dp.secret_noise:  # unknown to anyone who knows the swarm's seed
             seed = secrets.randbits(31)
-        if not privacy.may_train(round_no):
+        if not await asyncio.to_thread(privacy.may_train, round_no):  # PRV takes seconds
             idle = TrainResult(math.nan, math.nan, 0, 0.0, 0.0)
             facts = await asyncio.to_thread(method.after_train)
             return TrainOutcome(idle, lr, facts or {})
@@ -663,7 +663,7 @@ class NodeServices:
             seed=seed,
             device=self.device,
         )
-        privacy.spent(result.steps)  # spent even when the round is rolled back
+        await asyncio.to_thread(privacy.spent, result.steps)  # even if rolled back
         if self.emulated.speed < 1.0:
             await asyncio.sleep(self.emulated.extra_compute_s(time.monotonic() - t0))
             result = replace(result, seconds=time.monotonic() - t0)
