@@ -28,7 +28,6 @@ Contract:
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Iterator
 
 import torch
@@ -158,9 +157,6 @@ def train_private(
     total = ce_total = 0.0
     batches = 0
     epoch_steps = steps_per_epoch
-    quiet = warnings.catch_warnings()
-    quiet.__enter__()  # the first layer's input needs no gradient: Opacus's hooks say so
-    warnings.filterwarnings("ignore", message="Full backward hook is firing")
     try:
         for i, idx in enumerate(_poisson_epochs(n, q, epoch_steps, epochs or cfg.epochs, gen)):
             if i % epoch_steps == 0:
@@ -169,6 +165,8 @@ def train_private(
             dp_opt.zero_grad(set_to_none=True)
             if len(idx) > 0:
                 xb, yb = _batch(x, y, idx, device)
+                if xb.is_floating_point():  # else torch warns, at every backward through
+                    xb.requires_grad_(True)  # Opacus's hooks, that no input needs a gradient
                 logits = gsm(xb)
                 ce = F.cross_entropy(logits, yb)
                 ce.backward()
@@ -193,8 +191,7 @@ def train_private(
                 ce_total += ce.item()
                 total += ce.item() + reg
     finally:
-        quiet.__exit__(None, None, None)
-        gsm._close()  # hooks off, per-sample gradients gone: the plain model again
+        gsm.cleanup()  # hooks off, per-sample gradients gone: the plain model again
         for p in model.parameters():
             for attr in _PER_SAMPLE_ATTRS:
                 if hasattr(p, attr):

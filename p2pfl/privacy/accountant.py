@@ -30,6 +30,12 @@ from opacus.accountants.utils import get_noise_multiplier
 from p2pfl.errors import P2PFLError
 
 MECHANISMS = ("rdp", "prv")
+# Opacus warns when the best Rényi order is its largest (a huge σ, as planning tries): the
+# bound it returns holds all the same. A filter set once (``catch_warnings`` is not
+# thread-safe, and nodes account in worker threads)
+warnings.filterwarnings(
+    "ignore", message="Optimal order is the largest alpha", category=UserWarning
+)
 FLOOR_SIGMA = 1e4  # σ this large leaves only the conversion's floor of ε for a δ
 
 
@@ -79,10 +85,7 @@ def compose_epsilon(
     entries = [(s, q, k) for s, q, k in history if k > 0]
     if not entries:
         return 0.0
-    with warnings.catch_warnings(), np.errstate(divide="ignore"):
-        # Opacus warns when the best Rényi order is its largest (huge σ), and PRV's grid
-        # takes log(0) at q = 1: neither changes the bound it returns
-        warnings.simplefilter("ignore")
+    with np.errstate(divide="ignore"):  # PRV's grid takes log(0) at q = 1: harmless
         return float(_engine(mechanism, entries).get_epsilon(delta=delta))
 
 
@@ -102,8 +105,7 @@ def plan_noise(
             f"accountant certifies no less than about {floor:.3g}, whatever the noise",
         )
     try:
-        with warnings.catch_warnings(), np.errstate(divide="ignore"):
-            warnings.simplefilter("ignore")
+        with np.errstate(divide="ignore"):
             sigma = get_noise_multiplier(
                 target_epsilon=target_epsilon,
                 target_delta=delta,
