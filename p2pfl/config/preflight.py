@@ -23,13 +23,11 @@ from p2pfl.config.load import ConfigError
 from p2pfl.config.schema import DatasetConfig, TopologyConfig, is_import_path
 from p2pfl.config.topology import build_graph
 from p2pfl.learning.data import DatasetArrays, DatasetError, NodeData, load_arrays, load_node_data
-from p2pfl.learning.dp_train import dp_problems, fix_model
 from p2pfl.learning.models import UserModelError, build_model
 from p2pfl.learning.partition import partition_indices
 from p2pfl.learning.robust import check_bounds
 from p2pfl.learning.split_model import SplitModel
 from p2pfl.learning.user_code import describe
-from p2pfl.privacy.accountant import epsilon_floor
 
 DOWNLOADABLE = ("fashionmnist", "mnist", "cifar10", "cifar100", "svhn")
 
@@ -380,6 +378,8 @@ def check_privacy(cfg: TopologyConfig, source: str = "topology") -> None:
         )
         raise ConfigError(source, [("privacy.dp", why)])
     if dp.target_epsilon is not None:
+        from p2pfl.privacy.accountant import epsilon_floor  # Opacus: only under privacy.dp
+
         floor = epsilon_floor(dp.delta, dp.accountant)
         if dp.target_epsilon <= floor:
             why = (
@@ -393,6 +393,8 @@ def check_dp_model(cfg: TopologyConfig, model: SplitModel, source: str = "topolo
     """``model`` as DP-SGD trains it (BatchNorm → GroupNorm: :func:`~p2pfl.learning.
     dp_train.fix_model`), or a :class:`ConfigError` on ``privacy.dp`` naming the layers
     Opacus still cannot train per sample."""
+    from p2pfl.learning.dp_train import dp_problems, fix_model  # Opacus: only under privacy.dp
+
     fixed, _ = fix_model(model)
     problems = dp_problems(fixed)
     if problems:

@@ -40,7 +40,7 @@ import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -57,7 +57,6 @@ from p2pfl.errors import P2PFLError
 from p2pfl.learning.artifacts import ExportError, write_model_artifacts
 from p2pfl.learning.data import DatasetArrays, NodeData, load_node_data
 from p2pfl.learning.defence import Defence
-from p2pfl.learning.dp_train import fix_model
 from p2pfl.learning.layout import describe_layout, layout_difference, parse_layout
 from p2pfl.learning.layout import summary as layout_summary
 from p2pfl.learning.models import SplitModel, build_model
@@ -72,15 +71,16 @@ from p2pfl.node.asynchronous import AsyncDecentralizedRounds
 from p2pfl.node.centralized import CentralizedRounds
 from p2pfl.node.checkpoint import CheckpointError, checkpoint_path, load_checkpoint
 from p2pfl.node.decentralized import DecentralizedRounds
-from p2pfl.node.privacy import NodePrivacy
 from p2pfl.node.services import NodeServices, RoundDriver
-from p2pfl.privacy.accountant import PrivacyError
 from p2pfl.wire import direct
 from p2pfl.wire.direct import local_address
 from p2pfl.wire.emulation import LinkEmulator
 from p2pfl.wire.loop import quiet_closed_socket_races
 from p2pfl.wire.shaping import shape_uplink
 from p2pfl.wire.transport import BrokerLostError, Transport, TransportError
+
+if TYPE_CHECKING:  # Opacus is imported only by a node that trains under privacy.dp
+    from p2pfl.node.privacy import NodePrivacy
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +123,8 @@ def build_node_model(
         model = cls.adapt_model(model, params, num_classes)
         if cfg.dp is None:
             return model
+        from p2pfl.learning.dp_train import fix_model  # Opacus: only under privacy.dp
+
         model, names = fix_model(model)
         if replaced is not None:
             replaced.extend(names)
@@ -239,6 +241,9 @@ class Node:
             self.method_cls, self.cfg, self.id, self.data, self.rng, self.device
         )
         if self.cfg.dp is not None:  # σ planned once, before round 1
+            from p2pfl.node.privacy import NodePrivacy  # Opacus: only under privacy.dp
+            from p2pfl.privacy.accountant import PrivacyError
+
             try:
                 self.privacy = NodePrivacy.plan(self.cfg, self.id, len(self.data.train_y))
             except PrivacyError as exc:

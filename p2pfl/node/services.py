@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -45,13 +45,11 @@ from p2pfl.config.schema import TopologyConfig
 from p2pfl.learning.admission import admit_state, cap_claims
 from p2pfl.learning.data import NodeData
 from p2pfl.learning.defence import Defence
-from p2pfl.learning.dp_train import train_private
 from p2pfl.learning.state import State
 from p2pfl.learning.train import TrainResult, evaluate, round_lr, train_local
 from p2pfl.metrics import METHOD_KEY, RecordLog, node_log_path
 from p2pfl.node.checkpoint import Checkpoint, checkpoint_path, save_checkpoint
 from p2pfl.node.device import EmulatedDevice
-from p2pfl.node.privacy import NodePrivacy
 from p2pfl.wire.codec import state_nbytes
 from p2pfl.wire.compress import CompressError, decode_state, is_compressed, parse_base, parse_spec
 from p2pfl.wire.envelope import Envelope
@@ -59,6 +57,9 @@ from p2pfl.wire.status import phase_body, pull_body
 from p2pfl.wire.streams import ReceivedStreams, ServedStreams
 from p2pfl.wire.transfers import PreparedState
 from p2pfl.wire.transport import Transport, TransportError
+
+if TYPE_CHECKING:  # Opacus is imported only by a node that trains under privacy.dp
+    from p2pfl.node.privacy import NodePrivacy
 
 log = logging.getLogger(__name__)
 
@@ -632,6 +633,8 @@ class NodeServices:
         training is), accounted for in :attr:`privacy`; then ``after_train``. A node whose
         budget is spent takes no step (a result of 0 steps, its losses NaN and recorded as
         None) and still runs ``after_train``, so the method's round goes on as usual."""
+        from p2pfl.learning.dp_train import train_private  # Opacus: only under privacy.dp
+
         method, cfg = self.method, self.cfg
         lr = round_lr(cfg.training, round_no)
         labels = self.data.train_y
