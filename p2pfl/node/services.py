@@ -600,9 +600,7 @@ class NodeServices:
             return await self._train_private(round_no, self.privacy)
         method, cfg = self.method, self.cfg
         lr = round_lr(cfg.training, round_no)
-        labels = self.data.train_y
-        if self.adversary is not None and self.data.train_set is None:
-            labels = self.adversary.train_labels(labels, round_no)
+        labels = self._round_labels(round_no)
         t0 = time.monotonic()
         result = await asyncio.to_thread(
             train_local,
@@ -617,15 +615,7 @@ class NodeServices:
             seed=int(self.rng.integers(2**31)),
             device=self.device,
         )
-        if self.emulated.speed < 1.0:  # a slower device: the same work, stretched
-            await asyncio.sleep(self.emulated.extra_compute_s(time.monotonic() - t0))
-            result = replace(result, seconds=time.monotonic() - t0)
-        if not math.isfinite(result.loss):
-            diverged = await asyncio.to_thread(self._roll_back, round_no, result.loss, lr)
-            return TrainOutcome(result, lr, {}, diverged)
-        facts = await asyncio.to_thread(method.after_train)
-        self._last_good = (round_no, method.checkpoint())
-        return TrainOutcome(result, lr, facts or {})
+        return await self._trained(round_no, result, lr, t0)
 
     async def _train_private(self, round_no: int, privacy: NodePrivacy) -> TrainOutcome:
         """:meth:`train` under ``privacy.dp``: the round's DP-SGD steps
@@ -637,9 +627,7 @@ class NodeServices:
 
         method, cfg = self.method, self.cfg
         lr = round_lr(cfg.training, round_no)
-        labels = self.data.train_y
-        if self.adversary is not None and self.data.train_set is None:
-            labels = self.adversary.train_labels(labels, round_no)
+        labels = self._round_labels(round_no)
         seed = int(self.rng.integers(2**31))  # drawn either way: the RNG's stream is kept
         if privacy.dp.secret_noise:  # unknown to anyone who knows the swarm's seed
             seed = secrets.randbits(31)
@@ -667,7 +655,25 @@ class NodeServices:
             device=self.device,
         )
         await asyncio.to_thread(privacy.spent, result.steps)  # even if rolled back
-        if self.emulated.speed < 1.0:
+        return await self._trained(round_no, result, lr, t0)
+
+    def _round_labels(self, round_no: int) -> Any:
+        """The training labels of round ``round_no``: the data's, or what an attacking
+        node's adversary flips them to (tensor data only)."""
+        labels = self.data.train_y
+        if self.adversary is not None and self.data.train_set is None:
+            labels = self.adversary.train_labels(labels, round_no)
+        return labels
+
+    async def _trained(
+        self, round_no: int, result: TrainResult, lr: float, t0: float
+    ) -> TrainOutcome:
+        """What follows a round's training (plain or DP-SGD), begun at monotonic ``t0``: an
+        emulated slower device waits out the rest of its time; a non-finite loss rolls the
+        method back (:meth:`_roll_back`); otherwise the method's ``after_train`` runs and the
+        state is kept as the last good one."""
+        method = self.method
+        if self.emulated.speed < 1.0:  # a slower device: the same work, stretched
             await asyncio.sleep(self.emulated.extra_compute_s(time.monotonic() - t0))
             result = replace(result, seconds=time.monotonic() - t0)
         if not math.isfinite(result.loss):
