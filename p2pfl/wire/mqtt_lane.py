@@ -250,21 +250,31 @@ class MqttLane:
                     self._ever_connected = True
                     self._back_online()
                     backoff = 0.2
-                    async for message in client.messages:
-                        self._on_message(str(message.topic), message.payload)
-            except (aiomqtt.MqttError, TransportError) as exc:
-                self._end_session()
-                self._connected.clear()
-                self._client = None
+                    try:
+                        async for message in client.messages:
+                            self._on_message(str(message.topic), message.payload)
+                    except BaseException:
+                        # the outage starts now: leaving the client's context may first
+                        # wait (up to its 30 s timeout) for a graceful disconnect
+                        self._lose_session()
+                        raise
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - whatever ends a session, the loop goes on
+                self._lose_session()
                 if self._closing:
                     break
+                expected = isinstance(exc, (aiomqtt.MqttError, TransportError))
                 if not self._ever_connected:
+                    if not expected:
+                        raise
                     await self._retry_first(exc, next(first_waits), tries)
                     continue
-                if self._down_since is None:
-                    self._down_since = time.monotonic()
-                    self._lost.set()
-                log.warning("%s: MQTT connection lost (%s); reconnecting", self.node_id, exc)
+                if not expected:  # never leave a node with a dead lane
+                    log.error("%s: MQTT session ended by %r; reconnecting", self.node_id, exc)
+                    log.debug("%s: the session's end", self.node_id, exc_info=exc)
+                else:
+                    log.warning("%s: MQTT connection lost (%s); reconnecting", self.node_id, exc)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
         self._end_session()
@@ -294,6 +304,17 @@ class MqttLane:
             self._session_end.set_result(None)
 
     # ------------------------------------------------------------------ broker outages
+    def _lose_session(self) -> None:
+        """The current connection is gone (idempotent): what is being published on it
+        fails, publishes wait for the next one, and, once connected before, an outage
+        starts."""
+        self._end_session()
+        self._connected.clear()
+        self._client = None
+        if self._ever_connected and not self._closing and self._down_since is None:
+            self._down_since = time.monotonic()
+            self._lost.set()
+
     def _back_online(self) -> None:
         if self._down_since is not None:
             outage = time.monotonic() - self._down_since

@@ -46,6 +46,12 @@ def _report(drill: str, **facts) -> None:
             f.write(json.dumps({"drill": drill, **facts}) + "\n")
 
 
+def _log_tail(workers: dict, nid: str, chars: int = 4000) -> str:
+    """The end of node ``nid``'s log (what a failed assertion shows)."""
+    w = workers.get(nid)
+    return "" if w is None else w.log_path.read_text(errors="replace")[-chars:]
+
+
 def _records(out: Path, nid: str) -> list[dict]:
     return read_records(out / "nodes" / f"{nid}.jsonl")
 
@@ -233,7 +239,8 @@ def test_short_broker_outage_is_ridden_out(tmp_path, broker, outage_s):
         for prev, rec in zip(recs, recs[1:], strict=False):
             if rec["round"] != prev["round"] + 1:
                 assert rec.get("caught_up_from") == prev["round"] + 1, (nid, done)
-        assert sum(r["broker_offline_s"] for r in recs) >= outage_s * 0.8, nid
+        offline = [r["broker_offline_s"] for r in recs]
+        assert sum(offline) >= outage_s * 0.8, (nid, offline, _log_tail(workers, nid))
     _report(
         f"broker down {outage_s} s",
         offline_s={

@@ -372,6 +372,33 @@ async def test_broker_lost_for_good_raises_after_the_timeout(broker):
         broker.stop()
 
 
+async def test_a_session_ended_by_an_unexpected_error_reconnects(broker):
+    """Whatever ends a session (here a handler raising on the first message), the lane
+    reconnects at once and counts the gap as an outage: a node is never left with a dead
+    connection loop that reports no outage."""
+    t = Transport("s", "a", broker.host, broker.port)
+    real, seen = t.mqtt._on_message, []
+
+    def fails_once(topic, payload):
+        seen.append(topic)
+        if len(seen) == 1:
+            raise RuntimeError("a handler's bug")
+        real(topic, payload)
+
+    t.mqtt._on_message = fails_once
+    await t.__aenter__()
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 20
+        while not (len(seen) >= 2 and t.mqtt.connected) and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        assert len(seen) >= 2 and t.mqtt.connected, seen  # the presence, echoed again
+        assert t.offline_seconds() > 0
+        await t.set_status("online", round=1)  # the new session publishes
+    finally:
+        await t.close()
+
+
 async def test_publish_in_flight_fails_when_the_connection_drops(broker):
     """A QoS-1 publish waiting for its acknowledgement fails as soon as the connection is
     lost, not after aiomqtt's 30 s timeout (a round would otherwise stall that long)."""
