@@ -210,6 +210,7 @@ def check_method(
     decentralized method, its gossip); a :class:`ConfigError` on ``algorithm.name`` naming
     the method, the model and what failed, so a method that cannot work with a user's
     model says so before the swarm starts."""
+    check_secagg(cfg, source)  # first: it names why a defence or knob cannot run with it
     check_defence(cfg, source)
     check_timing(cfg, source)
     check_transfer(cfg, source)
@@ -387,6 +388,69 @@ def check_privacy(cfg: TopologyConfig, source: str = "topology") -> None:
                 f"accountant certifies for delta {dp.delta} even for one step with any noise"
             )
             raise ConfigError(source, [("privacy.dp.target_epsilon", why)])
+
+
+# why secure aggregation cannot serve a centralized method other than the sum-based ones
+SECAGG_REFUSED = {
+    "fedsa": "its dispersion split and its clustering read every member's weights",
+    "criticalfl": "its critical-period test reads every member's gradient norm",
+    "diversifed": "it builds each member's own model from the pairwise distances of all uploads",
+    "pfedc": "its clustering reads every member's head",
+}
+SECAGG_METHODS = ("fedavg", "fedper")
+
+
+def check_secagg(cfg: TopologyConfig, source: str = "topology") -> None:
+    """``privacy.secagg`` can run in this swarm (docs/design.md, "Secure aggregation"): the
+    aggregator then only ever learns the weighted sum of the uploads, so everything that
+    reads an individual upload is refused, each with a :class:`ConfigError` naming the
+    field and why: a decentralized method, a centralized method other than the sum-based
+    FedAvg and FedPer, a ``defence.rule`` other than ``mean``, an active ``security.audit``,
+    ``timing.quorum`` (late uploads are individual), a ``transfer.compress`` other than
+    ``none``, and fewer than 3 uploaders a round (the sum of 2 is either's upload to the
+    other)."""
+    p = cfg.privacy
+    if p is None or not p.secagg:
+        return
+    cls = get_algorithm(cfg.algorithm.name)
+    field = "privacy.secagg"
+    if cls.kind != "centralized":
+        why = (
+            f"{cls.name} is decentralized: every node merges its neighbours' individual "
+            "states (and gates them per neighbour), there is no aggregator to hide them from; "
+            "use fedavg or fedper, or no privacy.secagg"
+        )
+        raise ConfigError(source, [(field, why)])
+    if cls.name not in SECAGG_METHODS:
+        why = SECAGG_REFUSED.get(cls.name, "its server rule reads individual uploads")
+        why = f"{cls.name} cannot aggregate a masked sum: {why}; secure aggregation serves fedavg and fedper"
+        raise ConfigError(source, [(field, why)])
+    if cfg.defence.rule != "mean":
+        why = (
+            f"{cfg.defence.rule} screens or combines individual uploads, which secure "
+            "aggregation hides from the aggregator; set defence.rule: mean"
+        )
+        raise ConfigError(source, [("defence.rule", why)])
+    if cfg.security.sign and cfg.security.audit:
+        why = (
+            "the auditor recomputes the aggregate from the individual uploads, which secure "
+            "aggregation hides; set security.audit: false"
+        )
+        raise ConfigError(source, [("security.audit", why)])
+    if cfg.timing.quorum is not None:
+        why = "a late upload is counted on its own in a later round; remove timing.quorum"
+        raise ConfigError(source, [("timing.quorum", why)])
+    if cfg.transfer.compress != "none":
+        why = "masked field elements are uniformly random and cannot be compressed; use none"
+        raise ConfigError(source, [("transfer.compress", why)])
+    fraction = float(getattr(cls.Params.model_validate(cfg.algorithm.params), "fraction", 1))
+    drawn = drawn_count(fraction, len(cfg.nodes))
+    if drawn < 3:
+        why = (
+            f"{drawn} uploader(s) a round: secure aggregation needs at least 3 (the sum of "
+            "2 uploads is either one's upload to the other)"
+        )
+        raise ConfigError(source, [("algorithm.params.fraction" if fraction < 1 else "nodes", why)])
 
 
 def check_dp_model(cfg: TopologyConfig, model: SplitModel, source: str = "topology") -> SplitModel:

@@ -521,6 +521,25 @@ class PrivacyConfig(_Strict):
     """Privacy protections of the swarm (none by default)."""
 
     dp: DPConfig | None = Field(None, description="DP-SGD on every node's local training")
+    secagg: bool = Field(
+        False,
+        description="secure aggregation (SecAgg+) on the rotating aggregator of fedavg and "
+        "fedper: the aggregator learns only the sum of the uploads (docs/design.md, "
+        '"Secure aggregation")',
+    )
+    secagg_neighbours: int | None = Field(
+        None,
+        ge=2,
+        description="secagg: each member's masking and share neighbours, the SecAgg+ "
+        "degree k (rounded up to even; none: every other member)",
+    )
+    secagg_threshold: float = Field(
+        0.6,
+        gt=0,
+        le=1,
+        description="secagg: the shares needed to unmask, as a fraction of a neighbourhood "
+        "of k (clamped into floor(k/2) < t <= k)",
+    )
 
 
 AttackKind = Literal[

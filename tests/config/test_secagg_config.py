@@ -1,0 +1,86 @@
+"""``privacy.secagg``: its knobs load with their defaults, bad values name the field, and
+preflight refuses, naming the field and why, every setting that reads individual uploads."""
+
+from __future__ import annotations
+
+import pytest
+
+from p2pfl.config.load import ConfigError, load_topology
+from p2pfl.config.preflight import check_inputs
+
+TOPOLOGY = "topologies/synthetic.yaml"
+SECAGG = ["privacy.secagg=true", "defence.rule=mean"]
+
+
+def _cfg(overrides):
+    return load_topology(TOPOLOGY, overrides)
+
+
+def test_defaults_and_field_errors():
+    cfg = _cfg(["privacy.secagg=true"])
+    assert cfg.privacy is not None and cfg.privacy.secagg
+    assert (cfg.privacy.secagg_neighbours, cfg.privacy.secagg_threshold) == (None, 0.6)
+    assert _cfg([]).privacy is None
+    for override, text in [
+        ("privacy.secagg_threshold=0", "privacy.secagg_threshold: Input should be"),
+        ("privacy.secagg_threshold=1.5", "privacy.secagg_threshold: Input should be"),
+        ("privacy.secagg_neighbours=1", "privacy.secagg_neighbours: Input should be"),
+    ]:
+        with pytest.raises(ConfigError) as exc:
+            _cfg([override])
+        assert text in str(exc.value), str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "text"),
+    [
+        (
+            ["algorithm.name=uapdfl", "algorithm.params={}"],
+            "privacy.secagg",
+            "uapdfl is decentralized",
+        ),
+        (
+            ["algorithm.name=dfedavgm", "algorithm.params={}"],
+            "privacy.secagg",
+            "dfedavgm is decentralized",
+        ),
+        (["algorithm.name=fedsa", "algorithm.params={}"], "privacy.secagg", "dispersion split"),
+        (["algorithm.name=criticalfl", "algorithm.params={}"], "privacy.secagg", "gradient norm"),
+        (
+            ["algorithm.name=diversifed", "algorithm.params={}"],
+            "privacy.secagg",
+            "pairwise distances",
+        ),
+        (["algorithm.name=pfedc", "algorithm.params={}"], "privacy.secagg", "clustering"),
+        (["defence.rule=median"], "defence.rule", "median screens or combines individual"),
+        (["defence.rule=multikrum"], "defence.rule", "set defence.rule: mean"),
+        (["defence.rule=trimmed_mean"], "defence.rule", "set defence.rule: mean"),
+        (["defence.rule=clip"], "defence.rule", "clip screens"),
+        (["security.sign=true"], "security.audit", "set security.audit: false"),
+        (["timing.quorum=0.5"], "timing.quorum", "late upload"),
+        (["transfer.compress=fp16"], "transfer.compress", "cannot be compressed"),
+        (["algorithm.params.fraction=0.25"], "algorithm.params.fraction", "at least 3"),
+    ],
+)
+def test_preflight_refuses_what_reads_individual_uploads(overrides, field, text):
+    base = ["algorithm.name=fedavg", "algorithm.params={}", *SECAGG]
+    with pytest.raises(ConfigError) as exc:
+        check_inputs(_cfg([*base, *overrides]), source="t.yaml")
+    assert f"t.yaml: {field}: " in str(exc.value) and text in str(exc.value), str(exc.value)
+
+
+@pytest.mark.parametrize("method", ["fedavg", "fedper"])
+def test_preflight_passes_the_sum_based_methods(method):
+    check_inputs(_cfg([f"algorithm.name={method}", "algorithm.params={}", *SECAGG]))
+    check_inputs(  # signed, with the audit off
+        _cfg(
+            [
+                f"algorithm.name={method}",
+                "algorithm.params={}",
+                *SECAGG,
+                "security.sign=true",
+                "security.audit=false",
+                "privacy.secagg_neighbours=4",
+            ]
+        )
+    )
