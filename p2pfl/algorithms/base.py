@@ -506,3 +506,22 @@ class CentralizedAlgorithm(Method):
     ) -> Aggregate:
         """The server rule over the uploads that arrived (at least one). ``roster`` lists
         the members that may receive the result."""
+
+    def aggregate_sum(
+        self,
+        total: State,
+        weight: float,
+        template: State,
+        members: list[str],
+        server: dict[str, Any],
+        roster: list[str],
+        round_no: int,
+    ) -> Aggregate:
+        """The server rule under secure aggregation (``privacy.secagg``; docs/design.md,
+        "Secure aggregation"): the aggregator learns only ``total`` = ``Σ n_u x_u`` over
+        ``members`` (each floating tensor of the upload part, in float64) and ``weight`` =
+        ``Σ n_u``, never an individual upload; ``template`` is the aggregator's own upload
+        part (the layout and dtypes, and the non-floating tensors, which are not summed). Only a
+        sum-based method implements it; the others raise ``NotImplementedError`` (preflight
+        refuses them with ``privacy.secagg``)."""
+        raise NotImplementedError(f"{self.name} cannot aggregate a masked sum")

@@ -18,6 +18,7 @@ Implements docs/algorithms.md, "FedAvg": the round's aggregator computes
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from p2pfl.algorithms.base import (
@@ -94,6 +95,35 @@ class FedAvg(CentralizedAlgorithm):
             common=glob,
             server={},
             facts={"aggregated_n": total},
+        )
+
+    def aggregate_sum(
+        self,
+        total: State,
+        weight: float,
+        template: State,
+        members: list[str],
+        server: dict[str, Any],
+        roster: list[str],
+        round_no: int,
+    ) -> Aggregate:
+        """``w ← (Σ n_i w_i) / Σ n_i`` from the securely aggregated sum (FedPer: of ``g``):
+        each floating tensor divided in float64 and cast back to the dtype it has in
+        ``template``, the non-floating ones (counters) ``template``'s. Raises ``ValueError``
+        on a weight that is not positive and finite (no upload counted)."""
+        if not math.isfinite(weight) or weight <= 0:
+            raise ValueError(f"the summed weight {weight!r} is not positive")
+        glob: State = {}
+        for key, like in template.items():
+            if like.is_floating_point():
+                glob[key] = (total[key] / weight).to(like.dtype)
+            else:
+                glob[key] = like.clone()
+        return Aggregate(
+            results=dict.fromkeys(members, glob),
+            common=glob,
+            server={},
+            facts={"aggregated_n": int(round(weight))},
         )
 
     def apply(self, received: State, announcement: dict[str, Any]) -> dict[str, Any]:

@@ -52,6 +52,8 @@ from p2pfl.node.quorum import (
     quorum_count,
     staleness_weight,
 )
+from p2pfl.node.secure_round import PART as MASKED
+from p2pfl.node.secure_round import SecureRounds
 from p2pfl.node.services import NodeServices
 from p2pfl.wire.envelope import Envelope
 from p2pfl.wire.transfers import PreparedState
@@ -101,6 +103,8 @@ class AggregatorRole:
         self._started: dict[int, float] = {}
         self._ready: dict[int, float] = {}  # when this node's own upload of a round was kept
         self.latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
+        # privacy.secagg: the driver's secure aggregation (None: off)
+        self.secure: SecureRounds | None = None
 
     # ------------------------------------------------------------------ what it holds
     def keep_upload(self, round_no: int, state: State) -> None:
@@ -231,6 +235,11 @@ class AggregatorRole:
                 state = self.late_upload(env.round)
                 if state is None:
                     reason = f"no late upload offered to round {env.round}"
+        elif part == MASKED and self.secure is not None:  # privacy.secagg: A only
+            state, reason = self.secure.masked_for(env)
+            if state is not None:  # as it is: no attack, no compression (random field)
+                await self.services.send_state(env, await self.services.prepare(state))
+                return
         elif part == "result":
             agg = self._results.get((env.round, env.attempt))
             if agg is None:
@@ -306,52 +315,23 @@ class AggregatorRole:
             # is never counted: only a reported upload is aggregated)
             self._uploads[r] = template
         svc.defence.reference = template
-        timeout = max(1.0, cfg.timing.round_timeout_s)
-        parts = {p: "upload" for p in reports}
-        parts.update({p: "late" for p in late if p != self.id})
-        pulled, failed = await svc.pull_many(
-            parts,
-            r,
-            timeout,
-            attempt=attempt,
-            reference=lambda _part: template,  # admission: layout, finite, norm
-        )
-        claims = svc.cap_claims({p: (reports.get(p) or late[p])["n"] for p in pulled})
-        staleness = {p: r - late[p]["trained"] for p in late}
-        a = cfg.timing.staleness_exponent
-        uploads: dict[str, Upload] = {}
-        for peer, res in sorted(pulled.items()):
-            rep = reports.get(peer) or late[peer]
-            weight = staleness_weight(claims[peer], staleness.get(peer, 0), a)
-            uploads[peer] = Upload(weight, res, rep["report"])
-        if own is not None and r in self._uploads:
-            uploads[self.id] = Upload(own["n"], self._uploads[r], own["report"])
-            claims[self.id] = own["n"]
-        elif self.id in late and (mine := self.late_upload(r)) is not None:
-            n_own = late[self.id]["n"]
-            uploads[self.id] = Upload(
-                staleness_weight(n_own, staleness[self.id], a), mine, late[self.id]["report"]
+        secagg: dict[str, Any] | None = None
+        if self.secure is not None:  # privacy.secagg: the masked sum replaces pull + rule
+            t_agg = time.monotonic()
+            out = await self.secure.aggregate(plan, attempt, reports, own, template, superseded)
+            if out is None:
+                return None
+            uploads, result, error, secagg = out
+            claims = {p: u.n for p, u in uploads.items()}
+            failed, counted_late = {}, {}
+            agg_s = time.monotonic() - t_agg
+        else:
+            pulled = await self._aggregate_uploads(
+                plan, attempt, reports, late, own, template, superseded
             )
-            claims[self.id] = n_own
-        counted_late = {p: staleness[p] for p in uploads if p in staleness}
-        if superseded():
-            return None
-        t_agg = time.monotonic()
-        # nobody uploaded (``aggregated`` is empty): nothing changes, the plan goes on
-        result = Aggregate(results={}, common=None, server=plan.server)
-        error: str | None = None
-        if uploads:
-            try:
-                result = await asyncio.to_thread(
-                    self.alg.aggregate, uploads, plan.server, plan.roster, r
-                )
-            except (ValueError, ArithmeticError, RuntimeError) as exc:
-                log.error("%s: round %d: server rule failed: %s", self.id, r, exc)
-                result = Aggregate({}, None, server=plan.server)
-                error = str(exc)
-        agg_s = time.monotonic() - t_agg
-        if superseded():
-            return None
+            if pulled is None:
+                return None
+            uploads, claims, failed, counted_late, result, error, agg_s, t_agg = pulled
         nxt = draw_plan(self.alg, cfg.seed, r + 1, live_members(svc), result.server)
         roster, participants = nxt.roster, nxt.participants
         self._results[(r, attempt)] = result
@@ -405,11 +385,75 @@ class AggregatorRole:
         }
         if closing is not None:
             facts["quorum"] = closing
+        if secagg is not None:
+            facts["secagg"] = secagg
         if error is not None:
             facts["aggregate_error"] = error
         rule = result.facts if isinstance(result.facts, dict) else {}
         server_facts = {f"agg_{k}": v for k, v in rule.items()}
         return announcement, result.results.get(self.id, result.common), facts, server_facts
+
+    async def _aggregate_uploads(
+        self,
+        plan: RoundPlan,
+        attempt: int,
+        reports: dict[str, dict[str, Any]],
+        late: dict[str, dict[str, Any]],
+        own: dict[str, Any] | None,
+        template: State,
+        superseded: Callable[[], bool],
+    ) -> tuple[Any, ...] | None:
+        """Pull the reported (and late) uploads, admit them, and run the method's server
+        rule: ``(uploads, claims, failed, counted_late, result, error, agg_s, t_agg)``, or
+        None as soon as ``superseded()``."""
+        svc, cfg, r = self.services, self.cfg, plan.round
+        timeout = max(1.0, cfg.timing.round_timeout_s)
+        parts = {p: "upload" for p in reports}
+        parts.update({p: "late" for p in late if p != self.id})
+        pulled, failed = await svc.pull_many(
+            parts,
+            r,
+            timeout,
+            attempt=attempt,
+            reference=lambda _part: template,  # admission: layout, finite, norm
+        )
+        claims = svc.cap_claims({p: (reports.get(p) or late[p])["n"] for p in pulled})
+        staleness = {p: r - late[p]["trained"] for p in late}
+        a = cfg.timing.staleness_exponent
+        uploads: dict[str, Upload] = {}
+        for peer, res in sorted(pulled.items()):
+            rep = reports.get(peer) or late[peer]
+            weight = staleness_weight(claims[peer], staleness.get(peer, 0), a)
+            uploads[peer] = Upload(weight, res, rep["report"])
+        if own is not None and r in self._uploads:
+            uploads[self.id] = Upload(own["n"], self._uploads[r], own["report"])
+            claims[self.id] = own["n"]
+        elif self.id in late and (mine := self.late_upload(r)) is not None:
+            n_own = late[self.id]["n"]
+            uploads[self.id] = Upload(
+                staleness_weight(n_own, staleness[self.id], a), mine, late[self.id]["report"]
+            )
+            claims[self.id] = n_own
+        counted_late = {p: staleness[p] for p in uploads if p in staleness}
+        if superseded():
+            return None
+        t_agg = time.monotonic()
+        # nobody uploaded (``aggregated`` is empty): nothing changes, the plan goes on
+        result = Aggregate(results={}, common=None, server=plan.server)
+        error: str | None = None
+        if uploads:
+            try:
+                result = await asyncio.to_thread(
+                    self.alg.aggregate, uploads, plan.server, plan.roster, r
+                )
+            except (ValueError, ArithmeticError, RuntimeError) as exc:
+                log.error("%s: round %d: server rule failed: %s", self.id, r, exc)
+                result = Aggregate({}, None, server=plan.server)
+                error = str(exc)
+        agg_s = time.monotonic() - t_agg
+        if superseded():
+            return None
+        return uploads, claims, failed, counted_late, result, error, agg_s, t_agg
 
     # ------------------------------------------------------------------ quorum rounds
     async def _collect_quorum(

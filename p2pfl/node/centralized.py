@@ -99,6 +99,8 @@ from p2pfl.node.plans import (
     live_members,
     waits_on,
 )
+from p2pfl.node.secure_round import KINDS as SECURE_KINDS
+from p2pfl.node.secure_round import SecureRounds
 from p2pfl.node.services import NodeServices, TrainOutcome
 from p2pfl.wire.codec import state_nbytes
 from p2pfl.wire.envelope import Envelope
@@ -155,6 +157,12 @@ class CentralizedRounds:
             counted=self._counted_before,
             max_late=min(services.cfg.timing.max_staleness, ROUNDS_KEPT - 1),
         )
+        # privacy.secagg: the members' and the aggregator's sides of secure aggregation
+        privacy = services.cfg.privacy
+        self.secure = (
+            SecureRounds(services, self._aggregator) if privacy and privacy.secagg else None
+        )
+        self.role.secure = self.secure
         # the audit of each round's aggregate (signed swarms): its verdicts and convictions
         self.audit = AuditRole(
             services, self._aggregator, self._auditor, self.role.upload, self.role.late_upload
@@ -245,7 +253,17 @@ class CentralizedRounds:
             return True
         return False
 
+    def _secure_message(self, env: Envelope) -> None:
+        """An ``sa_*`` message (docs/wire.md, "Secure aggregation"), unless stale or unasked."""
+        if self.secure is None:
+            self.services.drop("unexpected_kind", f"{env.kind} from {env.sender}: no secagg")
+        elif not (self._stale(env, env.kind) or self._too_far(env, env.kind)):
+            self.secure.on_message(env)
+
     def on_gossip(self, env: Envelope) -> None:
+        if env.kind in SECURE_KINDS:
+            self._secure_message(env)
+            return
         if env.kind == "audit" and env.sender in self.members:
             if not (self._stale(env, "audit") or self._too_far(env, "audit")):
                 self.audit.on_verdict(env)
@@ -273,6 +291,9 @@ class CentralizedRounds:
         self.services.notify()
 
     def on_inbox(self, env: Envelope) -> None:
+        if env.kind in SECURE_KINDS:
+            self._secure_message(env)
+            return
         if env.kind != "report" or env.sender not in self.members:
             return
         if self._stale(env, "report") or self._too_far(env, "report"):
@@ -301,6 +322,8 @@ class CentralizedRounds:
             for r in [r for r in d if r <= floor]:
                 del d[r]
         self.audit.forget(floor)
+        if self.secure is not None:
+            self.secure.forget(floor)
 
     # ------------------------------------------------------------------ quorum rounds
     def _counted_before(self, peer: str, trained: int) -> bool:
@@ -389,6 +412,14 @@ class CentralizedRounds:
             return None, f"result refused: {why}"
         return state, None
 
+    def _secure_member(
+        self, plan: RoundPlan, attempt: int, agg: str, own: dict[str, Any] | None
+    ) -> None:
+        """privacy.secagg: this member's side of attempt ``attempt`` runs while it waits."""
+        if self.secure is not None:
+            n = None if own is None else own["n"]
+            self.secure.start_member(plan, attempt, agg, n, self.role.upload(plan.round))
+
     async def _settle(
         self, plan: RoundPlan, participated: bool, own: dict[str, Any] | None
     ) -> dict[str, Any]:
@@ -441,6 +472,7 @@ class CentralizedRounds:
                     **audit,
                 }
             agg = order[attempt]
+            self._secure_member(plan, attempt, agg, own)
             if agg == self.id:
 
                 def superseded(attempt: int = attempt) -> bool:
@@ -591,6 +623,13 @@ class CentralizedRounds:
                 own = {"n": n, "report": alg.report(trained.result, lr)}
             t_comm = time.monotonic()
             settled = await self._settle(plan, participated, own)
+            if self.secure is not None:  # the member's part, beside the aggregator's facts
+                self.secure.stop_member()
+                mine = self.secure.member_facts(r)
+                settled["secagg"] = {
+                    **({"member": mine} if mine else {}),
+                    **settled.get("secagg", {}),
+                }
         else:
             t_comm = time.monotonic()
             svc.publish_status(after + 1, "waiting")  # for the next announcement

@@ -30,10 +30,22 @@ KINDS = frozenset(
         "pull_error",
         "status",  # telemetry for observers (p2pfl.wire.status); no node handles it
         "audit",  # an auditor's verdict on a round's aggregate (centralized methods)
+        # secure aggregation (privacy.secagg; docs/wire.md, "Secure aggregation")
+        "sa_keys",
+        "sa_step",
+        "sa_shares",
+        "sa_bundles",
+        "sa_ready",
+        "sa_unmask",
+        "sa_reveal",
     }
 )
-GOSSIP_KINDS = frozenset({"gossip", "announce", "audit"})  # broadcast on a node's gossip topic
-INBOX_KINDS = frozenset({"report"})  # small messages handed to ``on_inbox``
+# broadcast on a node's gossip topic
+GOSSIP_KINDS = frozenset({"gossip", "announce", "audit", "sa_keys"})
+# small messages handed to ``on_inbox``
+INBOX_KINDS = frozenset(
+    {"report", "sa_step", "sa_shares", "sa_bundles", "sa_ready", "sa_unmask", "sa_reveal"}
+)
 MAX_ATTEMPT = 1 << 16
 FRAME_MAGIC = b"P2F\x01"  # a msgpack message never starts with these bytes (0x50 is a fixint)
 SIGNED_MAGIC = b"P2S\x01"
