@@ -22,6 +22,12 @@ role does the work of that attempt and serves what this node holds for its peers
    that attempt gives the requester (its own part, or the common part). Each state is
    packed once, however many peers ask.
 
+**Secure aggregation** (``privacy.secagg``): step 2 pulls no upload; the driver's
+:class:`~p2pfl.node.secure_round.SecureRounds` runs SecAgg+ with the reporters and hands
+back the method's :meth:`~p2pfl.algorithms.base.CentralizedAlgorithm.aggregate_sum` of the
+masked sum; part ``masked`` (a member's masked vector) is served to the attempt's
+aggregator only.
+
 **Semi-asynchronous rounds** (``timing.quorum`` set; docs/algorithms.md, "Semi-asynchronous
 rounds"; the rules: :mod:`p2pfl.node.quorum`): the collection closes at a quorum of the live
 expected uploaders or at a deadline adapted from the report latencies recent announcements

@@ -53,6 +53,11 @@ applies the round's result as usual and offers its upload to the round after the
 one announced, where it counts with the weight ``n · (1 + s)^-a``; records carry ``late``
 and ``closed_without``, and the late member's ``offered_late``.
 
+**Secure aggregation** (``privacy.secagg``; docs/design.md, "Secure aggregation"): while a
+participant waits for an attempt's announcement, its side of SecAgg+ runs
+(:class:`~p2pfl.node.secure_round.SecureRounds`, a task per attempt); records carry
+``secagg``.
+
 A member that starts while the swarm is past round 1 (its peers' presence says so), or that
 an announcement left out of the next roster, *observes*: it waits for the next announcement,
 pulls what any non-uploader receives (:attr:`Aggregate.common`) from that aggregator, and is
@@ -415,8 +420,10 @@ class CentralizedRounds:
     def _secure_member(
         self, plan: RoundPlan, attempt: int, agg: str, own: dict[str, Any] | None
     ) -> None:
-        """privacy.secagg: this member's side of attempt ``attempt`` runs while it waits."""
-        if self.secure is not None:
+        """privacy.secagg: this member's side of attempt ``attempt`` runs while it waits
+        (not for an aggregator it will fail over from at once)."""
+        gone = agg != self.id and (agg in self.audit.convicted or not self._online(agg))
+        if self.secure is not None and not gone:
             n = None if own is None else own["n"]
             self.secure.start_member(plan, attempt, agg, n, self.role.upload(plan.round))
 

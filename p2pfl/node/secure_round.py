@@ -275,7 +275,7 @@ class SecureRounds:
     ) -> None:
         try:
             await self._member_steps(plan, attempt, agg, n, upload, facts)
-        except (SecAggError, ValueError, TypeError) as exc:  # the aggregator's input: untrusted
+        except (SecAggError, ValueError, TypeError, TransportError) as exc:  # untrusted input
             facts["left"] = str(exc)
             log.warning("%s: round %d: left secure aggregation: %s", self.id, plan.round, exc)
 
