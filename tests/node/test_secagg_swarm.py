@@ -236,3 +236,27 @@ def test_aggregator_killed_mid_protocol_fails_over(tmp_path, broker):
         assert [r["round"] for r in recs] == [1, 2], nid
         assert recs[0]["attempt"] == 1 and recs[0]["received"], recs[0]
         assert recs[0]["failovers"][0]["aggregator"] == agg, recs[0]
+
+
+def test_secagg_in_a_signed_tls_swarm(tmp_path):
+    """The launcher's TLS-only broker with the per-node ACL, every message signed (the
+    audit off, as secure aggregation requires): the sa_* messages and the masked pulls pass
+    the ACL and the signature checks, nothing is dropped, and every member took part."""
+    from p2pfl.config.load import load_topology
+    from p2pfl.launch.swarm import run_swarm
+
+    cfg = load_topology(
+        "topologies/synthetic.yaml",
+        ["algorithm.name=fedavg", "algorithm.params={}", "rounds=2", "defence.rule=mean"]
+        + ["security.tls=true", "security.sign=true", "security.audit=false", *SECAGG],
+    )
+    out = tmp_path / "run"
+    code, _ = run_swarm(cfg, out, nodes_per_process=2, progress=False)
+    assert code == 0
+    for nid in cfg.node_ids:
+        recs = _records(out, nid)
+        assert [r["round"] for r in recs] == [1, 2], nid
+        for rec in recs:
+            assert rec["dropped_total"] == 0, (nid, rec)
+            assert rec["secagg"]["member"]["step"] == "revealed", (nid, rec)
+            assert sorted(rec["aggregated"]) == cfg.node_ids
