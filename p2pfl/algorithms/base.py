@@ -148,6 +148,15 @@ class Method(ABC):
         method that has one cannot run under ``privacy.dp`` (refused at load)."""
         return None
 
+    @classmethod
+    def update_dp_problem(cls, params: BaseModel) -> tuple[str, str] | None:
+        """Under ``privacy.dp.level: update`` only the node's model is noised, once a round
+        (docs/algorithms.md, "Differential privacy"): ``(field, why)`` when this method,
+        with these knobs, sends something computed from its raw training beyond that model
+        (refused at load); None when all it sends is computed from the released model,
+        what it received and public settings. Default: None."""
+        return None
+
     def step_hook(self) -> StepHook | None:
         """Called with the model after every optimizer step (gradients still in ``.grad``),
         e.g. to re-apply a sparse mask; None for nothing."""

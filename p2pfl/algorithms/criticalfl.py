@@ -47,7 +47,7 @@ import math
 from typing import Any
 
 import numpy as np
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from p2pfl.algorithms.base import (
     Aggregate,
@@ -164,6 +164,17 @@ class CriticalFL(FedAvg):
         super().__init__(params, ctx)
         # set by the driver to the swarm's ``training.epochs`` (see the module docstring)
         self.local_epochs: int = 1
+
+    @classmethod
+    def update_dp_problem(cls, params: BaseModel) -> tuple[str, str] | None:
+        """Its report is computed from the raw local gradients, outside the update's
+        noise."""
+        why = (
+            "criticalfl reports lr·Σ‖g‖² of its raw local training with every upload, in "
+            "the clear, which update-level noise does not cover; use level: sample (its "
+            "gradients are noised) or another method"
+        )
+        return ("privacy.dp.level", why)
 
     # -- client side ---------------------------------------------------------------------
     def report(self, result: Any, lr: float) -> dict[str, Any]:

@@ -58,7 +58,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from p2pfl.algorithms.base import (
     AlgorithmContext,
@@ -329,6 +329,18 @@ class DisPFL(WholeModelExchange):
         with torch.no_grad():
             for k in self.masked:
                 params[k].mul_(self._dev_masks[k])
+
+    @classmethod
+    def update_dp_problem(cls, params: BaseModel) -> tuple[str, str] | None:
+        """``regrow: grad`` picks the mask the node serves by its raw gradients."""
+        if getattr(params, "regrow", None) != "grad":
+            return None
+        why = (
+            "grad regrows the mask the node serves by the raw gradients of its local "
+            "training, which update-level noise does not cover; use regrow: random under "
+            "privacy.dp.level: update"
+        )
+        return ("algorithm.params.regrow", why)
 
     # -- what peers pull -----------------------------------------------------------------
     def snapshot(self) -> State:

@@ -364,28 +364,35 @@ def check_transfer(cfg: TopologyConfig, source: str = "topology") -> None:
 
 def check_privacy(cfg: TopologyConfig, source: str = "topology") -> None:
     """``privacy.dp`` can run in this swarm (docs/algorithms.md, "Differential privacy"),
-    else a :class:`ConfigError` naming the field and why: the method must not replace the
-    loss (a ``loss_fn`` couples the samples of a batch, so per-sample clipping would not
-    bound one record's influence: pFedC), and ``target_epsilon`` must be above the least
-    ε the accountant can certify for ``delta`` however large the noise."""
+    else a :class:`ConfigError` naming the field and why. At ``level: sample`` the method
+    must not replace the loss (a ``loss_fn`` couples the samples of a batch, so per-sample
+    clipping would not bound one record's influence: pFedC); at ``level: update`` it must
+    send nothing computed from its raw training beyond the released model
+    (:meth:`~p2pfl.algorithms.base.Method.update_dp_problem`: CriticalFL's report,
+    DisPFL's ``regrow: grad``). ``target_epsilon`` must be above the least ε the
+    accountant can certify for ``delta`` however large the noise."""
     dp = cfg.dp
     if dp is None:
         return
     cls = get_algorithm(cfg.algorithm.name)
-    if cls.loss_fn is not Method.loss_fn:
+    if dp.level == "update":
+        problem = cls.update_dp_problem(cls.Params.model_validate(cfg.algorithm.params))
+        if problem is not None:
+            raise ConfigError(source, [problem])
+    elif cls.loss_fn is not Method.loss_fn:
         why = (
             f"{cls.name} trains with its own loss over the whole batch (loss_fn), whose "
-            "per-sample gradients DP-SGD cannot clip; choose another method, or no privacy.dp"
+            "per-sample gradients DP-SGD cannot clip; choose another method, level: update, "
+            "or no privacy.dp"
         )
         raise ConfigError(source, [("privacy.dp", why)])
     if dp.target_epsilon is not None:
-        from p2pfl.privacy.accountant import epsilon_floor  # Opacus: only under privacy.dp
-
-        floor = epsilon_floor(dp.delta, dp.accountant)
+        floor = _epsilon_floor(dp.level, dp.delta, dp.accountant)
         if dp.target_epsilon <= floor:
+            once = "one release" if dp.level == "update" else "one step"
             why = (
                 f"{dp.target_epsilon} is below {floor:.3g}, the least ε the {dp.accountant} "
-                f"accountant certifies for delta {dp.delta} even for one step with any noise"
+                f"accountant certifies for delta {dp.delta} even for {once} with any noise"
             )
             raise ConfigError(source, [("privacy.dp.target_epsilon", why)])
 
@@ -453,13 +460,26 @@ def check_secagg(cfg: TopologyConfig, source: str = "topology") -> None:
         raise ConfigError(source, [("algorithm.params.fraction" if fraction < 1 else "nodes", why)])
 
 
+def _epsilon_floor(level: str, delta: float, accountant: str) -> float:
+    if level == "update":
+        from p2pfl.privacy.update_accountant import update_epsilon_floor  # dp-accounting
+
+        return update_epsilon_floor(delta, accountant)
+    from p2pfl.privacy.accountant import epsilon_floor  # Opacus: only under privacy.dp
+
+    return epsilon_floor(delta, accountant)
+
+
 def check_dp_model(cfg: TopologyConfig, model: SplitModel, source: str = "topology") -> SplitModel:
-    """``model`` as DP-SGD trains it (BatchNorm → GroupNorm: :func:`~p2pfl.learning.
-    dp_train.fix_model`), or a :class:`ConfigError` on ``privacy.dp`` naming the layers
-    Opacus still cannot train per sample."""
+    """``model`` as a node under ``privacy.dp`` trains it (BatchNorm → GroupNorm:
+    :func:`~p2pfl.learning.dp_train.fix_model`), or, at ``level: sample``, a
+    :class:`ConfigError` on ``privacy.dp`` naming the layers Opacus still cannot train per
+    sample."""
     from p2pfl.learning.dp_train import dp_problems, fix_model  # Opacus: only under privacy.dp
 
     fixed, _ = fix_model(model)
+    if cfg.dp is not None and cfg.dp.level == "update":  # trained as usual: no per-sample need
+        return fixed
     problems = dp_problems(fixed)
     if problems:
         why = f"model {cfg.model.name!r} has layers DP-SGD cannot train: {'; '.join(problems)}"

@@ -51,7 +51,7 @@ from p2pfl.algorithms.base import Method
 from p2pfl.config.emulation import access_links
 from p2pfl.config.load import ConfigError, dump_topology
 from p2pfl.config.preflight import check_dataset, check_model, check_node_data
-from p2pfl.config.schema import BrokerAddress, TopologyConfig
+from p2pfl.config.schema import BrokerAddress, DPConfig, TopologyConfig
 from p2pfl.config.topology import neighbours
 from p2pfl.errors import P2PFLError
 from p2pfl.learning.artifacts import ExportError, write_model_artifacts
@@ -81,6 +81,7 @@ from p2pfl.wire.transport import BrokerLostError, Transport, TransportError
 
 if TYPE_CHECKING:  # Opacus is imported only by a node that trains under privacy.dp
     from p2pfl.node.privacy import NodePrivacy
+    from p2pfl.node.update_privacy import NodeUpdatePrivacy
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +114,10 @@ def build_node_model(
     """The swarm's common initial model for method ``cls``: ``model`` built with torch's RNG
     seeded with ``cfg.seed`` (under a lock shared by co-hosted nodes), then adapted by the
     method (e.g. pFedC's heads). Every node, and :func:`p2pfl.load_model`, builds the same.
-    Under ``privacy.dp`` the layers DP-SGD cannot train are then replaced
-    (:func:`~p2pfl.learning.dp_train.fix_model`: BatchNorm → GroupNorm); their names are
-    appended to ``replaced`` when given."""
+    Under ``privacy.dp`` (either level) the layers DP-SGD cannot train are then replaced
+    (:func:`~p2pfl.learning.dp_train.fix_model`: BatchNorm → GroupNorm; at ``level:
+    update`` for BatchNorm's running statistics, which the noise would turn into negative
+    variances); their names are appended to ``replaced`` when given."""
     with _MODEL_INIT_LOCK:  # the same initial model on every node of the swarm
         torch.manual_seed(cfg.seed)
         model = build_model(cfg.model, num_classes, input_shape)
@@ -141,12 +143,12 @@ def build_method(
 ) -> Method:
     """Node ``node_id``'s method instance over the swarm's common initial model
     (:func:`build_node_model`), on ``device``, told its epochs, the run's rounds and its
-    training labels. Under ``privacy.dp`` it logs, once, the layers replaced for DP-SGD."""
+    training labels. Under ``privacy.dp`` it logs, once, the layers replaced for DP."""
     replaced: list[str] = []
     model = build_node_model(cls, cfg, data.num_classes, tuple(data.input_shape), replaced)
     if cfg.dp is not None:
         log.info(
-            "%s: privacy.dp: layers replaced for DP-SGD: %s",
+            "%s: privacy.dp: layers replaced for DP: %s",
             node_id,
             "; ".join(replaced) or "none",
         )
@@ -212,7 +214,8 @@ class Node:
         self._online: set[str] = set()  # peers whose latest presence is online
         self._security_ctx: tuple[Any, Any] | None = None  # see security_context()
         self.layout: dict[str, Any] | None = None  # describe_layout of the built model
-        self.privacy: NodePrivacy | None = None  # privacy.dp: settings and accountant
+        # privacy.dp: settings and accountant (DP-SGD's, or the update level's)
+        self.privacy: NodePrivacy | NodeUpdatePrivacy | None = None
 
     # ------------------------------------------------------------------ set-up
     def _load(self) -> None:
@@ -241,18 +244,30 @@ class Node:
             self.method_cls, self.cfg, self.id, self.data, self.rng, self.device
         )
         if self.cfg.dp is not None:  # σ planned once, before round 1
-            from p2pfl.node.privacy import NodePrivacy  # Opacus: only under privacy.dp
-            from p2pfl.privacy.accountant import PrivacyError
-
-            try:
-                self.privacy = NodePrivacy.plan(self.cfg, self.id, len(self.data.train_y))
-            except PrivacyError as exc:
-                raise ConfigError(source, [(exc.field, exc.reason)]) from None
+            self.privacy = self._plan_privacy(self.cfg.dp, len(self.data.train_y), source)
             log.info("%s: privacy.dp: %s", self.id, self.privacy.describe())
         self.layout = describe_layout(
             self.method.model.state_dict(), tuple(self.data.input_shape), self.data.num_classes
         )
         self.resumed_round = self._resume()
+
+    def _plan_privacy(
+        self, dp: DPConfig, n_samples: int, source: str
+    ) -> NodePrivacy | NodeUpdatePrivacy:
+        """The node's DP settings and accountant for ``privacy.dp``'s level; a
+        :class:`ConfigError` naming the field when σ cannot be planned."""
+        from p2pfl.privacy.errors import PrivacyError
+
+        try:
+            if dp.level == "update":
+                from p2pfl.node.update_privacy import NodeUpdatePrivacy  # dp-accounting
+
+                return NodeUpdatePrivacy.plan(self.cfg, self.id)
+            from p2pfl.node.privacy import NodePrivacy  # Opacus: only under privacy.dp
+
+            return NodePrivacy.plan(self.cfg, self.id, n_samples)
+        except PrivacyError as exc:
+            raise ConfigError(source, [(exc.field, exc.reason)]) from None
 
     def _resume(self) -> int:
         """Restore this node's checkpoint from the run directory, if it has one (``fresh``

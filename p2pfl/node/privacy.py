@@ -1,5 +1,6 @@
-"""One node's differential privacy under ``privacy.dp`` (docs/algorithms.md, "Differential
-privacy"): its DP-SGD settings, its accountant and its budget.
+"""One node's differential privacy under ``privacy.dp`` at ``level: sample`` (docs/algorithms.md,
+"Differential privacy"): its DP-SGD settings, its accountant and its budget (``level:
+update``: :mod:`p2pfl.node.update_privacy`).
 
 Contract:
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from p2pfl.config.schema import DPConfig, TopologyConfig
 from p2pfl.privacy.accountant import (
@@ -38,6 +39,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class NodePrivacy:
     """A node's DP-SGD settings (σ, C, q, steps) and its accountant."""
+
+    level: ClassVar[str] = "sample"
 
     node_id: str
     dp: DPConfig

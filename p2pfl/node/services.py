@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 import torch
@@ -60,6 +60,8 @@ from p2pfl.wire.transport import Transport, TransportError
 
 if TYPE_CHECKING:  # Opacus is imported only by a node that trains under privacy.dp
     from p2pfl.node.privacy import NodePrivacy
+    from p2pfl.node.update_privacy import NodeUpdatePrivacy
+    from p2pfl.privacy.update_dp import Released
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +206,7 @@ class NodeServices:
         device: torch.device,
         out_dir: Path | None = None,
         records: list[dict[str, Any]] | None = None,
-        privacy: NodePrivacy | None = None,
+        privacy: NodePrivacy | NodeUpdatePrivacy | None = None,
     ):
         self.cfg = cfg
         self.id = node_id
@@ -216,7 +218,8 @@ class NodeServices:
         self.device = device
         self.out_dir = out_dir
         self.records: list[dict[str, Any]] = records if records is not None else []
-        # ``privacy.dp``: DP-SGD settings and the accountant (None: plain training)
+        # ``privacy.dp``: DP-SGD's settings and accountant (level sample), or those of the
+        # releases of outgoing updates (level update); None: plain training
         self.privacy = privacy
         self.record_log = RecordLog(node_log_path(out_dir, node_id)) if out_dir else None
         self.resumed_round = 0  # the round of the checkpoint this node resumed from (0: none)
@@ -595,27 +598,78 @@ class NodeServices:
         method keeps), logs the peers whose states it merged this round
         (:attr:`merged_from`), and says so in :attr:`TrainOutcome.diverged`.
 
-        Under ``privacy.dp`` the round trains with DP-SGD instead (:meth:`_train_private`)."""
-        if self.privacy is not None:
-            return await self._train_private(round_no, self.privacy)
-        method, cfg = self.method, self.cfg
-        lr = round_lr(cfg.training, round_no)
+        Under ``privacy.dp`` at ``level: sample`` the round trains with DP-SGD instead
+        (:meth:`_train_private`); at ``level: update`` it trains as here and the node adopts
+        the release of its update (:meth:`_train_released`)."""
+        privacy = self.privacy
+        if privacy is not None and privacy.level == "sample":
+            return await self._train_private(round_no, cast("NodePrivacy", privacy))
+        lr = round_lr(self.cfg.training, round_no)
         labels = self._round_labels(round_no)
+        seed = int(self.rng.integers(2**31))
+        if privacy is not None:
+            update = cast("NodeUpdatePrivacy", privacy)
+            return await self._train_released(round_no, update, lr, labels, seed)
         t0 = time.monotonic()
-        result = await asyncio.to_thread(
+        result = await self._local_steps(lr, labels, seed)
+        return await self._trained(round_no, result, lr, t0)
+
+    async def _local_steps(self, lr: float, labels: Any, seed: int) -> TrainResult:
+        """The round's plain local training of the method's model (its loss and hooks), in a
+        worker thread."""
+        method = self.method
+        return await asyncio.to_thread(
             train_local,
             method.model,
             self.data.train_inputs,  # train_set (a Dataset read by batches) or train_x
             labels,
-            cfg.training,
+            self.cfg.training,
             lr,
             extra_loss=method.extra_loss(),
             loss_fn=method.loss_fn(),
             step_hook=method.step_hook(),
-            seed=int(self.rng.integers(2**31)),
+            seed=seed,
             device=self.device,
         )
+
+    async def _train_released(
+        self, round_no: int, privacy: NodeUpdatePrivacy, lr: float, labels: Any, seed: int
+    ) -> TrainOutcome:
+        """:meth:`train` under ``privacy.dp.level: update``: the round's plain training from
+        the model the node holds (the reference: what it last merged, applied or
+        released), then, when the loss is finite, the node's model becomes the release
+        ``ref + clip(w − ref) + noise`` (:meth:`NodeUpdatePrivacy.release`) before
+        ``after_train``, so whatever leaves the node from now on (snapshots, uploads,
+        representations) is computed from the release. One release is counted, even when a
+        non-finite loss rolls the round back (:meth:`_trained`). A node whose budget is
+        spent trains and releases nothing (a result of 0 steps, as :meth:`_train_private`'s)
+        and still runs ``after_train``."""
+        method = self.method
+        if not await asyncio.to_thread(privacy.may_train, round_no):
+            idle = TrainResult(math.nan, math.nan, 0, 0.0, 0.0)
+            facts = await asyncio.to_thread(method.after_train)
+            return TrainOutcome(idle, lr, facts or {})
+        ref = method.model_state()
+        t0 = time.monotonic()
+        result = await self._local_steps(lr, labels, seed)
+        if math.isfinite(result.loss):
+            released = await asyncio.to_thread(self._adopt_release, privacy, ref, seed)
+            log.debug(
+                "%s: round %d: update norm %.4g%s, released with noise σC %.4g",
+                self.id,
+                round_no,
+                released.norm,
+                " (clipped)" if released.clipped(privacy.max_norm) else "",
+                privacy.noise_multiplier * privacy.max_norm,
+            )
+        await asyncio.to_thread(privacy.released)  # even if rolled back
         return await self._trained(round_no, result, lr, t0)
+
+    def _adopt_release(self, privacy: NodeUpdatePrivacy, ref: State, seed: int) -> Released:
+        """The release of the trained model against ``ref``, loaded as the node's model."""
+        released = privacy.release(ref, self.method.model_state(), seed)
+        self.method.model.load_state_dict(released.state)
+        return released
 
     async def _train_private(self, round_no: int, privacy: NodePrivacy) -> TrainOutcome:
         """:meth:`train` under ``privacy.dp``: the round's DP-SGD steps

@@ -27,7 +27,7 @@ import numpy as np
 from opacus.accountants import PRVAccountant, RDPAccountant
 from opacus.accountants.utils import get_noise_multiplier
 
-from p2pfl.errors import P2PFLError
+from p2pfl.privacy.errors import PrivacyError
 
 MECHANISMS = ("rdp", "prv")
 # Opacus warns when the best Rényi order is its largest (a huge σ, as planning tries): the
@@ -37,16 +37,6 @@ warnings.filterwarnings(
     "ignore", message="Optimal order is the largest alpha", category=UserWarning
 )
 FLOOR_SIGMA = 1e4  # σ this large leaves only the conversion's floor of ε for a δ
-
-
-class PrivacyError(P2PFLError, ValueError):
-    """A privacy setting that cannot work (e.g. a target ε no noise can reach): ``field``
-    is the config field, ``reason`` why; ``str()`` is ``"field: reason"``."""
-
-    def __init__(self, field: str, reason: str):
-        self.field = field
-        self.reason = reason
-        super().__init__(f"{field}: {reason}")
 
 
 def sample_rate(batch_size: int, n_samples: int) -> float:

@@ -1,7 +1,8 @@
-"""DP-SGD end to end (privacy.dp): a 4-node swarm (one process, a real broker on loopback,
-synthetic data) for a decentralized method (UA-PDFL) and a centralized one (FedAvg). Every
-record carries a growing ε, the summary has it; a node whose budget runs out stops
-training, keeps serving, and the swarm completes."""
+"""Differential privacy end to end (privacy.dp): a 4-node swarm (one process, a real broker
+on loopback, synthetic data) for a decentralized method (UA-PDFL) and a centralized one
+(FedAvg). Under DP-SGD every record carries a growing ε, the summary has it; a node whose
+budget runs out stops training, keeps serving, and the swarm completes. Under level: update
+every round's record carries the ε of that many releases."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from swarm_helpers import check_run_dir
 
 from p2pfl.config.load import load_topology
 from p2pfl.launch.swarm import run_swarm
+from p2pfl.privacy.update_accountant import update_epsilon
 
 pytestmark = pytest.mark.integration
 
@@ -76,4 +78,25 @@ def test_a_spent_budget_stops_training_and_the_swarm_completes(tmp_path, method)
                 assert rec["participated"] and rec["received"], (nid, rec)
         assert sum(rec["bytes_sent"] for rec in later) > 0  # and serves its peers
     assert summary["epsilon"]["exhausted"] == sorted(cfg.node_ids)
+    assert summary["nodes_completed"] == len(cfg.node_ids)
+
+
+@pytest.mark.parametrize("method", ["uapdfl", "fedavg"])
+def test_update_level_records_one_release_a_round(tmp_path, method):
+    """Each node releases its noised update once a round: round r's ε is that of r Gaussian
+    releases. The noised models are far apart (σC per coordinate): the swarm combines by
+    the mean, as the DP-SGD budget test does."""
+    dp = "{level: update, noise_multiplier: 2.0, max_update_norm: 0.5, accountant: analytic}"
+    cfg, summary, logs = _run(tmp_path, method, dp, ("defence.rule=mean",))
+    want = [round(update_epsilon([(2.0, r)], 1e-5, "analytic"), 6) for r in range(1, ROUNDS + 1)]
+    for nid, recs in logs.items():
+        assert [rec["epsilon"] for rec in recs] == want, (nid, recs)
+        assert all(rec["train_loss"] is not None for rec in recs)
+        assert not any(rec.get("dp_exhausted") for rec in recs)
+        if method == "uapdfl":  # the released models are pulled and merged
+            assert any(rec["method"].get("merged_from") for rec in recs), (nid, recs)
+        else:  # every member uploads its release and applies the result
+            assert all(rec["participated"] and rec["received"] for rec in recs), (nid, recs)
+    assert summary["epsilon"]["max"] == want[-1]
+    assert summary["epsilon"]["exhausted"] == []
     assert summary["nodes_completed"] == len(cfg.node_ids)
