@@ -616,6 +616,16 @@ class PrivacyConfig(_Strict):
         "of k (clamped into floor(k/2) < t <= k)",
     )
 
+    @model_serializer(mode="wrap")
+    def _secagg_fields(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Without secure aggregation the dump (and so a run's fingerprint) is as before it
+        existed: no ``secagg*`` field."""
+        data = handler(self)
+        if not self.secagg:
+            for name in ("secagg", "secagg_neighbours", "secagg_threshold"):
+                data.pop(name, None)
+        return data
+
 
 AttackKind = Literal[
     "sign_flip",

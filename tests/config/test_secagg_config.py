@@ -84,3 +84,14 @@ def test_preflight_passes_the_sum_based_methods(method):
             ]
         )
     )
+
+
+def test_without_secagg_the_dump_is_as_before(tmp_path):
+    from p2pfl.config.load import dump_topology
+
+    assert "secagg" not in dump_topology(_cfg(["privacy.dp.noise_multiplier=1"]))
+    cfg = _cfg(["privacy.secagg=true", "privacy.secagg_neighbours=4"])
+    text = dump_topology(cfg)
+    assert "secagg: true" in text and "secagg_neighbours: 4" in text
+    (tmp_path / "t.yaml").write_text(text)
+    assert load_topology(tmp_path / "t.yaml").privacy == cfg.privacy
