@@ -364,7 +364,7 @@ def one_cell(
         "bench_s": time.monotonic() - t0,
         "nodes": len(cfg.node_ids),
         "rounds": cfg.rounds,
-        "set": list(args.set),
+        **preset_of(args),
         "dp": None if cfg.dp is None else cfg.dp.model_dump(mode="json"),
         **metrics,
         "mi": mi,
@@ -380,15 +380,17 @@ def by_key(runs: list[dict[str, Any]]) -> dict[Key, dict[str, Any]]:
 
 
 def ordered(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The table's order: the suite's preset first, then methods as ``METHOD_NAMES`` lists
+    """The table's order: the suite's presets first (``suite``, then labels that start with
+    it), then the quick ones, then the others; within one, methods as ``METHOD_NAMES`` lists
     them, no DP first and then ε from the loosest."""
     presets = ["suite", "quick"]
     methods = list(METHOD_NAMES)
 
     def key(r: dict[str, Any]) -> tuple[int, str, int, str, float]:
         p, m, e = r["preset"], r["method"], r["epsilon_target"]
+        family = next((i for i, name in enumerate(presets) if p.startswith(name)), len(presets))
         return (
-            presets.index(p) if p in presets else len(presets),
+            family,
             p,
             methods.index(m) if m in methods else len(methods),
             m,
@@ -436,7 +438,8 @@ def render(result: dict[str, Any]) -> Table:
     target = meta["target"]
     title = (
         f"DP-SGD on {meta['suite']} (seed {meta['seed']}, δ {meta['delta']:g}, "
-        f"max_grad_norm {meta['max_grad_norm']:g}; preset suite: the suite's topology, "
+        f"max_grad_norm {meta.get('max_grad_norm', 1.0):g} unless the preset says; "
+        "preset suite: the suite's topology, "
         f"quick: {PRESETS['quick']['nodes']} nodes, {PRESETS['quick']['rounds']} rounds)"
     )
     caption = (
@@ -510,15 +513,19 @@ def _machine() -> str:
     return f"{platform.node()}: {platform.machine()}, {cores} cores, training on the CPU"
 
 
+def preset_of(args: argparse.Namespace) -> dict[str, Any]:
+    """What defines a preset beyond its nodes and rounds: the overrides of every run, those
+    of its DP runs, and the clipping bound."""
+    return {"set": list(args.set), "dp_set": list(args.dp_set), "max_grad_norm": args.max_grad_norm}
+
+
 def settings_of(args: argparse.Namespace) -> dict[str, Any]:
-    """What makes two invocations' runs comparable (``--resume`` checks it; the presets,
-    methods and ε may differ)."""
+    """What every run of one result file shares (``--resume`` checks it); a preset's runs
+    also share ``--set``, ``--dp-set`` and ``--max-grad-norm`` (:func:`preset_of`)."""
     return {
         "suite": args.suite,
         "seed": args.seed,
         "delta": args.delta,
-        "max_grad_norm": args.max_grad_norm,
-        "dp_set": args.dp_set,
     }
 
 
@@ -590,9 +597,15 @@ def main(argv: list[str] | None = None) -> int:
         if old["meta"]["settings"] != settings_of(args):
             ap.error(f"--resume: {path} was run with other settings: {old['meta']['settings']}")
         runs = old["runs"]
-        clash = [r for r in runs if r["preset"] == args.preset and r.get("set") != args.set]
+        mine = preset_of(args)
+        clash = [
+            r
+            for r in runs
+            if r["preset"] == args.preset and any(r.get(k) != v for k, v in mine.items())
+        ]
         if clash:
-            ap.error(f"--resume: preset {args.preset!r} of {path} ran with --set {clash[0]['set']}")
+            old_preset = {k: clash[0].get(k) for k in mine}
+            ap.error(f"--resume: preset {args.preset!r} of {path} ran with {old_preset}")
         commands = [*old["meta"]["commands"], command]
         wall_before = float(old["meta"].get("wall_s", 0.0))
     t0 = time.monotonic()
@@ -608,13 +621,14 @@ def main(argv: list[str] | None = None) -> int:
                 "presets": {"quick": PRESETS["quick"], "suite": "the suite's topology"},
                 "seed": args.seed,
                 "delta": args.delta,
-                "max_grad_norm": args.max_grad_norm,
+                "max_grad_norm": 1.0,  # the default; each run has its own
                 "target": args.target,
                 "attack": "loss threshold (Yeom et al. 2018); members: the node's training "
                 "shard; non-members: the same label histogram from the rest of its Dirichlet "
                 "shard (never trained on by any node)",
                 "settings": settings_of(args),
-                "wall_s": time.monotonic() - t0 + wall_before,
+                "wall_s": time.monotonic() - t0 + wall_before,  # this file's invocations
+                "swarm_s": sum(r.get("wall_s") or 0.0 for r in runs),  # the swarms alone
             },
             "runs": ordered(runs),
             "acceptance": acceptance(runs),
