@@ -1,6 +1,6 @@
 """What DP-SGD buys and costs: membership inference against the nodes' served models, and
 the accuracy of UA-PDFL, FedAvg and Local with ``privacy.dp`` at ε ∈ {1, 4, 8} against no DP
-(issue 28, item 4; docs/algorithms.md, "Differential privacy").
+(docs/algorithms.md, "Differential privacy").
 
     python scripts/bench_privacy.py --data-root ../shared/data --json results/bench_privacy.json
     python scripts/bench_privacy.py --quick --data-root ../shared/data \\
@@ -45,7 +45,7 @@ Each node's model is attacked with its own members; the table gives the target n
 (one node's 300 + 300 records leave a standard error of about 0.04 on an advantage, the
 mean over 20 nodes about 0.01).
 
-**Acceptance** (issue 28), printed as PASS / FAIL lines: UA-PDFL at ε = 8 loses at most 5
+**Acceptance**, printed as PASS / FAIL lines: UA-PDFL at ε = 8 loses at most 5
 points of accuracy against no DP; the Yeom advantage (mean over nodes) of UA-PDFL at ε = 8 is
 below 0.05. Writes ``--json`` with ``meta.commands`` (every command that produced the file;
 ``--resume`` keeps the runs of an earlier file with the same settings and appends its
