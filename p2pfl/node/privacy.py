@@ -20,12 +20,11 @@ Contract:
 
 from __future__ import annotations
 
-import logging
-import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from p2pfl.config.schema import DPConfig, TopologyConfig
+from p2pfl.node.dp_budget import DPBudget
 from p2pfl.privacy.accountant import (
     Accountant,
     plan_noise,
@@ -33,14 +32,15 @@ from p2pfl.privacy.accountant import (
     steps_per_epoch,
 )
 
-log = logging.getLogger(__name__)
+STATE_KEYS = frozenset({"accountant", "noise_multiplier", "exhausted"})
 
 
 @dataclass
-class NodePrivacy:
+class NodePrivacy(DPBudget):
     """A node's DP-SGD settings (σ, C, q, steps) and its accountant."""
 
     level: ClassVar[str] = "sample"
+    spends: ClassVar[str] = "this round"
 
     node_id: str
     dp: DPConfig
@@ -74,12 +74,6 @@ class NodePrivacy:
         """The DP-SGD steps of one round."""
         return self.epochs * self.steps_per_epoch
 
-    @property
-    def epsilon(self) -> float:
-        """ε for ``dp.delta`` of every step the node took so far (computed when steps are
-        added, so reading it is free)."""
-        return self._epsilon
-
     def describe(self) -> str:
         """One line for the start-up log."""
         target = self.dp.target_epsilon
@@ -90,45 +84,17 @@ class NodePrivacy:
             f"{self.dp.accountant} accountant{goal}"
         )
 
-    def may_train(self, round_no: int) -> bool:
-        """Whether round ``round_no`` may take its steps within ``target_epsilon`` (always,
-        without a target); the first refusal exhausts the node for good and is logged."""
-        if self.exhausted:
-            return False
-        target = self.dp.target_epsilon
-        if target is None:
-            return True
-        after = self.accountant.epsilon_after(
+    def epsilon_after_round(self) -> float:
+        """ε once the next round's steps are taken too."""
+        return self.accountant.epsilon_after(
             self.noise_multiplier, self.q, self.round_steps, self.dp.delta
         )
-        if after <= target:
-            return True
-        self.exhausted = True
-        log.warning(
-            "%s: round %d: privacy budget spent (ε %.4g; this round would make it %.4g > "
-            "target %g): no more local training, the node keeps serving and merging",
-            self.node_id,
-            round_no,
-            self.epsilon,
-            after,
-            target,
-        )
-        return False
 
     def spent(self, steps: int) -> None:
         """Account for ``steps`` DP-SGD steps just taken (and compose ε anew: in a worker
         thread, as :meth:`may_train`)."""
         self.accountant.step(self.noise_multiplier, self.q, steps)
         self._epsilon = self.accountant.epsilon(self.dp.delta)
-
-    def record_fields(self, trained: bool) -> dict[str, Any]:
-        """``epsilon`` (composed so far), and ``dp_exhausted: true`` for a round the node
-        did not train because its budget is spent."""
-        eps = self.epsilon
-        fields: dict[str, Any] = {"epsilon": round(eps, 6) if math.isfinite(eps) else None}
-        if self.exhausted and not trained:
-            fields["dp_exhausted"] = True
-        return fields
 
     # -- checkpoints -------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -142,26 +108,4 @@ class NodePrivacy:
     def load_state(self, state: Any, where: str) -> None:
         """Install :meth:`state`'s output; ``ValueError`` naming ``where`` and the field
         when it is malformed or planned with another σ (nothing changes then)."""
-        if not isinstance(state, dict) or set(state) != {
-            "accountant",
-            "noise_multiplier",
-            "exhausted",
-        }:
-            raise ValueError(
-                f"{where}: privacy: expected keys accountant, exhausted, noise_multiplier"
-            )
-        accountant = Accountant.from_state(state["accountant"], f"{where}: privacy.accountant")
-        sigma, exhausted = state["noise_multiplier"], state["exhausted"]
-        if not isinstance(exhausted, bool):
-            raise ValueError(f"{where}: privacy.exhausted: {exhausted!r} is not a bool")
-        if not isinstance(sigma, (int, float)) or not math.isclose(
-            float(sigma), self.noise_multiplier, rel_tol=1e-9
-        ):
-            raise ValueError(
-                f"{where}: privacy.noise_multiplier: {sigma!r}, planned {self.noise_multiplier}"
-            )
-        if accountant.mechanism != self.dp.accountant:
-            raise ValueError(f"{where}: privacy.accountant: {accountant.mechanism!r} differs")
-        self.accountant = accountant
-        self.exhausted = exhausted
-        self._epsilon = accountant.epsilon(self.dp.delta)
+        self.install(state, where, STATE_KEYS, Accountant.from_state)

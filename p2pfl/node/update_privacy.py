@@ -26,8 +26,6 @@ Contract:
 
 from __future__ import annotations
 
-import logging
-import math
 import secrets
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -35,19 +33,19 @@ from typing import Any, ClassVar
 import torch
 
 from p2pfl.config.schema import DPConfig, TopologyConfig
+from p2pfl.node.dp_budget import DPBudget
 from p2pfl.privacy.update_accountant import UpdateAccountant, plan_update_noise
 from p2pfl.privacy.update_dp import NOISE_STREAM, Released, State, release
-
-log = logging.getLogger(__name__)
 
 STATE_KEYS = frozenset({"level", "accountant", "noise_multiplier", "exhausted"})
 
 
 @dataclass
-class NodeUpdatePrivacy:
+class NodeUpdatePrivacy(DPBudget):
     """A node's update-level DP settings (σ, C) and its accountant of releases."""
 
     level: ClassVar[str] = "update"
+    spends: ClassVar[str] = "one more release"
 
     node_id: str
     dp: DPConfig
@@ -75,11 +73,6 @@ class NodeUpdatePrivacy:
         """C: the bound on an update's L2 norm."""
         return self.dp.max_update_norm
 
-    @property
-    def epsilon(self) -> float:
-        """ε for ``dp.delta`` of every release so far (computed when one is counted)."""
-        return self._epsilon
-
     def describe(self) -> str:
         """One line for the start-up log."""
         target = self.dp.target_epsilon
@@ -89,29 +82,9 @@ class NodeUpdatePrivacy:
             f"release a round, δ {self.dp.delta:g}, {self.dp.accountant} accountant{goal}"
         )
 
-    def may_train(self, round_no: int) -> bool:
-        """Whether round ``round_no`` may train and release within ``target_epsilon``
-        (always, without a target); the first refusal exhausts the node for good and is
-        logged."""
-        if self.exhausted:
-            return False
-        target = self.dp.target_epsilon
-        if target is None:
-            return True
-        after = self.accountant.epsilon_after(self.noise_multiplier, 1, self.dp.delta)
-        if after <= target:
-            return True
-        self.exhausted = True
-        log.warning(
-            "%s: round %d: privacy budget spent (ε %.4g; one more release would make it "
-            "%.4g > target %g): no more local training, the node keeps serving and merging",
-            self.node_id,
-            round_no,
-            self.epsilon,
-            after,
-            target,
-        )
-        return False
+    def epsilon_after_round(self) -> float:
+        """ε once one more release is counted."""
+        return self.accountant.epsilon_after(self.noise_multiplier, 1, self.dp.delta)
 
     def noise_generator(self, seed: int) -> torch.Generator:
         """The round's noise generator: from the round's training ``seed`` (the swarm's
@@ -134,15 +107,6 @@ class NodeUpdatePrivacy:
         self.accountant.release(self.noise_multiplier)
         self._epsilon = self.accountant.epsilon(self.dp.delta)
 
-    def record_fields(self, trained: bool) -> dict[str, Any]:
-        """``epsilon`` (composed so far), and ``dp_exhausted: true`` for a round the node
-        did not train because its budget is spent."""
-        eps = self.epsilon
-        fields: dict[str, Any] = {"epsilon": round(eps, 6) if math.isfinite(eps) else None}
-        if self.exhausted and not trained:
-            fields["dp_exhausted"] = True
-        return fields
-
     # -- checkpoints -------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         """The level, the accountant, σ and whether the budget is spent (plain data)."""
@@ -157,24 +121,4 @@ class NodeUpdatePrivacy:
         """Install :meth:`state`'s output; ``ValueError`` naming ``where`` and the field
         when it is malformed, of the other level or planned with another σ (nothing
         changes then)."""
-        if not isinstance(state, dict) or set(state) != STATE_KEYS:
-            raise ValueError(f"{where}: privacy: expected keys {', '.join(sorted(STATE_KEYS))}")
-        if state["level"] != self.level:
-            raise ValueError(f"{where}: privacy.level: {state['level']!r}, expected 'update'")
-        accountant = UpdateAccountant.from_state(
-            state["accountant"], f"{where}: privacy.accountant"
-        )
-        sigma, exhausted = state["noise_multiplier"], state["exhausted"]
-        if not isinstance(exhausted, bool):
-            raise ValueError(f"{where}: privacy.exhausted: {exhausted!r} is not a bool")
-        if not isinstance(sigma, (int, float)) or not math.isclose(
-            float(sigma), self.noise_multiplier, rel_tol=1e-9
-        ):
-            raise ValueError(
-                f"{where}: privacy.noise_multiplier: {sigma!r}, planned {self.noise_multiplier}"
-            )
-        if accountant.mechanism != self.dp.accountant:
-            raise ValueError(f"{where}: privacy.accountant: {accountant.mechanism!r} differs")
-        self.accountant = accountant
-        self.exhausted = exhausted
-        self._epsilon = accountant.epsilon(self.dp.delta)
+        self.install(state, where, STATE_KEYS, UpdateAccountant.from_state)
