@@ -28,6 +28,7 @@ from opacus.accountants import PRVAccountant, RDPAccountant
 from opacus.accountants.utils import get_noise_multiplier
 
 from p2pfl.privacy.errors import PrivacyError
+from p2pfl.privacy.history_state import parse_history
 
 MECHANISMS = ("rdp", "prv")
 # Opacus warns when the best Rényi order is its largest (a huge σ, as planning tries): the
@@ -168,23 +169,8 @@ class Accountant:
     def from_state(cls, state: Any, where: str = "accountant") -> Accountant:
         """The accountant :meth:`state` describes; ``ValueError`` naming ``where`` and the
         field when it is malformed."""
-        if not isinstance(state, dict) or set(state) != {"mechanism", "history"}:
-            raise ValueError(f"{where}: expected a map with keys 'history', 'mechanism'")
-        history = state["history"]
-        if not isinstance(history, list):
-            raise ValueError(f"{where}: history is not a list")
-        entries = []
-        for i, entry in enumerate(history):
-            ok = (
-                isinstance(entry, (list, tuple))
-                and len(entry) == 3
-                and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in entry)
-                and isinstance(entry[2], int)
-            )
-            if not ok:
-                raise ValueError(f"{where}: history[{i}] is not [sigma, q, steps]: {entry!r}")
-            entries.append(tuple(entry))
+        mechanism, entries = parse_history(state, where, ("sigma", "q", "steps"), ("steps",))
         try:
-            return cls(str(state["mechanism"]), entries)
+            return cls(mechanism, entries)
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None

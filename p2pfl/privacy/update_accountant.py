@@ -44,6 +44,7 @@ from dp_accounting.mechanism_calibration import NoBracketIntervalFoundError
 from dp_accounting.rdp import RdpAccountant
 
 from p2pfl.privacy.errors import PrivacyError
+from p2pfl.privacy.history_state import parse_history
 
 MECHANISMS = ("rdp", "analytic")
 FLOOR_SIGMA = 1e4  # σ this large leaves only the conversion's floor of ε for a δ
@@ -183,25 +184,8 @@ class UpdateAccountant:
     def from_state(cls, state: Any, where: str = "accountant") -> UpdateAccountant:
         """The accountant :meth:`state` describes; ``ValueError`` naming ``where`` and the
         field when it is malformed."""
-        if not isinstance(state, dict) or set(state) != {"mechanism", "history"}:
-            raise ValueError(f"{where}: expected a map with keys 'history', 'mechanism'")
-        history = state["history"]
-        if not isinstance(history, list):
-            raise ValueError(f"{where}: history is not a list")
-        entries = []
-        for i, entry in enumerate(history):
-            ok = (
-                isinstance(entry, (list, tuple))
-                and len(entry) == 2
-                and isinstance(entry[0], (int, float))
-                and not isinstance(entry[0], bool)
-                and isinstance(entry[1], int)
-                and not isinstance(entry[1], bool)
-            )
-            if not ok:
-                raise ValueError(f"{where}: history[{i}] is not [sigma, releases]: {entry!r}")
-            entries.append(tuple(entry))
+        mechanism, entries = parse_history(state, where, ("sigma", "releases"), ("releases",))
         try:
-            return cls(str(state["mechanism"]), entries)
+            return cls(mechanism, entries)
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
