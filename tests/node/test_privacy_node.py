@@ -7,65 +7,24 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from privacy_helpers import loaded_node, node_services, round_record, synthetic_cfg
 
-from p2pfl.config.load import load_topology
 from p2pfl.node.checkpoint import Checkpoint, CheckpointError, checkpoint_path, load_checkpoint
-from p2pfl.node.daemon import Node, NodeOptions
-from p2pfl.node.services import NodeServices, RoundMeter
 from p2pfl.privacy.accountant import compose_epsilon
-from p2pfl.wire.transport import Transport
-
-
-def _cfg(*overrides: str):
-    return load_topology("topologies/synthetic.yaml", ["rounds=3", *overrides])
-
-
-def _loaded(cfg, out=None) -> Node:
-    node = Node(cfg, "a", NodeOptions(out_dir=out))
-    node._load()
-    return node
-
-
-def _services(node: Node) -> NodeServices:
-    assert node.method is not None and node.data is not None
-    return NodeServices(
-        cfg=node.cfg,
-        node_id=node.id,
-        neighbours=node.neighbours,
-        method=node.method,
-        data=node.data,
-        transport=Transport("s", node.id, "127.0.0.1", 1),
-        rng=node.rng,
-        device=node.device,
-        out_dir=node.out_dir,
-        privacy=node.privacy,
-    )
-
-
-def _record(svc: NodeServices, round_no: int, trained) -> dict:
-    return svc.round_record(
-        round_no,
-        meter=RoundMeter(svc.transport),
-        evaluated=(0.5, 1.0),
-        lr=0.05,
-        trained=trained,
-        comm_s=0.0,
-        peers=[],
-    )
 
 
 def test_rounds_are_accounted_and_recorded(tmp_path):
-    node = _loaded(_cfg("privacy.dp.noise_multiplier=1.2"))
+    node = loaded_node(synthetic_cfg("privacy.dp.noise_multiplier=1.2"))
     privacy = node.privacy
     assert privacy is not None and privacy.noise_multiplier == 1.2
     n = len(node.data.train_y)
     assert privacy.q == pytest.approx(20 / n) and privacy.round_steps == int(n / 20)
-    svc = _services(node)
+    svc = node_services(node)
     eps = []
     for r in (1, 2):
         trained = asyncio.run(svc.train(r))
         assert trained.result.steps == privacy.round_steps
-        rec = _record(svc, r, trained)
+        rec = round_record(svc, r, trained)
         eps.append(rec["epsilon"])
         assert "dp_exhausted" not in rec and rec["train_loss"] is not None
         assert list(rec)[-2:] == ["epsilon", "t"]
@@ -74,12 +33,12 @@ def test_rounds_are_accounted_and_recorded(tmp_path):
 
 
 def test_a_spent_budget_stops_the_steps_and_says_so(caplog):
-    node = _loaded(_cfg("privacy={dp: {target_epsilon: 1.0, rounds: 1}}"))
-    svc = _services(node)
+    node = loaded_node(synthetic_cfg("privacy={dp: {target_epsilon: 1.0, rounds: 1}}"))
+    svc = node_services(node)
     before = {k: v.clone() for k, v in node.method.model.state_dict().items()}
     first = asyncio.run(svc.train(1))
     assert first.result.steps > 0
-    rec1 = _record(svc, 1, first)
+    rec1 = round_record(svc, 1, first)
     assert rec1["epsilon"] <= 1.0 and "dp_exhausted" not in rec1
     trained_state = {k: v.clone() for k, v in node.method.model.state_dict().items()}
     assert any(not before[k].equal(trained_state[k]) for k in before)
@@ -90,26 +49,26 @@ def test_a_spent_budget_stops_the_steps_and_says_so(caplog):
     assert sum("privacy budget spent" in r.getMessage() for r in caplog.records) == 1
     after = node.method.model.state_dict()
     assert all(after[k].equal(trained_state[k]) for k in after)  # no local step
-    rec2 = _record(svc, 2, second)
+    rec2 = round_record(svc, 2, second)
     assert rec2["dp_exhausted"] is True and rec2["train_loss"] is None
     assert rec2["epsilon"] == rec1["epsilon"] and rec2["diverged"] is None
 
 
 def test_the_accountant_survives_a_restart(tmp_path):
-    cfg = _cfg("privacy.dp.noise_multiplier=1.0")
-    node = _loaded(cfg, tmp_path)
-    svc = _services(node)
+    cfg = synthetic_cfg("privacy.dp.noise_multiplier=1.0")
+    node = loaded_node(cfg, tmp_path)
+    svc = node_services(node)
     asyncio.run(svc.train(1))
     svc._save_checkpoint(1)
     spent = node.privacy.epsilon
     ckpt = load_checkpoint(checkpoint_path(tmp_path, "a"))
     assert ckpt is not None and ckpt.privacy is not None
 
-    again = _loaded(cfg, tmp_path)  # a restarted daemon on the same run directory
+    again = loaded_node(cfg, tmp_path)  # a restarted daemon on the same run directory
     assert again.resumed_round == 1
     assert again.privacy.accountant.history == node.privacy.accountant.history
     assert again.privacy.epsilon == spent > 0
-    svc2 = _services(again)
+    svc2 = node_services(again)
     asyncio.run(svc2.train(2))  # ε composes over the restart, as one run would
     whole = compose_epsilon([(1.0, node.privacy.q, 2 * node.privacy.round_steps)], 1e-5)
     assert again.privacy.epsilon == pytest.approx(whole, rel=1e-12)
@@ -121,15 +80,15 @@ def test_the_accountant_survives_a_restart(tmp_path):
     bad.privacy = dict(ckpt.privacy, noise_multiplier=2.0)
     checkpoint_path(tmp_path, "a").write_bytes(bad.to_bytes())
     with pytest.raises(CheckpointError, match="privacy.noise_multiplier: 2.0, planned 1.0"):
-        _loaded(cfg, tmp_path)
+        loaded_node(cfg, tmp_path)
 
 
 def test_without_privacy_nothing_changes(tmp_path):
-    node = _loaded(_cfg(), tmp_path)
+    node = loaded_node(synthetic_cfg(), tmp_path)
     assert node.privacy is None
-    svc = _services(node)
+    svc = node_services(node)
     trained = asyncio.run(svc.train(1))
-    rec = _record(svc, 1, trained)
+    rec = round_record(svc, 1, trained)
     assert "epsilon" not in rec and "dp_exhausted" not in rec
     svc._save_checkpoint(1)
     raw = checkpoint_path(tmp_path, "a").read_bytes()
@@ -139,11 +98,11 @@ def test_without_privacy_nothing_changes(tmp_path):
 
 @pytest.mark.parametrize("secret", [False, True])
 def test_noise_is_the_seeds_unless_secret(secret):
-    cfg = _cfg("privacy.dp.noise_multiplier=1.0", f"privacy.dp.secret_noise={secret}")
+    cfg = synthetic_cfg("privacy.dp.noise_multiplier=1.0", f"privacy.dp.secret_noise={secret}")
     states = []
     for _ in range(2):  # the same node, built twice from the same swarm seed
-        node = _loaded(cfg)
-        asyncio.run(_services(node).train(1))
+        node = loaded_node(cfg)
+        asyncio.run(node_services(node).train(1))
         states.append(node.method.model.state_dict())
     same = all(states[0][k].equal(states[1][k]) for k in states[0])
     assert same is not secret
@@ -164,11 +123,13 @@ def test_noise_is_the_seeds_unless_secret(secret):
     ],
 )
 def test_every_method_trains_a_dp_round(method):
-    cfg = _cfg(f"algorithm.name={method}", "algorithm.params={}", "privacy.dp.noise_multiplier=1")
-    node = _loaded(cfg)
+    cfg = synthetic_cfg(
+        f"algorithm.name={method}", "algorithm.params={}", "privacy.dp.noise_multiplier=1"
+    )
+    node = loaded_node(cfg)
     keys = list(node.method.model.state_dict())
     before = node.method.checkpoint()
-    svc = _services(node)
+    svc = node_services(node)
     trained = asyncio.run(svc.train(1))
     assert trained.result.steps == node.privacy.round_steps and trained.diverged is None
     assert list(node.method.model.state_dict()) == keys

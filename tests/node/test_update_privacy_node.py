@@ -10,57 +10,17 @@ import copy
 
 import pytest
 import torch
+from privacy_helpers import loaded_node, node_services, round_record, synthetic_cfg
 
-from p2pfl.config.load import load_topology
 from p2pfl.learning.train import round_lr, train_local
 from p2pfl.node.checkpoint import Checkpoint, CheckpointError, checkpoint_path
-from p2pfl.node.daemon import Node, NodeOptions
-from p2pfl.node.services import NodeServices, RoundMeter
+from p2pfl.node.daemon import Node
 from p2pfl.privacy.update_accountant import plan_update_noise, update_epsilon
 from p2pfl.privacy.update_dp import NOISE_STREAM, release
-from p2pfl.wire.transport import Transport
-
-
-def _cfg(*overrides: str):
-    return load_topology("topologies/synthetic.yaml", ["rounds=3", *overrides])
 
 
 def _update(dp: str, *overrides: str):
-    return _cfg(f"privacy={{dp: {{level: update, {dp}}}}}", *overrides)
-
-
-def _loaded(cfg, out=None) -> Node:
-    node = Node(cfg, "a", NodeOptions(out_dir=out))
-    node._load()
-    return node
-
-
-def _services(node: Node) -> NodeServices:
-    assert node.method is not None and node.data is not None
-    return NodeServices(
-        cfg=node.cfg,
-        node_id=node.id,
-        neighbours=node.neighbours,
-        method=node.method,
-        data=node.data,
-        transport=Transport("s", node.id, "127.0.0.1", 1),
-        rng=node.rng,
-        device=node.device,
-        out_dir=node.out_dir,
-        privacy=node.privacy,
-    )
-
-
-def _record(svc: NodeServices, round_no: int, trained) -> dict:
-    return svc.round_record(
-        round_no,
-        meter=RoundMeter(svc.transport),
-        evaluated=(0.5, 1.0),
-        lr=0.05,
-        trained=trained,
-        comm_s=0.0,
-        peers=[],
-    )
+    return synthetic_cfg(f"privacy={{dp: {{level: update, {dp}}}}}", *overrides)
 
 
 def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -97,11 +57,11 @@ def test_what_leaves_the_node_is_the_release_not_the_trained_model(method):
         f"algorithm.name={method}",
         "algorithm.params={}",
     )
-    node = _loaded(cfg)
+    node = loaded_node(cfg)
     privacy = node.privacy
     assert privacy is not None and privacy.level == "update"
     ref, raw, seed = _raw_round(node, 1)
-    svc = _services(node)
+    svc = node_services(node)
     trained = asyncio.run(svc.train(1))
     assert trained.diverged is None and trained.result.steps > 0
     gen = torch.Generator().manual_seed(seed ^ NOISE_STREAM)
@@ -117,12 +77,12 @@ def test_what_leaves_the_node_is_the_release_not_the_trained_model(method):
 
 
 def test_rounds_are_accounted_and_recorded():
-    node = _loaded(_update("noise_multiplier: 2.0, accountant: analytic"))
-    svc = _services(node)
+    node = loaded_node(_update("noise_multiplier: 2.0, accountant: analytic"))
+    svc = node_services(node)
     eps = []
     for r in (1, 2, 3):
         trained = asyncio.run(svc.train(r))
-        rec = _record(svc, r, trained)
+        rec = round_record(svc, r, trained)
         eps.append(rec["epsilon"])
         assert "dp_exhausted" not in rec and rec["train_loss"] is not None
         assert list(rec)[-2:] == ["epsilon", "t"]
@@ -132,12 +92,12 @@ def test_rounds_are_accounted_and_recorded():
 
 
 def test_a_spent_budget_stops_training_and_releasing(caplog):
-    node = _loaded(_update("target_epsilon: 2.0, rounds: 1"))
+    node = loaded_node(_update("target_epsilon: 2.0, rounds: 1"))
     privacy = node.privacy
     assert privacy.noise_multiplier == plan_update_noise(2.0, 1e-5, 1, "rdp")
-    svc = _services(node)
+    svc = node_services(node)
     first = asyncio.run(svc.train(1))
-    rec1 = _record(svc, 1, first)
+    rec1 = round_record(svc, 1, first)
     assert first.result.steps > 0 and rec1["epsilon"] <= 2.0 and "dp_exhausted" not in rec1
     released = _state(node.method.model)
     with caplog.at_level("WARNING"):
@@ -147,24 +107,24 @@ def test_a_spent_budget_stops_training_and_releasing(caplog):
     assert sum("privacy budget spent" in r.getMessage() for r in caplog.records) == 1
     after = _state(node.method.model)
     assert all(torch.equal(after[k], released[k]) for k in after)  # nothing new released
-    rec2 = _record(svc, 2, second)
+    rec2 = round_record(svc, 2, second)
     assert rec2["dp_exhausted"] is True and rec2["train_loss"] is None
     assert rec2["epsilon"] == rec1["epsilon"] and privacy.accountant.releases == 1
 
 
 def test_the_accountant_survives_a_restart(tmp_path):
     cfg = _update("noise_multiplier: 1.5")
-    node = _loaded(cfg, tmp_path)
-    svc = _services(node)
+    node = loaded_node(cfg, tmp_path)
+    svc = node_services(node)
     asyncio.run(svc.train(1))
     svc._save_checkpoint(1)
-    again = _loaded(cfg, tmp_path)  # a restarted daemon on the same run directory
+    again = loaded_node(cfg, tmp_path)  # a restarted daemon on the same run directory
     assert again.resumed_round == 1
     assert again.privacy.accountant.history == [(1.5, 1)]
     assert again.privacy.epsilon == node.privacy.epsilon > 0
     held = _state(again.method.model)  # the release it adopted, resumed
     assert all(torch.equal(held[k], node.method.model.state_dict()[k]) for k in held)
-    asyncio.run(_services(again).train(2))  # ε composes over the restart
+    asyncio.run(node_services(again).train(2))  # ε composes over the restart
     assert again.privacy.epsilon == update_epsilon([(1.5, 2)], 1e-5)
 
     with pytest.raises(ValueError, match="privacy.level: 'sample'"):
@@ -173,7 +133,7 @@ def test_the_accountant_survives_a_restart(tmp_path):
     bad.privacy = dict(bad.privacy, noise_multiplier=3.0)
     checkpoint_path(tmp_path, "a").write_bytes(bad.to_bytes())
     with pytest.raises(CheckpointError, match="privacy.noise_multiplier: 3.0, planned 1.5"):
-        _loaded(cfg, tmp_path)
+        loaded_node(cfg, tmp_path)
 
 
 @pytest.mark.parametrize("secret", [False, True])
@@ -181,8 +141,8 @@ def test_noise_is_the_seeds_unless_secret(secret):
     cfg = _update("noise_multiplier: 1.0", f"privacy.dp.secret_noise={secret}")
     states = []
     for _ in range(2):  # the same node, built twice from the same swarm seed
-        node = _loaded(cfg)
-        asyncio.run(_services(node).train(1))
+        node = loaded_node(cfg)
+        asyncio.run(node_services(node).train(1))
         states.append(_state(node.method.model))
     same = all(torch.equal(states[0][k], states[1][k]) for k in states[0])
     assert same is not secret
@@ -204,10 +164,10 @@ def test_noise_is_the_seeds_unless_secret(secret):
 )
 def test_every_method_trains_and_releases_a_round(method, params):
     cfg = _update("noise_multiplier: 1.0", f"algorithm.name={method}", f"algorithm.params={params}")
-    node = _loaded(cfg)
+    node = loaded_node(cfg)
     keys = list(node.method.model.state_dict())
     before = node.method.checkpoint()
-    trained = asyncio.run(_services(node).train(1))
+    trained = asyncio.run(node_services(node).train(1))
     assert trained.result.steps > 0 and trained.diverged is None
     assert list(node.method.model.state_dict()) == keys
     assert node.privacy.epsilon == update_epsilon([(1.0, 1)], 1e-5)
@@ -220,6 +180,6 @@ def test_every_method_trains_and_releases_a_round(method, params):
 def test_batchnorm_becomes_groupnorm():
     """The noise would turn BatchNorm's running variances negative: as under DP-SGD, the
     swarm's model has GroupNorm instead."""
-    node = _loaded(_update("noise_multiplier: 1.0", "model.name=resnet18"))
+    node = loaded_node(_update("noise_multiplier: 1.0", "model.name=resnet18"))
     kinds = {type(m).__name__ for m in node.method.model.modules()}
     assert "GroupNorm" in kinds and not any("BatchNorm" in k for k in kinds)

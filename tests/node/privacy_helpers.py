@@ -1,0 +1,53 @@
+"""One node under ``privacy.dp`` without a swarm: the node loaded from the synthetic
+topology, its services over a transport that is never connected, and a round record. Shared
+by the tests of both DP levels (test_privacy_node.py, test_update_privacy_node.py)."""
+
+from __future__ import annotations
+
+from p2pfl.config.load import load_topology
+from p2pfl.config.schema import TopologyConfig
+from p2pfl.node.daemon import Node, NodeOptions
+from p2pfl.node.services import NodeServices, RoundMeter
+from p2pfl.wire.transport import Transport
+
+
+def synthetic_cfg(*overrides: str) -> TopologyConfig:
+    """topologies/synthetic.yaml for 3 rounds, with ``overrides``."""
+    return load_topology("topologies/synthetic.yaml", ["rounds=3", *overrides])
+
+
+def loaded_node(cfg: TopologyConfig, out=None) -> Node:
+    """Node ``a`` of ``cfg`` with its method, data and privacy loaded, not started."""
+    node = Node(cfg, "a", NodeOptions(out_dir=out))
+    node._load()
+    return node
+
+
+def node_services(node: Node) -> NodeServices:
+    """``node``'s services, with its privacy, over an unconnected transport."""
+    assert node.method is not None and node.data is not None
+    return NodeServices(
+        cfg=node.cfg,
+        node_id=node.id,
+        neighbours=node.neighbours,
+        method=node.method,
+        data=node.data,
+        transport=Transport("s", node.id, "127.0.0.1", 1),
+        rng=node.rng,
+        device=node.device,
+        out_dir=node.out_dir,
+        privacy=node.privacy,
+    )
+
+
+def round_record(svc: NodeServices, round_no: int, trained) -> dict:
+    """The record of round ``round_no`` after ``trained``, with fixed evaluation values."""
+    return svc.round_record(
+        round_no,
+        meter=RoundMeter(svc.transport),
+        evaluated=(0.5, 1.0),
+        lr=0.05,
+        trained=trained,
+        comm_s=0.0,
+        peers=[],
+    )
