@@ -165,18 +165,15 @@ def _aggregator_saw_only_masked_vectors(out: Path, watcher: Watcher) -> None:
         assert len(text) < 20_000 * 3, nid
 
 
-def test_a_member_killed_after_masking_is_dropped_and_the_round_completes(tmp_path, broker):
-    """8 nodes: a member is SIGKILLed the moment its ``sa_ready`` reaches round 1's
-    aggregator (a test client on the inboxes kills it): the round completes over the other
-    7, with the victim in ``dropped`` (its masks removed through the others' shares)."""
-    ids = NODES
-    agg = aggregator_for(1, ids)
-    victim = next(n for n in ids if n not in (agg, aggregator_for(1, ids, attempt=1)))
+def _run_killing(tmp_path: Path, broker, kind: str, victim: str) -> tuple[Path, bool]:
+    """A 2-round secure FedAvg swarm in which ``victim``'s process is SIGKILLed the moment
+    it sends its first round-1 message of ``kind`` (a test client on the inboxes watches):
+    the run's directory, and whether the kill happened."""
     killed: dict[str, float] = {}
     workers_of: dict = {}
 
     def on_env(to, env):
-        if env.kind == "sa_ready" and env.sender == victim and env.round == 1 and not killed:
+        if env.kind == kind and env.sender == victim and env.round == 1 and not killed:
             os.killpg(workers_of["w"][victim].proc.pid, signal.SIGKILL)
             killed["t"] = time.time()
 
@@ -190,6 +187,17 @@ def test_a_member_killed_after_masking_is_dropped_and_the_round_completes(tmp_pa
         )
     finally:
         watcher.close()
+    return out, bool(killed)
+
+
+def test_a_member_killed_after_masking_is_dropped_and_the_round_completes(tmp_path, broker):
+    """8 nodes: a member is SIGKILLed the moment its ``sa_ready`` reaches round 1's
+    aggregator (a test client on the inboxes kills it): the round completes over the other
+    7, with the victim in ``dropped`` (its masks removed through the others' shares)."""
+    ids = NODES
+    agg = aggregator_for(1, ids)
+    victim = next(n for n in ids if n not in (agg, aggregator_for(1, ids, attempt=1)))
+    out, killed = _run_killing(tmp_path, broker, "sa_ready", victim)
     assert killed, "the victim never reported ready"
     first = _records(out, agg)[0]
     assert first["round"] == 1 and first["aggregator"] == agg and first["attempt"] == 0
@@ -208,24 +216,7 @@ def test_aggregator_killed_mid_protocol_fails_over(tmp_path, broker):
     protocol again with fresh keys (attempt 1) and completes the round over the other 7."""
     ids = NODES
     agg, successor = aggregator_for(1, ids), aggregator_for(1, ids, attempt=1)
-    killed: dict[str, float] = {}
-    workers_of: dict = {}
-
-    def on_env(to, env):
-        if env.kind == "sa_bundles" and env.sender == agg and env.round == 1 and not killed:
-            os.killpg(workers_of["w"][agg].proc.pid, signal.SIGKILL)
-            killed["t"] = time.time()
-
-    watcher = Watcher(broker, on_env)
-    try:
-        _, out = _run(
-            tmp_path,
-            broker,
-            ["rounds=2", *SECAGG],
-            on_start=lambda cfg, workers: workers_of.update(w=workers),
-        )
-    finally:
-        watcher.close()
+    out, killed = _run_killing(tmp_path, broker, "sa_bundles", agg)
     assert killed, "the aggregator never forwarded bundles"
     first = _records(out, successor)[0]
     assert (first["round"], first["aggregator"], first["attempt"]) == (1, successor, 1), first
