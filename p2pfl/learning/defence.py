@@ -13,7 +13,12 @@ state it would adopt whole with :meth:`Defence.screen`. The rule comes from the 
 - ``bulyan`` (f): El Mhamdi et al.'s Krum selection then a trimmed coordinate mean;
 - ``clip``: a peer's state is accepted when ``‖w_j − w_i‖ ≤ γ·e^(−κt/T)·‖w_i‖`` (the
   BALANCE family), around the node's own state ``w_i`` (index ``own``), then mixed by the
-  weighted mean. Without an own state (an aggregator that did not train) the reference is
+  weighted mean. Under ``privacy.dp`` the bound adds what the round's DP noise alone puts
+  between two honest states over the ``m`` coordinates compared,
+  ``NOISE_MARGIN·√2·s·√m`` (:attr:`Defence.noise_spread` ``s``;
+  :mod:`p2pfl.privacy.noise_spread`; docs/algorithms.md, "DP and the defence"): without it
+  every DP-noised neighbour lies beyond the bound and a DP swarm never merges. Without an
+  own state (an aggregator that did not train) the reference is
   :attr:`Defence.reference` (its current model's part), else the coordinate-wise median of
   the inputs: a median of one honest and one flipped state is near zero, so a trusted
   reference is what separates them.
@@ -37,6 +42,7 @@ import torch
 from p2pfl.config.schema import DefenceConfig
 from p2pfl.learning import robust
 from p2pfl.learning.state import State, weighted_mean
+from p2pfl.privacy.noise_spread import noise_slack
 
 Combine = Callable[..., State]
 """``combine(states, weights, **kw) -> State``: a combination that stands in for the weighted
@@ -47,6 +53,10 @@ COORDINATE_RULES = ("median", "trimmed_mean", "bulyan")
 method with its own arithmetic cannot use them (:meth:`Defence.select`)."""
 SELECTING_RULES = ("clip", "multikrum")
 """Rules that keep some of the states whole and mix those with the weighted mean."""
+NOISE_MARGIN = 1.5
+"""How many times the DP noise expected between two honest states ``clip`` tolerates: the
+noise of a peer whose σ, steps or batch differ from the node's own (its sample count sets
+them) may be larger than the node's estimate from its own."""
 
 
 class Defence:
@@ -64,6 +74,9 @@ class Defence:
         # asynchronous rounds: each peer's staleness weight (1 + τ)^-a, set by the round
         # driver per round (docs/algorithms.md, "Asynchronous rounds"); empty in sync mode
         self.staleness: dict[str, float] = {}
+        # under privacy.dp: the standard deviation per coordinate of the noise one round
+        # leaves in an honest node's weights, set by the node per round; 0 without DP
+        self.noise_spread = 0.0
 
     @property
     def rule(self) -> str:
@@ -79,6 +92,11 @@ class Defence:
     def clip_ratio(self) -> float:
         """``γ·e^(−κt/T)``, the ``clip`` bound of this round relative to ``‖w_i‖``."""
         return robust.clip_bound(self.cfg.gamma, self.cfg.kappa, self.round, self.rounds)
+
+    def noise_allowance(self, elements: int) -> float:
+        """What DP noise alone may put between two honest states over ``elements``
+        coordinates (0 without DP): ``clip``'s bound grows by it."""
+        return noise_slack(self.noise_spread, elements, NOISE_MARGIN)
 
     def _reference(self, states: Sequence[State], names: list[str]) -> State | None:
         """:attr:`reference` over ``names``, when it has the inputs' layout there."""
@@ -99,7 +117,7 @@ class Defence:
             return dict(candidates)
         keys = _floating_keys(own)
         ref = robust.norm(own, keys) if scale is None else scale
-        bound = self.clip_ratio() * ref
+        bound = self.clip_ratio() * ref + self.noise_allowance(_elements(own, keys))
         peers = sorted(candidates)
         dists = robust.distances(own, [candidates[p] for p in peers], keys)
         kept: dict[str, State] = {}
@@ -206,12 +224,14 @@ class Defence:
             ref_norm = robust.norm(ref, floating) if scale is None else scale
             ratio = self.clip_ratio()
             if masks is None or own is None:
-                pairs = [(d, ratio * ref_norm) for d in robust.distances(ref, states, floating)]
+                bound = ratio * ref_norm + self.noise_allowance(_elements(ref, floating))
+                pairs = [(d, bound) for d in robust.distances(ref, states, floating)]
             else:
                 pairs = [
                     _masked_pair(ref, masks[own], s, m, floating, ratio, scale)
                     for s, m in zip(states, masks, strict=True)
                 ]
+                pairs = [(d, bound + self.noise_allowance(n)) for d, bound, n in pairs]
             kept = []
             for i, (d, bound) in enumerate(pairs):
                 if i == own or (math.isfinite(d) and d <= bound):
@@ -255,20 +275,30 @@ def _masked_pair(
     floating: list[str],
     ratio: float,
     scale: float | None,
-) -> tuple[float, float]:
-    """``(‖(s − ref) ⊙ both‖, ratio · ‖ref ⊙ both‖)`` where ``both`` is where the two masks
-    hold an element (a key without masks counts whole); ``scale`` replaces the norm."""
+) -> tuple[float, float, int]:
+    """``(‖(s − ref) ⊙ both‖, ratio · ‖ref ⊙ both‖, elements of both)`` where ``both`` is
+    where the two masks hold an element (a key without masks counts whole); ``scale``
+    replaces the norm."""
     d2 = r2 = 0.0
+    elements = 0
     for k in floating:
         a = ref[k].detach().to(torch.float64)
         b = state[k].detach().to(device=a.device, dtype=torch.float64)
         if k in ref_mask and k in mask:
             both = ref_mask[k].to(a.device).bool() & mask[k].to(a.device).bool()
             a, b = a * both, b * both
+            elements += int(both.sum())
+        else:
+            elements += a.numel()
         d2 += float((b - a).pow(2).sum())
         r2 += float(a.pow(2).sum())
     d = math.sqrt(d2) if math.isfinite(d2) else math.inf
-    return d, ratio * (math.sqrt(r2) if scale is None else scale)
+    return d, ratio * (math.sqrt(r2) if scale is None else scale), elements
+
+
+def _elements(state: State, keys: Iterable[str]) -> int:
+    """The coordinates of ``state``'s tensors under ``keys``."""
+    return sum(state[k].numel() for k in keys)
 
 
 def _floating_keys(state: State) -> list[str]:

@@ -24,7 +24,7 @@ import logging
 import math
 from typing import Any, ClassVar
 
-from p2pfl.config.schema import DPConfig
+from p2pfl.config.schema import DPConfig, TrainingConfig
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,12 @@ class DPBudget:
 
     def epsilon_after_round(self) -> float:
         """ε once the next round is spent too (the level's accountant)."""
+        raise NotImplementedError
+
+    def noise_spread(self, round_no: int, training: TrainingConfig) -> float:
+        """The standard deviation per coordinate of the noise round ``round_no`` leaves in
+        a node's weights (:mod:`p2pfl.privacy.noise_spread`), which widens the ``clip``
+        defence's bound (:attr:`p2pfl.learning.defence.Defence.noise_spread`)."""
         raise NotImplementedError
 
     def may_train(self, round_no: int) -> bool:

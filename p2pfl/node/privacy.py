@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from p2pfl.config.schema import DPConfig, TopologyConfig
+from p2pfl.config.schema import DPConfig, TopologyConfig, TrainingConfig
+from p2pfl.learning.train import round_lr
 from p2pfl.node.dp_budget import DPBudget
 from p2pfl.privacy.accountant import (
     Accountant,
@@ -31,6 +32,7 @@ from p2pfl.privacy.accountant import (
     sample_rate,
     steps_per_epoch,
 )
+from p2pfl.privacy.noise_spread import dp_sgd_spread
 
 STATE_KEYS = frozenset({"accountant", "noise_multiplier", "exhausted"})
 
@@ -51,6 +53,7 @@ class NodePrivacy(DPBudget):
     accountant: Accountant
     exhausted: bool = False
     _epsilon: float = 0.0  # the accountant's ε, recomputed when it changes (PRV takes seconds)
+    expected_batch: float = 1.0  # q·n, the batch size Opacus divides the noise by
 
     @classmethod
     def plan(cls, cfg: TopologyConfig, node_id: str, n_samples: int) -> NodePrivacy:
@@ -67,7 +70,16 @@ class NodePrivacy(DPBudget):
             assert dp.target_epsilon is not None
             planned = (dp.rounds or cfg.rounds) * epochs * per_epoch
             sigma = plan_noise(dp.target_epsilon, dp.delta, q, planned, dp.accountant)
-        return cls(node_id, dp, sigma, q, per_epoch, epochs, Accountant(dp.accountant))
+        return cls(
+            node_id,
+            dp,
+            sigma,
+            q,
+            per_epoch,
+            epochs,
+            Accountant(dp.accountant),
+            expected_batch=max(1.0, round(q * n_samples)),
+        )
 
     @property
     def round_steps(self) -> int:
@@ -82,6 +94,19 @@ class NodePrivacy(DPBudget):
             f"DP-SGD σ {self.noise_multiplier:.4g}, C {self.dp.max_grad_norm:g}, "
             f"q {self.q:.4g}, {self.round_steps} steps a round, δ {self.dp.delta:g}, "
             f"{self.dp.accountant} accountant{goal}"
+        )
+
+    def noise_spread(self, round_no: int, training: TrainingConfig) -> float:
+        """The noise a round of DP-SGD leaves per coordinate of the weights
+        (:func:`p2pfl.privacy.noise_spread.dp_sgd_spread`, at round ``round_no``'s rate)."""
+        return dp_sgd_spread(
+            lr=round_lr(training, round_no),
+            noise_multiplier=self.noise_multiplier,
+            max_grad_norm=self.dp.max_grad_norm,
+            batch_size=self.expected_batch,
+            steps=self.round_steps,
+            momentum=training.momentum if training.optimizer == "sgd" else 0.0,
+            optimizer=training.optimizer,
         )
 
     def epsilon_after_round(self) -> float:

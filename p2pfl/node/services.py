@@ -462,6 +462,8 @@ class NodeServices:
         self.rejected = {}
         self.capped = {}
         self.defence.begin_round(round_no)
+        if self.privacy is not None:  # honest peers' models carry this round's DP noise
+            self.defence.noise_spread = self.privacy.noise_spread(round_no, self.cfg.training)
 
     def reject(self, peer: str, reason: str, round_no: int) -> None:
         """Refuse ``peer``'s state of ``round_no``: logged with the peer's id, counted

@@ -32,8 +32,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from p2pfl.config.schema import DPConfig, TopologyConfig
+from p2pfl.config.schema import DPConfig, TopologyConfig, TrainingConfig
 from p2pfl.node.dp_budget import DPBudget
+from p2pfl.privacy.noise_spread import update_spread
 from p2pfl.privacy.update_accountant import UpdateAccountant, plan_update_noise
 from p2pfl.privacy.update_dp import NOISE_STREAM, Released, State, release
 
@@ -81,6 +82,11 @@ class NodeUpdatePrivacy(DPBudget):
             f"update-level DP σ {self.noise_multiplier:.4g}, C {self.max_norm:g}, one "
             f"release a round, δ {self.dp.delta:g}, {self.dp.accountant} accountant{goal}"
         )
+
+    def noise_spread(self, round_no: int, training: TrainingConfig) -> float:
+        """The noise a release adds per coordinate: ``σ·C``, whatever the round
+        (:func:`p2pfl.privacy.noise_spread.update_spread`)."""
+        return update_spread(noise_multiplier=self.noise_multiplier, max_update_norm=self.max_norm)
 
     def epsilon_after_round(self) -> float:
         """ε once one more release is counted."""
