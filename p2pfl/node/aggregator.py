@@ -354,6 +354,8 @@ class AggregatorRole:
             "claims": {p: claims[p] for p in sorted(uploads)},
             "reports": {p: uploads[p].report for p in sorted(uploads)},
         }
+        if svc.defence.noise_spread > 0:  # the DP allowance clip measured with: audited
+            announcement["noise_spread"] = svc.defence.noise_spread
         if quorum is not None:
             announcement["late"] = counted_late
             announcement["closed_without"] = closed_without

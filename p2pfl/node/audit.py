@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import random
 from collections.abc import Mapping
 from typing import Any
@@ -70,6 +71,28 @@ def check_own_entry(body: Mapping[str, Any], me: str, sent: Mapping[str, Any] | 
     return None
 
 
+SPREAD_TOLERANCE = 4.0
+"""How many times the auditor's own DP noise spread an aggregator may announce: the spread
+depends on each node's sample count (its σ and steps), so the auditor cannot recompute the
+aggregator's exactly, but one announced far above any honest node's would let the
+aggregator widen ``clip``'s bound at will."""
+
+
+def spread_problem(announced: object, own: float) -> str | None:
+    """None when the announcement's ``noise_spread`` (absent: 0) is one an honest
+    aggregator of this swarm could have used, given the auditor's ``own`` spread (0 without
+    DP): a finite number in ``[0, SPREAD_TOLERANCE · own]``; else why not."""
+    value = 0.0 if announced is None else announced
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        return f"noise_spread {announced!r} is not a finite number"
+    if value < 0 or value > SPREAD_TOLERANCE * own:
+        return (
+            f"announced DP noise spread {value:.4g} outside [0, {SPREAD_TOLERANCE:g} x "
+            f"this node's {own:.4g}]"
+        )
+    return None
+
+
 def recompute(
     alg: CentralizedAlgorithm,
     cfg: TopologyConfig,
@@ -88,6 +111,7 @@ def recompute(
     defence = Defence(cfg.defence, cfg.rounds)
     defence.begin_round(plan.round)
     defence.reference = reference
+    defence.noise_spread = float(body.get("noise_spread", 0.0))
     as_aggregator = copy.copy(alg)
     as_aggregator.ctx = dataclasses.replace(alg.ctx, node_id=aggregator, defence=defence)
     claims, reports = body.get("claims", {}), body.get("reports", {})

@@ -16,7 +16,7 @@ from typing import Any
 
 from p2pfl.algorithms.base import CentralizedAlgorithm
 from p2pfl.learning.state import State
-from p2pfl.node.audit import check_own_entry, check_verdict, compare
+from p2pfl.node.audit import check_own_entry, check_verdict, compare, spread_problem
 from p2pfl.node.audit import recompute as recompute_aggregate
 from p2pfl.node.plans import RoundPlan, waits_on
 from p2pfl.node.services import NodeServices
@@ -168,8 +168,11 @@ class AuditRole:
         nbytes += sum(state_nbytes(s) for p, s in inputs_of.items() if pulled.get(p) is not s)
         missing = sorted(set(body["aggregated"]) - set(inputs_of))
         why: str | None
+        spread_why = spread_problem(body.get("noise_spread"), svc.defence.noise_spread)
         if missing:
             verdict, why = "incomplete", f"uploads missing: {missing}"
+        elif spread_why is not None:
+            verdict, why = "mismatch", spread_why
         else:
             inputs = {p: inputs_of[p] for p in body["aggregated"]}
             try:

@@ -158,4 +158,16 @@ def check_announcement(body: Any, members: set[str]) -> dict[str, Any]:
         ):
             raise ValueError("report_s must be a finite non-negative number of seconds")
         out["report_s"] = float(latency)
+    # under privacy.dp with the clip defence: the DP noise allowance the aggregator's clip
+    # measured with (docs/algorithms.md, "DP and the defence"), which an auditor bounds
+    if "noise_spread" in body:
+        spread = body["noise_spread"]
+        if (
+            not isinstance(spread, (int, float))
+            or isinstance(spread, bool)
+            or not math.isfinite(spread)
+            or spread < 0
+        ):
+            raise ValueError("noise_spread must be a finite non-negative number")
+        out["noise_spread"] = float(spread)
     return out

@@ -15,8 +15,10 @@ one round leaves in one node's weights; 0 when there is none.
   with momentum μ (PyTorch's ``v ← μv + g``, ``w ← w − ηv``), the noise of step ``t`` of
   ``k`` moves the weights by ``η·Σ_{j<k−t+1} μ^j`` by the round's end, so
   ``s = η·(σC/B)·√(Σ_t a_t²)`` with ``a_t = (1 − μ^t)/(1 − μ)`` (``a_t = 1`` for μ = 0).
-  Under Adam each step moves a coordinate by at most about η whatever the gradient, and noise dominates a DP gradient: ``s = η·√k``. Weight decay only shrinks the
-  noise and is left out (the bound errs wide).
+  Under Adam noise dominates a DP gradient and ``v̂`` is its variance, so a step is about
+  ``η·m̂_t/(σC/B)``, linear in the noise: ``s = η·√(Σ_j c_j²)`` with
+  ``c_j = Σ_{t≥j} (1−β₁)β₁^(t−j)/(1−β₁^t)`` (β₁ = 0.9, PyTorch's default), whatever σ.
+  Weight decay only shrinks the noise and is left out (the bound errs wide).
 - Update level (:func:`update_spread`): the release adds ``N(0, σ²C²)`` per coordinate
   directly, so ``s = σC``.
 """
@@ -24,6 +26,8 @@ one round leaves in one node's weights; 0 when there is none.
 from __future__ import annotations
 
 import math
+
+ADAM_BETA1 = 0.9  # torch.optim.Adam's default, which p2pfl.learning.train uses
 
 
 def dp_sgd_spread(
@@ -45,7 +49,15 @@ def dp_sgd_spread(
     if steps == 0 or noise_multiplier == 0:
         return 0.0
     if optimizer == "adam":
-        return lr * math.sqrt(steps)
+        gains = sum(
+            sum(
+                (1 - ADAM_BETA1) * ADAM_BETA1 ** (t - j) / (1 - ADAM_BETA1**t)
+                for t in range(j, steps + 1)
+            )
+            ** 2
+            for j in range(1, steps + 1)
+        )
+        return lr * math.sqrt(gains)
     step_std = noise_multiplier * max_grad_norm / batch_size
     gains = sum(((1.0 - momentum**t) / (1.0 - momentum)) ** 2 for t in range(1, steps + 1))
     return lr * step_std * math.sqrt(gains)

@@ -124,3 +124,30 @@ def test_staleness_weights_scale_each_peer_and_reset_each_round():
     d.begin_round(2)
     assert d.staleness == {}
     assert torch.equal(d.combine(states, [1, 1], who=["me", "b"])["g.w"], torch.tensor([2.0, 2.0]))
+
+
+def test_clip_allows_for_the_dp_noise_between_honest_states():
+    """Under DP the bound grows by NOISE_MARGIN·√2·s·√m over the m coordinates compared: a
+    state that far (and no further) is kept, in screen, combine and on masked states."""
+    from p2pfl.learning.defence import NOISE_MARGIN
+
+    d = defence("clip", gamma=0.5, kappa=0.0)  # bound 0.5 x ||own|| = 2.5 without DP
+    own, noisy = st(3.0, 4.0), st(3.0 + 4.0, 4.0)  # distance 4 > 2.5
+    d.combine([own, noisy], [1, 1], who=["me", "b"])
+    assert list(d.rejected) == ["b"]
+    d.begin_round(2)
+    d.noise_spread = 1.5 / (NOISE_MARGIN * math.sqrt(2) * math.sqrt(2))  # allowance 1.5
+    assert d.noise_allowance(2) == pytest.approx(1.5)
+    out = d.combine([own, noisy], [1, 1], who=["me", "b"])
+    assert d.rejected == {} and torch.allclose(out["g.w"], torch.tensor([5.0, 4.0]))
+    assert list(d.screen(own, {"b": noisy})) == ["b"]
+    far = st(3.0 + 4.2, 4.0)  # 4.2 > 2.5 + 1.5
+    assert d.screen(own, {"c": far}) == {} and "> 4" in d.rejected["c"]
+    masks = [{"g.w": torch.tensor([True, False])}, {"g.w": torch.tensor([True, True])}]
+    kept = d.select([own, noisy], who=["me", "b"], masks=masks)  # one coordinate compared
+    assert kept == [0] and d.rejected["b"].startswith("clip: distance 4 > 2.56")
+
+
+def test_without_dp_the_clip_bound_is_unchanged():
+    d = defence("clip", gamma=0.5, kappa=0.0)
+    assert d.noise_spread == 0.0 and d.noise_allowance(10**6) == 0.0

@@ -60,12 +60,11 @@ def test_every_record_carries_a_growing_epsilon(tmp_path, method):
 def test_a_spent_budget_stops_training_and_the_swarm_completes(tmp_path, method):
     """σ planned for 1 round of a 3-round run: each node trains round 1, then says its
     budget is spent and only merges what its neighbours serve (it keeps serving too). The
-    noise of ε = 0.5 moves the models further apart than the default ``clip`` defence
-    accepts (docs/algorithms.md, "Differential privacy"): the swarm combines by the mean."""
-    cfg, summary, logs = _run(
-        tmp_path, method, "{target_epsilon: 0.5, rounds: 1}", ("defence.rule=mean",)
-    )
+    noise of ε = 0.5 moves the models far apart; the default ``clip`` defence allows for
+    it (docs/algorithms.md, "DP and the defence") and refuses nobody."""
+    cfg, summary, logs = _run(tmp_path, method, "{target_epsilon: 0.5, rounds: 1}")
     for nid, recs in logs.items():
+        assert not any(rec["rejected"] for rec in recs), (nid, [r["rejected"] for r in recs])
         first, later = recs[0], recs[1:]
         assert first["epsilon"] <= 0.5 and "dp_exhausted" not in first, (nid, first)
         assert first["train_loss"] is not None
@@ -84,12 +83,13 @@ def test_a_spent_budget_stops_training_and_the_swarm_completes(tmp_path, method)
 @pytest.mark.parametrize("method", ["uapdfl", "fedavg"])
 def test_update_level_records_one_release_a_round(tmp_path, method):
     """Each node releases its noised update once a round: round r's ε is that of r Gaussian
-    releases. The noised models are far apart (σC per coordinate): the swarm combines by
-    the mean, as the DP-SGD budget test does."""
+    releases. The noised models are far apart (σC per coordinate); the default ``clip``
+    defence allows for it and refuses nobody."""
     dp = "{level: update, noise_multiplier: 2.0, max_update_norm: 0.5, accountant: analytic}"
-    cfg, summary, logs = _run(tmp_path, method, dp, ("defence.rule=mean",))
+    cfg, summary, logs = _run(tmp_path, method, dp)
     want = [round(update_epsilon([(2.0, r)], 1e-5, "analytic"), 6) for r in range(1, ROUNDS + 1)]
     for nid, recs in logs.items():
+        assert not any(rec["rejected"] for rec in recs), (nid, [r["rejected"] for r in recs])
         assert [rec["epsilon"] for rec in recs] == want, (nid, recs)
         assert all(rec["train_loss"] is not None for rec in recs)
         assert not any(rec.get("dp_exhausted") for rec in recs)
@@ -100,3 +100,22 @@ def test_update_level_records_one_release_a_round(tmp_path, method):
     assert summary["epsilon"]["max"] == want[-1]
     assert summary["epsilon"]["exhausted"] == []
     assert summary["nodes_completed"] == len(cfg.node_ids)
+
+
+def test_an_audited_dp_swarm_passes_its_audits(tmp_path):
+    """FedAvg under DP-SGD in a signed swarm (so every round is audited) with the default
+    ``clip`` defence and noise large enough that clip would refuse every upload without its
+    DP allowance: the aggregator announces the allowance its clip measured with, each
+    auditor bounds it and recomputes with it, nobody is refused and every verdict is
+    ``ok``."""
+    cfg, _summary, logs = _run(
+        tmp_path,
+        "fedavg",
+        "{noise_multiplier: 5.0, max_grad_norm: 1.0}",
+        ("security.sign=true",),
+    )
+    assert cfg.defence.rule == "clip"
+    for nid, recs in logs.items():
+        for rec in recs:
+            assert rec["audit"]["verdict"] == "ok", (nid, rec["audit"])
+            assert not rec["rejected"] and rec["received"], (nid, rec)
