@@ -24,6 +24,7 @@ import torch
 
 from p2pfl import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION
 from p2pfl.wire.codec import CodecError, decode
+from p2pfl.wire.discovery import parse_service, protocol_note
 from p2pfl.wire.envelope import SIGNED_MAGIC, Envelope, VersionError
 from p2pfl.wire.transfers import PreparedState
 from p2pfl.wire.transport import Transport
@@ -248,3 +249,24 @@ async def test_a_node_of_the_protocol_2_release_and_one_of_this_release_work_tog
                 await proc.wait()
     told = [r.getMessage() for r in caplog.records]
     assert sum("peer 'old' runs protocol 2" in m for m in told) == 1, told
+
+
+# ----------------------------------------------------------------------------- discovery
+
+
+def test_discovery_says_when_an_announced_node_runs_another_protocol():
+    def node(proto: int):
+        props = {b"role": b"node", b"node": b"n3", b"swarm": b"s", b"algorithm": b"fedavg",
+                 b"proto": str(proto).encode()}  # fmt: skip
+        return parse_service("n3", props, ["10.0.0.3"], 0)
+
+    assert protocol_note(node(PROTOCOL_VERSION)) is None
+    older = protocol_note(node(PROTOCOL_VERSION - 1))
+    assert older is not None and f"runs protocol {PROTOCOL_VERSION - 1}" in older
+    assert "spoken to" in older and "upgrade it" in older
+    newer = protocol_note(node(PROTOCOL_VERSION + 1))
+    assert newer is not None and "upgrade this device" in newer
+    gone = protocol_note(node(MIN_PROTOCOL_VERSION - 1))
+    assert gone is not None and "refused" in gone
+    broker = {b"role": b"broker", b"swarm": b"*", b"proto": b"1"}
+    assert protocol_note(parse_service("b", broker, ["10.0.0.2"], 1883)) is None
