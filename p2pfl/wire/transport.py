@@ -325,7 +325,10 @@ class Transport:
         return self._presence_payload("offline", will=True)
 
     def _presence_payload(self, status: str, will: bool = False) -> bytes:
-        body: dict[str, Any] = {"presence": {**self.presence_info, "status": status}}
+        info = {**self.presence_info, "status": status}
+        if self.inbound.versions.oldest < PROTOCOL_VERSION:  # a peer it hears runs it
+            info["oldest"] = self.inbound.versions.oldest
+        body: dict[str, Any] = {"presence": info}
         if self.security is not None:  # peers learn our key from the certificate
             body["order"] = self.security.next_presence(will)
             body["cert"] = self.security.certificate_pem

@@ -9,10 +9,11 @@ and SHA-256). So:
 - an envelope of a version it speaks is accepted; one of any other version is dropped
   (``protocol_version``), with one log line per peer and version naming both versions and
   what to upgrade (:func:`refusal`);
-- a node **speaks the oldest version run by a peer it hears online** (:func:`speaking`): it
-  stamps that version on what it sends, and serves BLAKE3 digests while it is below 3, so a
-  peer not yet upgraded reads everything it sends. Each node says once per peer which older
-  version the peer runs (:func:`older_peer`).
+- a node **speaks the oldest version run by a peer it hears online**, or that such a peer
+  hears run (:func:`speaking`, :class:`PeerVersions`): it stamps that version on what it
+  sends, and serves BLAKE3 digests while it is below 3, so a peer not yet upgraded reads
+  everything it sends. Each node says once per peer which older version the peer runs
+  (:func:`older_peer`).
 
 What a peer *runs* comes from its presence (``protocol``, which every p2pfl node has always
 announced), not from the ``v`` of its envelopes: an upgraded node speaking protocol 2 for an
@@ -89,26 +90,36 @@ def newer_peer(node_id: str, peer: str, version: int) -> str:
 class PeerVersions:
     """The protocol each peer runs, as one node hears it, and the version it speaks.
 
-    :meth:`presence` records a peer's presence (its ``protocol``, else the envelope's ``v``;
-    an ``offline`` one takes the peer out of :attr:`speak`) and returns whether
-    :attr:`speak` changed; :meth:`refused` logs a refused version once per peer and
-    version. :attr:`messages` counts the messages accepted per envelope version."""
+    :meth:`presence` records a peer's presence: the protocol it runs (``protocol``, else the
+    envelope's ``v``) and the oldest one it hears run (``oldest``: a node announces in its
+    presence :attr:`oldest` when that is older than its own). :attr:`speak` is the oldest of
+    both over the peers heard online, so a member that does not hear an old peer's presence
+    itself (a centralized member hears the round's aggregators only) still speaks to it
+    once a peer that hears it says so. Only what a node hears first hand is announced, so
+    the swarm returns to :data:`~p2pfl.PROTOCOL_VERSION` once the old peer is gone.
+    :meth:`refused` logs a refused version once per peer and version. :attr:`messages`
+    counts the messages accepted per envelope version."""
 
     def __init__(self, node_id: str):
         self.node_id = node_id
         self.runs: dict[str, int] = {}  # protocol each peer runs, from its latest presence
+        self.hears: dict[str, int] = {}  # the oldest protocol each peer hears run
         self.online: set[str] = set()  # peers whose latest presence is not offline
         self.messages: Counter[int] = Counter()
         self._told: set[tuple[str, object]] = set()
         self.speak = PROTOCOL_VERSION
+        self.oldest = PROTOCOL_VERSION  # the oldest protocol a peer heard online runs
 
     def presence(self, peer: str, v: int, info: dict[str, Any]) -> bool:
         """Record ``peer``'s presence ``info`` that came in an envelope of version ``v``;
-        True when the version this node speaks changed."""
+        True when :attr:`speak` or :attr:`oldest` changed (this node's presence is then due
+        again, in the version it now speaks)."""
         runs = info.get("protocol")
         if not isinstance(runs, int) or isinstance(runs, bool):
             runs = v
         self.runs[peer] = runs
+        hears = info.get("oldest")
+        self.hears[peer] = hears if speaks(hears) else PROTOCOL_VERSION  # type: ignore[assignment]
         if info.get("status") == "offline":
             self.online.discard(peer)
         else:
@@ -120,13 +131,14 @@ class PeerVersions:
                     log.warning(older_peer(self.node_id, peer, runs))
                 else:
                     log.warning(newer_peer(self.node_id, peer, runs))
-        before = self.speak
-        self.speak = speaking(self.runs[p] for p in self.online)
-        if self.speak != before:
+        before = self.speak, self.oldest
+        self.oldest = speaking(self.runs[p] for p in self.online)
+        self.speak = min(self.oldest, speaking(self.hears[p] for p in self.online))
+        if self.speak != before[0]:
             log.warning(
                 "%s: now speaks protocol %d (runs %d)", self.node_id, self.speak, PROTOCOL_VERSION
             )
-        return self.speak != before
+        return (self.speak, self.oldest) != before
 
     def refused(self, peer: str, version: object) -> None:
         """Log a message refused for its ``version`` (:func:`refusal`), once per peer and

@@ -114,6 +114,23 @@ def test_peer_versions_follow_presence_not_envelopes(caplog):
     assert any("now speaks protocol 2" in m for m in told)
 
 
+def test_a_peer_that_hears_an_older_one_makes_this_node_speak_it_one_hop_only():
+    a = PeerVersions("a")  # hears old directly
+    b = PeerVersions("b")  # hears only a
+    assert a.presence("old", 2, {"status": "online", "protocol": 2})
+    assert (a.speak, a.oldest) == (2, 2)
+    assert b.presence("a", 2, {"status": "online", "protocol": 3, "oldest": a.oldest})
+    assert (b.speak, b.oldest) == (2, PROTOCOL_VERSION)  # b announces no "oldest": no echo
+    assert not a.presence("b", 2, {"status": "online", "protocol": 3})
+    # old goes: a returns to 3 and says so (no "oldest"), and so does b
+    assert a.presence("old", 2, {"status": "offline", "protocol": 2})
+    assert (a.speak, a.oldest) == (PROTOCOL_VERSION, PROTOCOL_VERSION)
+    assert b.presence("a", 2, {"status": "online", "protocol": 3})
+    assert b.speak == PROTOCOL_VERSION
+    # an "oldest" this build cannot speak is not followed
+    assert not b.presence("c", 3, {"status": "online", "protocol": 3, "oldest": 1})
+
+
 # ----------------------------------------------------------------------------- on a broker
 
 
