@@ -7,13 +7,11 @@ other and pull each other's states, and a peer of an unknown newer protocol is r
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import logging
 import os
 import subprocess
 import sys
-import tarfile
 import time
 import uuid
 from pathlib import Path
@@ -21,6 +19,7 @@ from pathlib import Path
 import aiomqtt
 import pytest
 import torch
+from wire_helpers import protocol_2_release
 
 from p2pfl import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION
 from p2pfl.wire.codec import CodecError, decode
@@ -30,9 +29,6 @@ from p2pfl.wire.transfers import PreparedState
 from p2pfl.wire.transport import Transport
 from p2pfl.wire.versions import PeerVersions, refusal, speaking, speaks
 
-ROOT = Path(__file__).resolve().parents[2]
-# the last commit of the protocol 2 release (the next one made XXH3 digests protocol 3)
-PROTOCOL_2_COMMIT = "380eaa639afe6a7e6f5d7775140a10ebd5a7f427"
 LIMIT = 1 << 20
 
 
@@ -192,28 +188,12 @@ async def test_a_peer_of_the_previous_protocol_is_spoken_to_and_a_newer_one_refu
     assert new.inbound.versions.messages[2] >= 2
 
 
-def _protocol_2_release(into: Path) -> Path:
-    """This repository's ``p2pfl`` package as released with protocol 2, extracted under
-    ``into``; skips where the clone lacks that history (a shallow clone)."""
-    try:
-        tar = subprocess.run(
-            ["git", "-C", str(ROOT), "archive", PROTOCOL_2_COMMIT, "p2pfl"],
-            capture_output=True,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip(f"commit {PROTOCOL_2_COMMIT[:8]} (protocol 2) is not in this clone")
-    with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
-        archive.extractall(into, filter="data")
-    return into
-
-
 @pytest.mark.integration
 @pytest.mark.one_broker
 async def test_a_node_of_the_protocol_2_release_and_one_of_this_release_work_together(
     broker, tmp_path, caplog
 ):
-    release = _protocol_2_release(tmp_path / "release2")
+    release = protocol_2_release(tmp_path / "release2")
     torch.manual_seed(3)
     ours = {"g.w": torch.randn(32, 32)}
     torch.manual_seed(2)
