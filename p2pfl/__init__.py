@@ -5,7 +5,10 @@ The Python API (:mod:`p2pfl.launch.api`): ``load_topology``, ``run_swarm`` (a ru
 """
 
 __version__ = "0.1.0"
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 3  # what this release runs
+# the oldest protocol it still speaks, for swarms that upgrade device by device (README.md,
+# "Rolling upgrades"): 2's envelope is 3's, and 2 knows the BLAKE3 digest 3 then serves
+MIN_PROTOCOL_VERSION = 2
 
 # names imported on first use, so ``import p2pfl`` stays cheap (no torch): name → "module:attr"
 _LAZY = {

@@ -20,7 +20,9 @@ Replay protection (:class:`ReplayGuard`): every non-presence message carries a t
 a random id; one older than ``max_age_s`` (or than the oldest id still remembered) is
 ``stale``, a repeated id is ``replayed``. Presence messages are retained by the broker and
 may be hours old, so they are ordered instead: ``(session start, sequence)`` must grow per
-sender (the Last Will holds the largest sequence of its session).
+sender (the Last Will holds the largest sequence of its session), within bounds of time
+(:mod:`p2pfl.security.presence_order`): a session more than ``max_age_s`` in the future is
+refused, and a sender whose clock went back is followed.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from p2pfl.security.certs import (
     revoked_serials,
     verify_member_certificate,
 )
+from p2pfl.security.presence_order import REWIND_SLACK_S, parse_order, presence_verdict
 
 log = logging.getLogger(__name__)
 
@@ -207,25 +210,48 @@ class MessageSecurity:
         return [self.session, self._presence_seq]
 
     def new_session(self) -> None:
-        """A fresh session (each MQTT connection), so its Will outranks the previous one."""
-        self.session = max(time.time(), self.session + 1e-6)
+        """A fresh session (each MQTT connection), so its Will outranks the previous one. The
+        session is this node's clock, kept above the previous session when the clock has not
+        moved on (a reconnection within its resolution); when the previous session lies more
+        than :data:`~p2pfl.security.presence_order.REWIND_SLACK_S` ahead of the clock, the
+        clock went back and the session starts from the clock again (peers rewind to it,
+        docs/wire.md, "Presence order"), rather than staying in a future peers refuse."""
+        now = time.time()
+        if self.session - now > REWIND_SLACK_S:
+            self.session = now
+        else:
+            self.session = max(now, self.session + 1e-6)
         self._presence_seq = 0
 
-    def presence_order(self, sender: str, order: object) -> str | None:
-        """Accept a presence whose ``[session, sequence]`` is newer than the last one seen
-        from ``sender``: ``None``, ``same`` (a retained copy seen again) or ``replayed``."""
-        if (
-            not isinstance(order, (list, tuple))
-            or len(order) != 2
-            or not isinstance(order[0], (int, float))
-            or not isinstance(order[1], int)
-            or isinstance(order[1], bool)
-        ):
-            return "malformed"
-        key = (float(order[0]), int(order[1]))
-        last = self._presence_order.get(sender)
-        if last is not None and key <= last:
-            return "same" if key == last else "replayed"
+    def presence_order(
+        self, sender: str, order: object, mid: str, ts: float, now: float | None = None
+    ) -> str | None:
+        """Admit a presence by its ``[session, sequence]`` ``order``, its message id ``mid``
+        and envelope timestamp ``ts`` (:func:`~p2pfl.security.presence_order.presence_verdict`,
+        docs/wire.md, "Presence order"): ``None`` (accepted: its order becomes ``sender``'s
+        last), ``same`` (a retained copy seen again), or the drop reason ``replayed``,
+        ``future_session`` or ``malformed``. A fresh presence (``ts`` within ``max_age_s``)
+        also goes through the replay window, so one already seen is ``replayed`` even when
+        its order would pass: a rewind admits nothing the window does not."""
+        now = time.time() if now is None else now
+        max_age = self.replay.max_age_s
+        verdict = presence_verdict(order, self._presence_order.get(sender), ts, now, max_age)
+        if verdict not in ("accept", "rewind"):
+            return verdict
+        if abs(now - ts) <= max_age:
+            reason = self.replay.check(mid, ts, now)
+            if reason == "replayed" or (verdict == "rewind" and reason is not None):
+                return "replayed"
+        key = parse_order(order)
+        assert key is not None
+        if verdict == "rewind":
+            log.info(
+                "%s: presence of %r rewound from session %.3f to %.3f (its clock went back)",
+                self.node_id,
+                sender,
+                self._presence_order[sender][0],
+                key[0],
+            )
         self._presence_order[sender] = key
         return None
 

@@ -33,7 +33,7 @@ from typing import Any, Literal
 from zeroconf import IPVersion, ServiceStateChange, Zeroconf
 from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
 
-from p2pfl import PROTOCOL_VERSION
+from p2pfl import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION
 from p2pfl.wire.direct import local_address  # noqa: F401  (part of this module's API)
 
 log = logging.getLogger(__name__)
@@ -101,6 +101,31 @@ def parse_service(
         node = _token(props.get(b"node"), "node")
         algorithm = _token(props.get(b"algorithm"), "algorithm")
     return Service(role, name, swarm, v4[0], port, protocol, node, algorithm)  # type: ignore[arg-type]
+
+
+def protocol_note(service: Service) -> str | None:
+    """What to say of an announced node of another protocol than this release's (README.md,
+    "Rolling upgrades"), or None (the same protocol, or a broker: MQTT relays any). An older
+    node this release speaks is spoken to in its protocol, a newer one speaks this one; a
+    node of a protocol this release does not speak has its messages refused."""
+    theirs, ours = service.protocol, PROTOCOL_VERSION
+    if theirs == ours or service.role != "node":
+        return None
+    who = f"node {service.node!r}"
+    if MIN_PROTOCOL_VERSION <= theirs < ours:
+        return (
+            f"{who} runs protocol {theirs}, this release {ours}: spoken to in {theirs}; "
+            "upgrade it to finish the rolling upgrade"
+        )
+    if theirs > ours:
+        return (
+            f"{who} runs protocol {theirs}, this release {ours}: upgrade this device "
+            "(a release that runs it speaks at least its previous protocol)"
+        )
+    return (
+        f"{who} runs protocol {theirs}, this release {ours} speaks {MIN_PROTOCOL_VERSION}"
+        f"–{ours}: its nodes' messages are refused; upgrade it"
+    )
 
 
 def default_interfaces() -> list[str] | None:
@@ -204,6 +229,7 @@ class Browser:
     _browser: AsyncServiceBrowser | None = None
     _tasks: set[asyncio.Task] = field(default_factory=set)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    _told: set[str] = field(default_factory=set)  # services whose protocol was remarked on
 
     async def __aenter__(self) -> Browser:
         self._zc = _zeroconf(self.interfaces)
@@ -248,6 +274,10 @@ class Browser:
             log.warning("discovery: ignored %s: %s", name, exc)
             return
         self.services[name] = service
+        note = protocol_note(service)
+        if note is not None and name not in self._told:
+            self._told.add(name)
+            log.warning("discovery: %s", note)
         self._notify(service, True)
 
     def _notify(self, service: Service, present: bool) -> None:

@@ -4,7 +4,8 @@ Every message between nodes is an :class:`Envelope` — swarm, sender, round, at
 id, timestamp, body — packed with :mod:`p2pfl.wire.codec`, with an optional raw binary tail
 (transfer chunks) and an optional signature (:mod:`p2pfl.security.signing`).
 :meth:`Envelope.unpack` checks the shape of untrusted bytes and raises
-:class:`~p2pfl.wire.codec.CodecError` for anything off.
+:class:`~p2pfl.wire.codec.CodecError` for anything off (:class:`VersionError` for a protocol
+version outside :data:`p2pfl.MIN_PROTOCOL_VERSION`–:data:`p2pfl.PROTOCOL_VERSION`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from p2pfl import PROTOCOL_VERSION
+from p2pfl import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION
 from p2pfl.wire.codec import CodecError, decode, encode
 
 KINDS = frozenset(
@@ -52,6 +53,19 @@ SIGNED_MAGIC = b"P2S\x01"
 SIGNATURE_BYTES = 64
 
 
+class VersionError(CodecError):
+    """An envelope of a protocol version this node does not speak (docs/wire.md, "Protocol
+    versions"): ``version`` as read, and ``sender`` when the header names one."""
+
+    def __init__(self, version: object, sender: str | None):
+        super().__init__(
+            f"protocol version {version!r}; this node speaks "
+            f"{MIN_PROTOCOL_VERSION}–{PROTOCOL_VERSION}"
+        )
+        self.version = version
+        self.sender = sender
+
+
 @dataclass(frozen=True)
 class Envelope:
     """One message. ``attempt`` numbers the tries at a round (the rotating aggregator's
@@ -62,7 +76,8 @@ class Envelope:
     ``FRAME_MAGIC | u32 header length | header | data`` so a 1 MiB chunk is neither
     msgpack-encoded nor copied on decode; a signed message (:mod:`p2pfl.security.signing`) is
     ``SIGNED_MAGIC | u32 header length | header | 64-byte signature | data``. ``header``
-    keeps the exact signed bytes of a received message."""
+    keeps the exact signed bytes of a received message. ``v``: the protocol version stamped
+    on it (the one its sender speaks to the swarm, :mod:`p2pfl.wire.versions`)."""
 
     swarm: str
     sender: str
@@ -75,11 +90,12 @@ class Envelope:
     ts: float = 0.0
     sig: bytes | None = field(default=None, compare=False, repr=False)
     header: memoryview | bytes | None = field(default=None, compare=False, repr=False)
+    v: int = PROTOCOL_VERSION
 
     def _header(self) -> bytes:
         return encode(
             {
-                "v": PROTOCOL_VERSION,
+                "v": self.v,
                 "swarm": self.swarm,
                 "from": self.sender,
                 "round": self.round,
@@ -129,8 +145,15 @@ class Envelope:
         obj = decode(payload, max_bytes)
         if not isinstance(obj, dict):
             raise CodecError("envelope is not a map")
-        if obj.get("v") != PROTOCOL_VERSION:
-            raise CodecError(f"protocol version {obj.get('v')!r} != {PROTOCOL_VERSION}")
+        version = obj.get("v")
+        if (
+            not isinstance(version, int)
+            or isinstance(version, bool)
+            or not MIN_PROTOCOL_VERSION <= version <= PROTOCOL_VERSION
+        ):
+            sender = obj.get("from")
+            named = isinstance(sender, str) and 0 < len(sender) <= 64
+            raise VersionError(version, sender if named else None)
         swarm, sender, rnd, kind, mid = (
             obj.get(k) for k in ("swarm", "from", "round", "kind", "id")
         )
@@ -150,6 +173,7 @@ class Envelope:
             raise CodecError(f"unknown message kind {kind!r}")
         if not 0 < len(mid) <= 64 or not 0 < len(sender) <= 64:
             raise CodecError("envelope id/from length out of range")
+        body = obj.get("body")
         return cls(
-            swarm, sender, rnd, kind, mid, obj.get("body"), data, attempt, float(ts), sig, payload
+            swarm, sender, rnd, kind, mid, body, data, attempt, float(ts), sig, payload, version
         )

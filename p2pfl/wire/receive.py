@@ -30,13 +30,15 @@ from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from p2pfl.security.presence_order import parse_order
 from p2pfl.wire.codec import CodecError
 from p2pfl.wire.emulation import LinkEmulator
-from p2pfl.wire.envelope import GOSSIP_KINDS, INBOX_KINDS, Envelope
+from p2pfl.wire.envelope import GOSSIP_KINDS, INBOX_KINDS, Envelope, VersionError
 from p2pfl.wire.errors import TransportError
 from p2pfl.wire.mqtt_lane import Topics
 from p2pfl.wire.stats import TransportStats
 from p2pfl.wire.transfers import IncomingTransfers
+from p2pfl.wire.versions import PeerVersions
 
 if TYPE_CHECKING:
     from p2pfl.security.signing import MessageSecurity
@@ -56,6 +58,8 @@ class ReceivePipeline:
     - ``on_inbox(envelope)`` for other small messages addressed to this node (``report``),
     - ``on_presence(node_id, status_dict)`` when a presence changes.
 
+    :attr:`versions` holds the protocol each peer runs (:mod:`p2pfl.wire.versions`): an
+    envelope of a version this node does not speak is dropped as ``protocol_version``.
     :attr:`peers` holds the latest presence of every node heard; :attr:`transfers` the
     pulls being received over MQTT. ``security``: verify signatures and freshness (a
     signed swarm). ``links``: hold back what each peer sends by its emulated path (None:
@@ -86,6 +90,10 @@ class ReceivePipeline:
         self.on_presence: Callable[[str, dict[str, Any]], None] | None = None
         # every presence admitted, a retained one already held included (fresh views)
         self.presence_heard: Callable[[str], None] | None = None
+        # the protocol each peer runs and the one this node speaks (p2pfl.wire.versions);
+        # ``speak_changed()`` is called when a presence changes the latter
+        self.versions = PeerVersions(node_id)
+        self.speak_changed: Callable[[], None] | None = None
         self.transfers = IncomingTransfers(
             node_id, max_message_bytes, self.drop, self.spawn, signed=security is not None
         )
@@ -134,10 +142,16 @@ class ReceivePipeline:
     # ------------------------------------------------------------------ shared steps
     def _decode(self, payload: bytes, where: str) -> Envelope | None:
         try:
-            return Envelope.unpack(payload, self.max_message_bytes)
+            env = Envelope.unpack(payload, self.max_message_bytes)
+        except VersionError as exc:  # a peer not yet upgraded, or this node not yet
+            self.drop("protocol_version", f"{where}: {exc}")
+            self.versions.refused(exc.sender or where, exc.version)
+            return None
         except CodecError as exc:
             self.drop("malformed", f"{where}: {exc}")
             return None
+        self.versions.messages[env.v] += 1
+        return env
 
     def _of_this_swarm(self, env: Envelope, where: str) -> bool:
         if env.swarm != self.swarm:
@@ -166,7 +180,7 @@ class ReceivePipeline:
         if env.kind == "presence":
             body = env.body if isinstance(env.body, dict) else {}
             reason = sec.verify_presence(env.sender, topic, env.header, env.sig, body.get("cert"))
-            return reason or sec.presence_order(env.sender, body.get("order"))
+            return reason or sec.presence_order(env.sender, body.get("order"), env.id, env.ts)
         reason = sec.verify(env.sender, topic, env.header, env.sig)
         return reason or sec.replay.check(env.id, env.ts)
 
@@ -211,6 +225,10 @@ class ReceivePipeline:
                 detail = f"{topic}: {env.kind} claiming to be from {env.sender!r}"
                 if reason == "stale":  # or the two clocks disagree: say by how much
                     detail += f", sent {time.time() - env.ts:+.0f} s ago"
+                elif reason == "future_session":  # a session its clock cannot have begun
+                    order = parse_order(env.body.get("order"))  # parsed: it was judged
+                    if order is not None:
+                        detail += f", its session starts {order[0] - time.time():+.0f} s ahead"
                 self.drop(reason, detail)
                 return
         links = self.links
@@ -240,6 +258,8 @@ class ReceivePipeline:
                 self.drop("malformed", f"{topic}: bad presence")
                 return
             self.peers[owner] = info
+            if self.versions.presence(owner, env.v, info) and self.speak_changed is not None:
+                self.speak_changed()  # before the handlers, so what they send is read
             if self.presence_heard is not None:
                 self.presence_heard(owner)
             if info["status"] == "offline":  # its Last Will: what it was sending never comes

@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiomqtt
 
+from p2pfl import PROTOCOL_VERSION
 from p2pfl.wire import direct
 from p2pfl.wire.compress import CompressError
 from p2pfl.wire.digest import transfer_digest
@@ -144,6 +145,8 @@ class Transport:
         self.topics = Topics(swarm)
         self.prefix = self.topics.prefix
         self.presence_info = dict(presence or {})
+        # the protocol this node runs, whatever version it speaks (p2pfl.wire.versions)
+        self.presence_info.setdefault("protocol", PROTOCOL_VERSION)
         self.status = "online"
         self.max_message_bytes = max_message_bytes
         self.max_transfer_bytes = max_transfer_bytes
@@ -163,7 +166,7 @@ class Transport:
         self.inbound.presence_heard = self._presence_heard
         self._awaited: set[str] = set()  # newly heard peers whose presence has not come yet
         self._presence_came = asyncio.Event()
-        self.digest_name = transfer_digest(security is not None)  # for the states served
+        self.inbound.speak_changed = self._speak_changed
         self.mqtt = MqttLane(
             node_id,
             self.topics,
@@ -293,6 +296,26 @@ class Transport:
         served = self.direct is not None and self.direct.server is not None
         return self.presence_info.get("direct") if served else None
 
+    # ------------------------------------------------------------------ versions
+    @property
+    def speaks(self) -> int:
+        """The protocol version this node stamps on what it sends: the oldest run by a peer
+        it hears online (:mod:`p2pfl.wire.versions`)."""
+        return self.inbound.versions.speak
+
+    @property
+    def digest_name(self) -> str:
+        """The digest of the states this node serves (:func:`transfer_digest`): BLAKE3 in a
+        signed swarm, XXH3-128 in an unsigned one, BLAKE3 while it speaks protocol 2 (which
+        knows no XXH3)."""
+        return transfer_digest(self.security is not None or self.speaks < 3)
+
+    def _speak_changed(self) -> None:
+        """Publish presence again in the version now spoken: a peer that runs an older
+        protocol dropped the presence sent before it was heard."""
+        if self.mqtt.connected:
+            self.inbound.spawn(self.mqtt.publish_presence())
+
     # ------------------------------------------------------------------ envelopes
     def _will(self) -> bytes:
         """The Last Will of a new connection: each connection is a new signing session, so
@@ -302,12 +325,22 @@ class Transport:
         return self._presence_payload("offline", will=True)
 
     def _presence_payload(self, status: str, will: bool = False) -> bytes:
-        body: dict[str, Any] = {"presence": {**self.presence_info, "status": status}}
+        info = {**self.presence_info, "status": status}
+        if self.inbound.versions.oldest < PROTOCOL_VERSION:  # a peer it hears runs it
+            info["oldest"] = self.inbound.versions.oldest
+        body: dict[str, Any] = {"presence": info}
         if self.security is not None:  # peers learn our key from the certificate
             body["order"] = self.security.next_presence(will)
             body["cert"] = self.security.certificate_pem
         env = Envelope(
-            self.swarm, self.node_id, 0, "presence", uuid.uuid4().hex[:16], body, ts=time.time()
+            self.swarm,
+            self.node_id,
+            0,
+            "presence",
+            uuid.uuid4().hex[:16],
+            body,
+            ts=time.time(),
+            v=self.speaks,
         )
         return env.pack(self._signer(self.topic("presence", self.node_id)))
 
@@ -327,6 +360,7 @@ class Transport:
             body,
             attempt=attempt,
             ts=time.time(),
+            v=self.speaks,
         )
 
     # ------------------------------------------------------------------ sending
@@ -549,6 +583,7 @@ class Transport:
                     {"xfer": xfer, "seq": seq},
                     data,
                     ts=time.time(),
+                    v=self.speaks,
                 ).pack(sign)
                 pending.add(asyncio.create_task(self.mqtt.publish(topic, payload)))
                 if len(pending) >= PUBLISH_WINDOW:

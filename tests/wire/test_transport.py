@@ -10,6 +10,7 @@ import pytest
 import torch
 from wire_helpers import serve_from
 
+from p2pfl import PROTOCOL_VERSION
 from p2pfl.wire.envelope import Envelope
 from p2pfl.wire.transfers import PreparedState
 from p2pfl.wire.transport import Transport, TransportError
@@ -203,11 +204,19 @@ async def test_hostile_messages_are_dropped_and_counted(broker):
         "oversized": b"\x00" * (300 * 1024),
         "foreign swarm": Envelope("other", "mallory", 1, "pull", "id2", {"part": "all"}).pack(),
         "unknown kind": msgpack.packb(
-            {"v": 1, "swarm": "s", "from": "m", "round": 1, "kind": "exec", "id": "x", "body": None}
+            {
+                "v": PROTOCOL_VERSION,
+                "swarm": "s",
+                "from": "m",
+                "round": 1,
+                "kind": "exec",
+                "id": "x",
+                "body": None,
+            }
         ),
         "negative round": msgpack.packb(
             {
-                "v": 1,
+                "v": PROTOCOL_VERSION,
                 "swarm": "s",
                 "from": "m",
                 "round": -4,
@@ -218,7 +227,7 @@ async def test_hostile_messages_are_dropped_and_counted(broker):
         ),
         "bad tensor": msgpack.packb(
             {
-                "v": 1,
+                "v": PROTOCOL_VERSION,
                 "swarm": "s",
                 "from": "m",
                 "round": 1,
