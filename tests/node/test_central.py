@@ -247,7 +247,11 @@ def test_envelope_carries_the_attempt():
     env = _env("a", "report", 3, 2, {"n": 1})
     back = Envelope.unpack(env.pack(), 1 << 20)
     assert (back.round, back.attempt, back.kind) == (3, 2, "report")
-    base = {"v": 1, "swarm": "s", "from": "a", "round": 1, "kind": "report", "id": "x"}
+    from p2pfl import PROTOCOL_VERSION
+
+    base = {"v": PROTOCOL_VERSION, "swarm": "s", "from": "a", "round": 1, "kind": "report"}
+    base["id"] = "x"
+    assert Envelope.unpack(encode({**base, "attempt": 1}), 1 << 20).attempt == 1
     for bad in (-1, True, "1", 1 << 20):
         with pytest.raises(CodecError):
             Envelope.unpack(encode({**base, "attempt": bad}), 1 << 20)
