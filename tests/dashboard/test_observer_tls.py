@@ -80,7 +80,11 @@ def test_certs_issue_a_read_only_observer_identity(certs, tmp_path):
     make_swarm_certs(certs.root, SWARM, ["c"])  # extending keeps it
     assert certs.observer_cert.read_bytes() == before
     acl = mosquitto_acl(SWARM)
-    observer = acl.split(f"user {OBSERVER_CN}\n", 1)[1].splitlines()
+    lines = acl.splitlines()
+    start = lines.index(f"user {OBSERVER_CN}") + 1
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith(("user ", "#")))
+    observer = lines[start:end]  # the observer's own entries
+    assert len(observer) == 6, observer
     assert "topic read p2pfl/obs/presence/+" in observer
     assert "topic read p2pfl/obs/status/+" in observer
     assert "topic deny p2pfl/obs/inbox/+" in observer
