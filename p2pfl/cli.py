@@ -351,13 +351,15 @@ def cmd_certs(args: argparse.Namespace) -> int:
     paths = make_swarm_certs(out, cfg.name, ids, hosts, days=args.days, overwrite=args.force)
     console.print(
         f"[green]ok[/] {out}: swarm CA, broker certificate for {', '.join(hosts) or '-'} "
-        f"(+127.0.0.1, localhost), {len(ids)} node identities (Ed25519), Mosquitto ACL",
+        f"(+127.0.0.1, localhost), {len(ids)} node identities (Ed25519), a read-only "
+        "observer identity for the dashboard, Mosquitto ACL",
         highlight=False,
         soft_wrap=True,
     )
     console.print(
         f"each device needs {paths.ca_cert.name} and its own nodes/<id>.crt + nodes/<id>.key; "
-        f"keep {paths.ca_key} off the devices",
+        f"keep {paths.ca_key} off the devices; a dashboard needs {paths.ca_cert.name} and "
+        f"{paths.observer_cert.name} + {paths.observer_key.name}",
         highlight=False,
         soft_wrap=True,
     )

@@ -206,7 +206,8 @@ def summarize(
 
     ``final`` is over each node's last recorded round; ``best_acc_mean`` is the best, over
     rounds, of the mean accuracy of the nodes that reported that round; ``curve`` holds that
-    mean per round with the cumulative bytes sent by all nodes up to it."""
+    mean per round with the cumulative bytes sent by all nodes up to it;
+    ``rounds_skipped`` counts the node-rounds nodes skipped (:func:`skipped_rounds`)."""
     # records from another version or a hand-edited file: keep what has the summary's fields
     logs = {nid: [r for r in recs if _summarizable(r)] for nid, recs in read_run(run_dir).items()}
     finals = [recs[-1]["test_acc"] for recs in logs.values() if recs]
@@ -249,10 +250,45 @@ def summarize(
         "best_acc_mean": max((c["acc_mean"] for c in curve), default=float("nan")),
         "curve": curve,
     }
+    summary["rounds_skipped"] = skipped_rounds(logs)
     privacy = privacy_summary(logs)
     if privacy is not None:  # a run under privacy.dp only: other summaries are unchanged
         summary["epsilon"] = privacy
     return summary
+
+
+def skipped_rounds(logs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The node-rounds the nodes skipped: for each node, the rounds from 1 to its last
+    recorded one that it has no record of (it joined a swarm under way or caught up with
+    its neighbours: docs/wire.md, "Rounds and catch-up"; it never trained them). ``total``
+    over all nodes and ``per_node`` (only the nodes that skipped some). A run with a
+    non-zero total trained fewer node-rounds than it was set to, by an amount that depends
+    on the machine's load; rounds after a node's last record (a node that stopped early)
+    count under ``nodes_incomplete``, not here."""
+    per_node: dict[str, int] = {}
+    for nid, recs in logs.items():
+        done = {rec["round"] for rec in recs if rec["round"] >= 1}
+        missing = max(done, default=0) - len(done)
+        if missing > 0:
+            per_node[nid] = missing
+    return {"total": sum(per_node.values()), "per_node": dict(sorted(per_node.items()))}
+
+
+def skipped_note(summary: dict[str, Any]) -> str | None:
+    """One line naming the node-rounds a run skipped (its summary's ``rounds_skipped``), or
+    None when it skipped none (or the summary, of an older run, does not say)."""
+    skipped = summary.get("rounds_skipped")
+    if not isinstance(skipped, dict) or not skipped.get("total"):
+        return None
+    per_node = skipped.get("per_node") or {}
+    nodes = ", ".join(f"{nid} {n}" for nid, n in per_node.items())
+    planned = summary.get("nodes", 0) * summary.get("rounds", 0)
+    of = f" of {planned}" if planned else ""
+    return (
+        f"{skipped['total']}{of} node-rounds skipped (nodes that fell behind caught up or "
+        f"joined late, untrained in those rounds; the result depends on the machine's load): "
+        f"{nodes}"
+    )
 
 
 def privacy_summary(logs: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:

@@ -4,7 +4,9 @@ Each method of ``--suite`` runs as a whole swarm (a private Mosquitto and node p
 ``--nodes-per-process`` allowed) once per seed of ``--seeds``; the table shows the paper's
 number, ours (mean ± std over seeds of the suite's metric: the final mean accuracy over
 nodes, or the best mean over rounds), the difference, the rounds actually run, wall time and
-bytes sent. Suites live in ``topologies/suites.yaml``. ``--rounds`` shortens a run: the
+bytes sent. A row whose runs skipped node-rounds (nodes that fell behind caught up with
+their neighbours, so they trained less than set) is flagged ``⚠ N skipped`` in the table and
+``load_dependent`` in the result file: its number depends on the machine's load. Suites live in ``topologies/suites.yaml``. ``--rounds`` shortens a run: the
 table records the rounds run, so a short run is never presented as the paper's setting.
 
     python scripts/bench_accuracy.py --suite quick
@@ -124,9 +126,51 @@ def metric_of(summary: dict[str, Any], metric: str) -> float:
     return 100.0 * value
 
 
+def skipped_of(summary: dict[str, Any]) -> int | None:
+    """The node-rounds one run skipped (its summary's ``rounds_skipped`` total: nodes that
+    fell behind caught up, or joined late, so they never trained those rounds); None for a
+    summary that does not say (an older run's)."""
+    skipped = summary.get("rounds_skipped")
+    total = skipped.get("total") if isinstance(skipped, dict) else None
+    return total if isinstance(total, int) and not isinstance(total, bool) else None
+
+
+def skip_flag(row: dict[str, Any]) -> str:
+    """The table's mark for a row whose runs skipped node-rounds: ``⚠ 196 skipped`` (summed
+    over seeds), ``""`` when none did, or when the row's result file predates the count."""
+    per_seed = [n for n in row.get("rounds_skipped_per_seed") or [] if n is not None]
+    total = sum(per_seed)
+    return f"⚠ {total} skipped" if total > 0 else ""
+
+
+def skip_notes(result: dict[str, Any]) -> list[str]:
+    """Caption lines for the rows whose runs skipped node-rounds: such a result depends on
+    the machine's load, so it is never shown without saying so."""
+    notes = []
+    seeds = result.get("seeds") or []
+    for name, r in result["methods"].items():
+        per_seed = r.get("rounds_skipped_per_seed") or []
+        which = [
+            f"seed {seeds[i] if i < len(seeds) else i}: {n}"
+            for i, n in enumerate(per_seed)
+            if n is not None and n > 0
+        ]
+        if which:
+            planned = r.get("nodes", 0) * r.get("rounds", 0)  # node-rounds set per seed
+            notes.append(
+                f"⚠ {name}: node-rounds skipped under load ({', '.join(which)}"
+                f"{f'; of {planned} per seed' if planned else ''}): its result depends on "
+                "the machine's load"
+            )
+    return notes
+
+
 def method_result(spec: MethodSpec, runs: list[dict[str, Any]], metric: str) -> dict[str, Any]:
-    """Mean ± std over seeds of the suite's metric (percent), plus cost and the curves."""
+    """Mean ± std over seeds of the suite's metric (percent), plus cost and the curves;
+    ``rounds_skipped_per_seed`` (each run's skipped node-rounds, :func:`skipped_of`) and
+    ``load_dependent`` (True when a run skipped any) flag a result that depends on load."""
     values = [metric_of(r, metric) for r in runs]
+    skipped = [skipped_of(r) for r in runs]
     return {
         "paper": spec.paper,
         "algorithm": spec.algorithm,
@@ -140,6 +184,8 @@ def method_result(spec: MethodSpec, runs: list[dict[str, Any]], metric: str) -> 
         "bytes_sent": statistics.fmean(r["bytes_sent_total"] for r in runs),
         "nodes_completed": min(r["nodes_completed"] for r in runs),
         "nodes": runs[0]["nodes"],
+        "rounds_skipped_per_seed": skipped,
+        "load_dependent": any(n for n in skipped if n is not None),
         "curve": runs[0]["curve"],
     }
 
@@ -171,6 +217,7 @@ def merge_results(parts: list[dict[str, Any]]) -> dict[str, Any]:
         **first,
         "wall_s": max(p.get("wall_s", 0.0) for p in parts),
         "merged_from": len(parts),
+        "load_dependent": [m for m in ranked if methods[m].get("load_dependent")],
         "methods": {m: methods[m] for m in ranked},
     }
 
@@ -190,6 +237,7 @@ def render(result: dict[str, Any]) -> Table:
     )
     notes = [result.get("note") or ""]
     notes += [f"{name}: {r['note']}" for name, r in result["methods"].items() if r.get("note")]
+    notes += skip_notes(result)
     table = Table(title=title, caption="\n".join(n for n in notes if n) or None)
     cols = ("method", "paper", "ours", "per seed", "diff", "rounds", "wall", "bytes sent", "nodes")
     for col in cols:
@@ -203,7 +251,9 @@ def render(result: dict[str, Any]) -> Table:
             f"{r['acc_mean']:.2f} ± {r['acc_std']:.2f}",
             seed_spread(r.get("per_seed") or []),
             diff,
-            f"{r['rounds']}" + ("" if r["rounds"] >= r.get("paper_rounds", 0) else " (short)"),
+            f"{r['rounds']}"
+            + ("" if r["rounds"] >= r.get("paper_rounds", 0) else " (short)")
+            + (f" {flag}" if (flag := skip_flag(r)) else ""),
             f"{r['wall_s']:.0f} s",
             f"{r['bytes_sent'] / 1e6:.1f} MB",
             f"{r['nodes_completed']}/{r['nodes']}",
@@ -258,9 +308,11 @@ def run_suite(
         runs = [run_one(name, suite, method, spec, s, args, console) for s in seeds]
         methods[method] = method_result(spec, runs, suite.metric)
         methods[method]["paper_rounds"] = max(1, round(base.rounds * spec.rounds_factor))
+        flag = skip_flag(methods[method])
         console.print(
             f"{name}/{method}: {methods[method]['acc_mean']:.2f} "
             f"(paper {spec.paper}) after {methods[method]['rounds']} rounds"
+            + (f" [yellow]{flag} node-rounds: depends on load[/]" if flag else "")
         )
         if path is not None:
             write_json(
@@ -292,6 +344,8 @@ def _suite_result(
         "extra_overrides": args.set,
         "machine": machine,
         "wall_s": time.monotonic() - t0,
+        # the rows whose runs skipped node-rounds (their results depend on load)
+        "load_dependent": [m for m, r in methods.items() if r.get("load_dependent")],
         "methods": dict(methods),
     }
 

@@ -104,3 +104,32 @@ def test_the_summary_has_epsilon_under_privacy_only(tmp_path):
     plain = tmp_path / "plain"
     append_record(plain / "nodes" / "a.jsonl", {"round": 1, **base})
     assert "epsilon" not in summarize(plain, algorithm="fedavg", expected_nodes=["a"], rounds=1)
+
+
+def test_the_summary_counts_the_node_rounds_each_node_skipped(tmp_path):
+    from p2pfl.metrics import skipped_note
+
+    base = {"test_acc": 0.5, "bytes_sent": 1, "t": 1.0}
+    rounds = {
+        "a": [1, 2, 3, 4, 5, 6],  # every round
+        "b": [1, 5, 6],  # caught up from round 2 to 5
+        "c": [4, 5, 6],  # joined at round 4
+        "d": [1, 2],  # stopped early: incomplete, not skipped
+    }
+    for nid, rs in rounds.items():
+        for r in rs:
+            append_record(tmp_path / "nodes" / f"{nid}.jsonl", {"round": r, **base})
+    summary = summarize(tmp_path, algorithm="uapdfl", expected_nodes=list(rounds), rounds=6)
+    assert summary["rounds_skipped"] == {"total": 6, "per_node": {"b": 3, "c": 3}}
+    assert summary["nodes_incomplete"] == ["d"]
+    note = skipped_note(summary)
+    assert note is not None and note.startswith("6 of 24 node-rounds skipped")
+    assert note.endswith(": b 3, c 3")
+    # a run that skipped nothing says so with a zero, and has no note
+    whole = tmp_path / "whole"
+    for r in (1, 2):
+        append_record(whole / "nodes" / "a.jsonl", {"round": r, **base})
+    summary = summarize(whole, algorithm="local", expected_nodes=["a"], rounds=2)
+    assert summary["rounds_skipped"] == {"total": 0, "per_node": {}}
+    assert skipped_note(summary) is None
+    assert skipped_note({"final": {}}) is None  # an older run's summary does not say

@@ -228,9 +228,17 @@ class DecentralizedAlgorithm(Method):
 
     ``exchange_after_training`` picks the round's order: False (default) is merge-then-train
     as listed above (UA-PDFL, DisPFL); True trains first, then takes the snapshot peers pull
-    and merges what they sent (DFedAvgM mixes the models its neighbours just trained)."""
+    and merges what they sent (DFedAvgM mixes the models its neighbours just trained).
+
+    ``keeps_in_step`` says whether the node keeps in step with its neighbours (docs/wire.md,
+    "Rounds and catch-up"): True (default) joins a swarm under way at its round and skips
+    ahead when :data:`~p2pfl.node.services.LAG_ROUNDS` behind, so a slow node does not hold
+    its neighbours back; False (a method with no swarm to keep in step with: Local) runs every
+    one of its rounds, from round 1 (or its checkpoint) to the last, whatever its neighbours'
+    rounds, so its training budget never depends on the machine's load."""
 
     exchange_after_training: ClassVar[bool] = False
+    keeps_in_step: ClassVar[bool] = True
 
     def gossip(self) -> dict[str, Any] | None:
         """Small per-round message published to neighbours (msgpack-able, may hold tensors);

@@ -2,6 +2,9 @@
 "Local"; DiversiFed's "Separate").
 
 Nothing is gossiped or pulled: the only traffic of a Local swarm is each node's presence.
+With no swarm to keep in step with, a node never skips a round (``keeps_in_step``): every
+node trains every one of its rounds, however far behind its neighbours it runs, so a Local
+baseline's training budget is fixed whatever the machine's load.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from p2pfl.algorithms.base import DecentralizedAlgorithm, PullPlan, State, regis
 @register
 class Local(DecentralizedAlgorithm):
     name = "local"
+    keeps_in_step = False  # a fixed training budget: never join late, never catch up
 
     def gossip(self) -> dict[str, Any] | None:
         return None  # nothing to tell anyone

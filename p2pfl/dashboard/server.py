@@ -12,7 +12,10 @@ Beside the server it re-reads the run directory every ``poll_s`` seconds
 (:class:`~p2pfl.dashboard.runstate.RunState`) and observes the swarm's broker
 (:func:`~p2pfl.dashboard.observer.observe`): the one named by ``broker``, or with
 :data:`AUTO` the one the run's ``config.yaml`` records, re-targeted when that file changes.
-A TLS swarm is shown from its records only: the observer holds no client certificate.
+A TLS swarm's broker is observed with the swarm's observer identity (``observer.crt`` and
+``observer.key`` from ``p2pfl certs``, in ``certs`` or else the run's ``security.certs``;
+read-only in the broker's ACL): without one, the swarm is shown from its records, and the
+page says why.
 
 Bound to a loopback address (the default), it answers only requests whose ``Host`` is a
 loopback name, so a web page elsewhere cannot read it through DNS rebinding.
@@ -39,10 +42,11 @@ from typing import Any
 
 from p2pfl.config.schema import BrokerAddress
 from p2pfl.dashboard.live import LiveState
-from p2pfl.dashboard.observer import observe
+from p2pfl.dashboard.observer import observe, observer_tls_context
 from p2pfl.dashboard.runstate import RunState
 from p2pfl.dashboard.snapshot import build_snapshot
 from p2pfl.errors import P2PFLError
+from p2pfl.security.certs import CertError, SwarmCerts
 
 log = logging.getLogger(__name__)
 
@@ -107,11 +111,14 @@ class _Target:
     host: str
     port: int
     node_ids: tuple[str, ...]
+    certs: str | None = None  # the observer identity's directory (a TLS swarm)
 
 
 class Dashboard:
     """One run directory served at ``http://host:port/`` (port 0: a free one) until
-    :meth:`close`. ``broker``: :data:`AUTO`, an address, or None (records only)."""
+    :meth:`close`. ``broker``: :data:`AUTO`, an address, or None (records only).
+    ``certs``: the ``p2pfl certs`` directory whose observer identity the dashboard
+    presents to a TLS swarm's broker (None: the run's ``security.certs``)."""
 
     def __init__(
         self,
@@ -120,14 +127,17 @@ class Dashboard:
         host: str = "127.0.0.1",
         port: int = 0,
         broker: BrokerAddress | str | None = AUTO,
+        certs: Path | str | None = None,
         poll_s: float = 0.5,
     ):
         self.run = RunState(Path(run_dir))
         self.host, self.port = host, port
         self.broker = broker
+        self.certs = certs
         self.poll_s = poll_s
         self.live: LiveState | None = None
         self.broker_note = ""
+        self._observer_note = ""  # why the current target is not observed (its identity)
         self._target: _Target | None = None
         self._observer: asyncio.Task | None = None
         self._watcher: asyncio.Task | None = None
@@ -190,33 +200,63 @@ class Dashboard:
             return None, "waiting for the run's config.yaml"
         if self.broker is None:
             return None, "records only (no broker asked for)"
+        certs = None
         if cfg.security.tls:
-            return None, "records only: a TLS swarm (the dashboard has no client certificate)"
+            certs = self.certs or cfg.security.certs
+            if certs is None:
+                return None, (
+                    "records only: a TLS swarm, and no certificate directory to take the "
+                    "observer identity from (security.certs)"
+                )
+            paths = SwarmCerts(Path(certs))
+            if not (paths.observer_cert.is_file() and paths.observer_key.is_file()):
+                return None, (
+                    f"records only: a TLS swarm, and {paths.root} has no observer identity "
+                    "(observer.crt, observer.key: run p2pfl certs on it to add one)"
+                )
         if isinstance(self.broker, BrokerAddress):
             address: BrokerAddress | None = self.broker
         else:
             address = self.run.broker()
         if address is None or address.mdns:
             return None, "records only: the broker is found by mDNS (give --broker HOST:PORT)"
-        return _Target(cfg.name, address.host, address.port, tuple(cfg.node_ids)), ""
+        target = _Target(
+            cfg.name,
+            address.host,
+            address.port,
+            tuple(cfg.node_ids),
+            None if certs is None else str(certs),
+        )
+        return target, ""
 
     def _retarget(self) -> None:
-        target, self.broker_note = self._wanted()
-        if target == self._target:
+        target, note = self._wanted()
+        if target != self._target:
+            if self._observer is not None:
+                self._observer.cancel()
+                self._observer = None
+            self._target, self.live, self._observer_note = target, None, ""
+            if target is not None:
+                self._observe(target)
+        self.broker_note = note or self._observer_note
+
+    def _observe(self, target: _Target) -> None:
+        """Start observing ``target`` (over TLS with the observer identity when it names a
+        certificate directory); an unusable identity leaves the records only, and says why."""
+        try:
+            tls = observer_tls_context(target.certs) if target.certs is not None else None
+        except CertError as exc:
+            self._observer_note = f"records only: {exc}"
             return
-        if self._observer is not None:
-            self._observer.cancel()
-            self._observer = None
-        self._target, self.live = target, None
-        if target is not None:
-            self.live = LiveState(target.swarm, target.node_ids)
-            self._observer = asyncio.create_task(
-                observe(self.live, target.host, target.port), name="dashboard-observer"
-            )
+        self.live = LiveState(target.swarm, target.node_ids)
+        self._observer = asyncio.create_task(
+            observe(self.live, target.host, target.port, tls_context=tls),
+            name="dashboard-observer",
+        )
 
     def snapshot(self) -> dict[str, Any]:
         """What ``/api/state`` returns now."""
-        address = f"{self._target.host}:{self._target.port}" if self._target else None
+        address = f"{self._target.host}:{self._target.port}" if self.live is not None else None
         return build_snapshot(self.run, self.live, broker=address, broker_note=self.broker_note)
 
     # ------------------------------------------------------------------ HTTP
@@ -357,17 +397,18 @@ def run_dashboard(
     host: str = "127.0.0.1",
     port: int = 0,
     broker: BrokerAddress | str | None = AUTO,
+    certs: Path | str | None = None,
     announce: Callable[[str], None] = print,
 ) -> int:
     """Serve ``run_dir`` in the foreground until SIGINT or SIGTERM; ``announce`` gets the
-    URL once it listens. Returns the exit code (0)."""
+    URL once it listens; ``certs``: as :class:`Dashboard`'s. Returns the exit code (0)."""
 
     async def main() -> int:
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        dash = Dashboard(Path(run_dir), host=host, port=port, broker=broker)
+        dash = Dashboard(Path(run_dir), host=host, port=port, broker=broker, certs=certs)
         try:
             url = await dash.start()
             announce(url)

@@ -36,6 +36,7 @@ from p2pfl.metrics import (
     node_meta_path,
     plot_summary,
     read_records,
+    skipped_note,
     summarize,
     write_json,
     write_text_atomic,
@@ -150,6 +151,7 @@ def summary_table(summary: dict[str, Any]) -> Table:
         ("best acc mean", f"{summary['best_acc_mean']:.4f}"),
         ("bytes sent (all nodes)", f"{summary['bytes_sent_total'] / 1e6:.2f} MB"),
         ("dropout rounds", str(summary["dropout_rounds"])),
+        *_skipped_rows(summary),
         *_privacy_rows(summary),
     ]
     for k, v in rows:
@@ -307,8 +309,19 @@ def run_swarm(
     if summary["nodes_completed"] < summary["nodes"] and code == 0:
         code = 1
     console.print(summary_table(summary))
+    note = skipped_note(summary)
+    if note is not None:
+        console.print(f"[yellow]{escape(note)}[/]", highlight=False)
     console.print(f"results in {out_dir}")
     return code, summary
+
+
+def _skipped_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """The summary table's row of skipped node-rounds (none for an older run's summary)."""
+    skipped = summary.get("rounds_skipped")
+    if not isinstance(skipped, dict):
+        return []
+    return [("node-rounds skipped", str(skipped.get("total", 0)))]
 
 
 def _privacy_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:

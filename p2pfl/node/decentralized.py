@@ -313,9 +313,13 @@ class DecentralizedRounds:
         """Every round from the one this node joins at to the last: the round after the
         latest one its neighbours report (or its checkpoint holds, when resuming); a node
         that finds itself :data:`~p2pfl.node.services.LAG_ROUNDS` behind its neighbours
-        catches up to their round (docs/wire.md, "Rounds and catch-up")."""
+        catches up to their round (docs/wire.md, "Rounds and catch-up"). A method that does
+        not keep in step (:attr:`DecentralizedAlgorithm.keeps_in_step` False: Local) does
+        neither: it starts at round 1 (or after its checkpoint) and runs every round."""
         svc, rounds = self.services, self.services.cfg.rounds
-        r = max(svc.swarm_round(svc.neighbours), svc.resumed_round) + 1
+        in_step = self.alg.keeps_in_step
+        swarm = svc.swarm_round(svc.neighbours) if in_step else 0
+        r = max(swarm, svc.resumed_round) + 1
         skipped_from: int | None = None
         if r > 1:  # neighbours under way, or resuming from a checkpoint
             log.info("%s: joining at round %d", self.id, r)
@@ -324,7 +328,7 @@ class DecentralizedRounds:
         self._started = True
         while r <= rounds:
             await svc.sit_out_offline(r)
-            ahead = svc.behind(r, svc.neighbours)
+            ahead = svc.behind(r, svc.neighbours) if in_step else None
             if ahead is not None and ahead + 1 <= rounds:
                 log.warning(
                     "%s: neighbours are at round %d, this node at %d: catching up",

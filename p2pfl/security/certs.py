@@ -7,9 +7,12 @@
     broker.crt broker.key    the broker's TLS server certificate (SANs: the broker hosts)
     bridge.crt bridge.key    the identity a site broker's bridge presents to another site's
                              broker (CN ``p2pfl:bridge``, :data:`BRIDGE_CN`)
+    observer.crt observer.key  the dashboard's read-only identity (CN ``p2pfl:observer``,
+                             :data:`OBSERVER_CN`): it may read presence and status telemetry,
+                             and publish nothing
     nodes/<id>.crt <id>.key  one Ed25519 identity per node (CN = node id)
     acl                      the Mosquitto ACL: each node publishes only its own topics;
-                             the bridge relays the whole swarm
+                             the bridge relays the whole swarm; the observer only reads
     crl.pem                  revoked node certificates (:func:`revoke`), when any are
 
 A node's Ed25519 key is both its TLS client key and its message-signing key, so its
@@ -39,6 +42,9 @@ MAX_CERT_BYTES = 4096  # a peer's certificate is untrusted input
 # the bridge's CN (its MQTT username on the remote broker): ':' is not allowed in a node id,
 # so no node can be named it and inherit the bridge's rights in the ACL
 BRIDGE_CN = "p2pfl:bridge"
+# the dashboard's observer identity (its MQTT username): like the bridge's, no node can be
+# named it; the ACL lets it read presence and status telemetry and nothing else
+OBSERVER_CN = "p2pfl:observer"
 
 
 class CertError(P2PFLError, ValueError):
@@ -74,6 +80,14 @@ class SwarmCerts:
     @property
     def bridge_key(self) -> Path:
         return self.root / "bridge.key"
+
+    @property
+    def observer_cert(self) -> Path:
+        return self.root / "observer.crt"
+
+    @property
+    def observer_key(self) -> Path:
+        return self.root / "observer.key"
 
     @property
     def acl(self) -> Path:
@@ -176,7 +190,13 @@ def mosquitto_acl(swarm: str | None) -> str:
 
     The bridge of another site's broker (username :data:`BRIDGE_CN`) reads and writes every
     topic of the swarm, since it relays all of them both ways, and its connection state
-    (``$SYS/broker/connection/<id>/state``: its notifications and its Will)."""
+    (``$SYS/broker/connection/<id>/state``: its notifications and its Will).
+
+    The dashboard's observer (username :data:`OBSERVER_CN`) reads presence and status
+    telemetry, what the dashboard shows, and nothing else; it publishes nothing. The
+    ``pattern`` lines apply to every client, so they would let it write any inbox and its
+    own presence, gossip and status topics, and read gossip: its ``deny`` lines take those
+    away (Mosquitto checks a user's denials before anything else)."""
     s = swarm or "+"
     return "\n".join(
         [
@@ -189,6 +209,11 @@ def mosquitto_acl(swarm: str | None) -> str:
             f"pattern write p2pfl/{s}/inbox/+",
             f"pattern write p2pfl/{s}/status/%u",
             f"pattern read p2pfl/{s}/status/+",
+            "# the dashboard's observer reads presence and status telemetry, publishes nothing",
+            f"user {OBSERVER_CN}",
+            *(f"topic deny {t}" for t in observer_denied(s)),
+            f"topic read p2pfl/{s}/presence/+",
+            f"topic read p2pfl/{s}/status/+",
             "# a bridge between site brokers relays the whole swarm, both ways",
             f"user {BRIDGE_CN}",
             f"topic readwrite p2pfl/{s}/#",
@@ -196,6 +221,18 @@ def mosquitto_acl(swarm: str | None) -> str:
             "",
         ]
     )
+
+
+def observer_denied(swarm: str) -> list[str]:
+    """The topics of swarm ``swarm`` (``+``: any) the ACL's ``pattern`` lines would open to
+    the observer and its ``deny`` lines close: every inbox, its own presence, gossip and
+    status topics (its username is :data:`OBSERVER_CN`), and every node's gossip."""
+    return [
+        f"p2pfl/{swarm}/inbox/+",
+        f"p2pfl/{swarm}/gossip/+",
+        f"p2pfl/{swarm}/presence/{OBSERVER_CN}",
+        f"p2pfl/{swarm}/status/{OBSERVER_CN}",
+    ]
 
 
 def make_swarm_certs(
@@ -207,11 +244,11 @@ def make_swarm_certs(
     days: int = DEFAULT_DAYS,
     overwrite: bool = False,
 ) -> SwarmCerts:
-    """Create (or extend) a swarm's CA, broker certificate, bridge and node identities, and
-    ACL.
+    """Create (or extend) a swarm's CA, broker certificate, bridge, observer and node
+    identities, and ACL.
 
     An existing CA is reused, so adding a node later signs it with the same CA; existing
-    node identities (and the bridge's) are kept unless ``overwrite``. The broker certificate is always
+    node identities (and the bridge's and observer's) are kept unless ``overwrite``. The broker certificate is always
     re-issued for ``broker_hosts`` (plus ``127.0.0.1`` and ``localhost``)."""
     paths = SwarmCerts(Path(out))
     paths.root.mkdir(parents=True, exist_ok=True)
@@ -253,6 +290,20 @@ def make_swarm_certs(
         )
         _write_key(paths.bridge_key, bridge_key)
         _write_cert(paths.bridge_cert, bridge_cert)
+    if overwrite or not (paths.observer_key.exists() and paths.observer_cert.exists()):
+        # the dashboard's client identity: ECDSA like the bridge's, so it never passes as
+        # a node identity (Ed25519), and client-auth only
+        observer_key = ec.generate_private_key(ec.SECP256R1())
+        observer_cert = _issue(
+            _name(OBSERVER_CN),
+            observer_key.public_key(),
+            ca_key,
+            ca_cert.subject,
+            days,
+            usage=[ExtendedKeyUsageOID.CLIENT_AUTH],
+        )
+        _write_key(paths.observer_key, observer_key)
+        _write_cert(paths.observer_cert, observer_cert)
     for nid in node_ids:
         if paths.node_key(nid).exists() and paths.node_cert(nid).exists() and not overwrite:
             continue

@@ -109,3 +109,58 @@ def test_variant_rows_run_their_algorithm_with_their_knobs(load_script):
             from p2pfl.algorithms import known_algorithms
 
             assert (spec.algorithm or row) in known_algorithms(), (name, row)
+
+
+def test_a_row_whose_runs_skipped_rounds_is_flagged(tmp_path, capsys, monkeypatch, load_script):
+    """A run that skipped node-rounds (nodes that caught up under load) is flagged in the
+    table, its caption and the result file; one that skipped none, or an older result file
+    that does not say, is not."""
+    monkeypatch.setenv("COLUMNS", "250")
+    bench = load_script("bench_accuracy")
+    spec = bench.MethodSpec(paper=65.0)
+    run = {
+        "final": {"acc_mean": 0.5},
+        "best_acc_mean": 0.6,
+        "rounds_reached": 20,
+        "wall_s": 10.0,
+        "bytes_sent_total": 0,
+        "nodes_completed": 20,
+        "nodes": 20,
+        "curve": [{"round": 20, "acc_mean": 0.5, "bytes_sent": 0, "nodes": 20}],
+    }
+    clean = bench.method_result(spec, [{**run, "rounds_skipped": {"total": 0}}] * 2, "final")
+    assert clean["rounds_skipped_per_seed"] == [0, 0] and clean["load_dependent"] is False
+    assert bench.skip_flag(clean) == ""
+    skipped = {**run, "rounds_skipped": {"total": 196, "per_node": {"n3": 196}}}
+    loaded = bench.method_result(spec, [{**run, "rounds_skipped": {"total": 0}}, skipped], "final")
+    assert loaded["rounds_skipped_per_seed"] == [0, 196] and loaded["load_dependent"] is True
+    assert bench.skip_flag(loaded) == "⚠ 196 skipped"
+    old = bench.method_result(spec, [run], "final")  # a summary from before the count
+    assert old["rounds_skipped_per_seed"] == [None] and old["load_dependent"] is False
+    assert bench.skip_flag(old) == "" and bench.skip_flag({"rounds": 3}) == ""
+    assert bench.skipped_of({"rounds_skipped": {"total": True}}) is None  # not a count
+
+    result = {
+        "suite": "fake-suite",
+        "rounds": 20,
+        "paper_rounds": 20,
+        "seeds": [0, 1],
+        "metric": "final",
+        "source": "a paper",
+        "note": "",
+        "methods": {
+            "local": {**loaded, "paper_rounds": 20},
+            "fedavg": {**clean, "paper_rounds": 20},
+        },
+    }
+    merged = bench.merge_results([result, {**result, "methods": {}}])
+    assert merged["load_dependent"] == ["local"]
+    path = tmp_path / "fake.json"
+    path.write_text(json.dumps(result))
+    assert bench.main(["--from-json", str(path)]) == 0
+    out = capsys.readouterr().out
+    local_row = next(line for line in out.splitlines() if line.strip("│ ").startswith("local"))
+    fedavg_row = next(line for line in out.splitlines() if line.strip("│ ").startswith("fedavg"))
+    assert "⚠ 196 skipped" in local_row and "skipped" not in fedavg_row
+    assert "local: node-rounds skipped under load (seed 1: 196; of 400 per seed)" in out
+    assert "depends on the machine's load" in out

@@ -341,6 +341,8 @@ def test_certs_command_and_node_refusals(tmp_path, capsys):
     made = SwarmCerts(out)
     for nid in ("hospital-a", "jetson-1a", "jetson-1b", "laptop"):
         assert made.node_cert(nid).is_file() and made.node_key(nid).is_file()
+    assert made.observer_cert.is_file() and made.observer_key.is_file()  # the dashboard's
+    assert "observer.crt + observer.key" in capsys.readouterr().err  # the console: stderr
     sans = load_certificate(made.broker_cert).extensions.get_extension_for_class(
         x509.SubjectAlternativeName
     )
