@@ -238,12 +238,13 @@ def cmd_node(args: argparse.Namespace) -> int:
         over = load_node_overrides(args.node_config)
         if over.id and not ids:
             ids = [over.id]
-        if over.broker and not broker:
+        if over.broker:  # checked even where --broker overrides it
             try:
-                broker = BrokerAddress.parse(over.broker)
+                from_file = BrokerAddress.parse(over.broker)
             except ValueError as exc:
                 raise ConfigError(args.node_config, [("broker", str(exc))]) from None
-        if over.device and not device:
+            broker = broker or from_file
+        if over.device:
             problem = device_problem(over.device, runs_here=True)
             if problem is not None:
                 raise ConfigError(args.node_config, [("device", problem[1])])

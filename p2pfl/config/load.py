@@ -118,7 +118,7 @@ def read_text(path: str | Path) -> str:
     except UnicodeDecodeError as exc:
         why = (
             f"not a text file: byte {raw[exc.start]:#04x} at offset {exc.start} is not UTF-8 "
-            "(a topology is a YAML text file)"
+            "(expected a YAML text file)"
         )
         raise ConfigError(str(p), [("", why)]) from None
 
@@ -162,7 +162,29 @@ def load_topology(path: str | Path, overrides: list[str] | None = None) -> Topol
         apply_overrides(data, overrides or [])
     except ValueError as exc:
         raise ConfigError(str(path), [("", str(exc))]) from None
-    return topology_from_dict(data, source=str(path))
+    try:
+        return topology_from_dict(data, source=str(path))
+    except ConfigError as exc:
+        if not overrides:
+            raise
+        raise ConfigError(exc.source, _blame_overrides(exc.errors, overrides)) from None
+
+
+def _blame_overrides(errors: list[tuple[str, str]], overrides: list[str]) -> list[tuple[str, str]]:
+    """``errors`` with each one on a field the command line set (``--set``, ``--rounds``,
+    ``--data-root``, ``--method``) saying so: the value is not the file's."""
+    last = {text.partition("=")[0].strip(): text for text in overrides}  # the last one wins
+    out = []
+    for loc, msg in errors:
+        given = [
+            text
+            for key, text in last.items()
+            if loc and (loc == key or loc.startswith(key + ".") or key.startswith(loc + "."))
+        ]
+        if given:
+            msg = f"{msg} (set on the command line: {', '.join(given)})"
+        out.append((loc, msg))
+    return out
 
 
 def topology_from_dict(data: dict[str, Any], source: str = "<config>") -> TopologyConfig:

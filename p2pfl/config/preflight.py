@@ -54,7 +54,11 @@ def check_dataset(ds: DatasetConfig, seed: int, source: str, cache_dir=None) -> 
     except DatasetError as exc:
         raise ConfigError(source, [(exc.field, f"dataset {ds.name!r}: {exc}")]) from None
     except (OSError, ValueError, ImportError, RuntimeError) as exc:
-        raise ConfigError(source, [("dataset.root", f"dataset {ds.name!r}: {exc}")]) from None
+        what = "" if str(exc).startswith("dataset ") else f"dataset {ds.name!r}: "
+        raise ConfigError(source, [("dataset.root", f"{what}{exc}")]) from None
+    except Exception as exc:  # a reader's own failure on corrupt files (torchvision asserts)
+        why = f"dataset {ds.name!r}: cannot read its files under {ds.root}: {describe(exc)}"
+        raise ConfigError(source, [("dataset.root", why)]) from exc
 
 
 def check_node_data(
@@ -82,6 +86,10 @@ def check_node_data(
     except (OSError, ValueError, ImportError, RuntimeError) as exc:
         what = "" if str(exc).startswith("dataset ") else f"dataset {ds.name!r}: "
         raise ConfigError(source, [("dataset.root", f"{who}: {what}{exc}")]) from None
+    except Exception as exc:  # a reader's own failure on a corrupt file
+        where = ds.root_for(node_id)
+        why = f"{who}: dataset {ds.name!r}: cannot read {where}: {describe(exc)}"
+        raise ConfigError(source, [("dataset.root", why)]) from exc
 
 
 def check_own_data(
