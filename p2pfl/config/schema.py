@@ -244,13 +244,17 @@ class DatasetConfig(_Strict):
                 raise ValueError(f"{v}: ALPHA must be a number") from None
             if not alpha > 0 or alpha == float("inf"):
                 raise ValueError(f"{v}: the Dirichlet concentration ALPHA must be > 0")
-        if m["k"] is not None and not 1 <= int(m["k"]) <= B.MAX_CLASSES:
-            raise ValueError(f"{v}: K (classes per node) must be in 1..{B.MAX_CLASSES}")
+        if m["k"] is not None and int(m["k"]) < 1:
+            raise ValueError(f"{v}: K (classes per node) must be >= 1")
+        if m["k"] is not None and int(m["k"]) > B.MAX_CLASSES:
+            raise ValueError(f"{v}: K (classes per node) must be <= {B.MAX_CLASSES}")
         if m["g"] is not None:
-            if not (1 <= int(m["g"]) <= B.MAX_NODES and 1 <= int(m["dom"]) <= B.MAX_CLASSES):
+            if int(m["g"]) < 1 or int(m["dom"]) < 1:
+                raise ValueError(f"{v}: G (groups) and DOMINANT (classes) must be >= 1")
+            if int(m["g"]) > B.MAX_NODES or int(m["dom"]) > B.MAX_CLASSES:
                 raise ValueError(
-                    f"{v}: G (groups) must be in 1..{B.MAX_NODES} and DOMINANT (classes) "
-                    f"in 1..{B.MAX_CLASSES}"
+                    f"{v}: G (groups) must be <= {B.MAX_NODES}, DOMINANT (classes) "
+                    f"<= {B.MAX_CLASSES}"
                 )
             try:
                 frac = float(m["frac"])
