@@ -158,7 +158,7 @@ def cmd_swarm(args: argparse.Namespace) -> int:
     if args.rounds:
         extra.append(f"rounds={args.rounds}")
     # every check of validate (the data, the model, the bounds), before anything starts
-    cfg = _load(args, extra, runs_here=True).cfg
+    cfg = _load(args, extra, runs_here=True, keep_data=False).cfg
     out = Path(args.out or f"runs/{cfg.name}")
 
     def on_term(signum, frame):  # SIGTERM behaves like Ctrl-C: stop everything we started

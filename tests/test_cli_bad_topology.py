@@ -1,7 +1,7 @@
-"""Bad topologies at the command line (issue 29, "Bad input"): every command reads a
-topology through one path (:mod:`p2pfl.config.checked`) with the checks of ``validate``,
-before anything starts, and each case gets a non-zero exit, no traceback, and a message
-naming the user's file and the field."""
+"""Bad topologies at the command line (docs/design.md, "Configuration"): every command
+reads a topology through one path (:mod:`p2pfl.config.checked`) with the checks of
+``validate``, before anything starts, and each case gets a non-zero exit, no traceback, and
+a message naming the user's file and the field."""
 
 from __future__ import annotations
 

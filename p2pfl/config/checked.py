@@ -53,6 +53,7 @@ def load_checked(
     device_field: str = "training.device",
     runs_here: bool = False,
     cache_dir: str | None = None,
+    keep_data: bool = True,
 ) -> CheckedTopology:
     """Read the topology at ``path`` with ``--set``-style ``overrides`` and run
     :func:`check_topology` on it; every error names ``path``."""
@@ -67,6 +68,7 @@ def load_checked(
         device_field=device_field,
         runs_here=runs_here,
         cache_dir=cache_dir,
+        keep_data=keep_data,
     )
 
 
@@ -81,6 +83,7 @@ def check_topology(
     device_field: str = "training.device",
     runs_here: bool = False,
     cache_dir: str | None = None,
+    keep_data: bool = True,
 ) -> CheckedTopology:
     """Check a loaded topology as every command does; raise :class:`ConfigError` naming
     ``source`` and the field. The graph builds; the torch device (``device``, else
@@ -89,7 +92,9 @@ def check_topology(
     With ``inputs``, :func:`p2pfl.config.preflight.check_inputs`: the data (at
     ``data_root`` when given) opens, the partition fits it, the model takes it and the
     method works with the model. ``node_ids``: under ``dataset.partition: none``, only
-    these nodes' own data is checked (the ones this device hosts; default every node)."""
+    these nodes' own data is checked (the ones this device hosts; default every node).
+    ``keep_data``: keep the dataset loaded in this process's cache (a node trains on it);
+    false frees it (a launcher whose node processes load their own)."""
     try:
         graph = build_graph(cfg)
     except ValueError as exc:  # the schema checks the same: a defence in depth
@@ -109,6 +114,10 @@ def check_topology(
         model = check_inputs(
             cfg, source=source, data_root=data_root, node_ids=node_ids, cache_dir=cache_dir
         )
+        if not keep_data:
+            from p2pfl.learning.data import clear_cache
+
+            clear_cache()
     warnings += security_warnings(cfg)
     return CheckedTopology(cfg, source, graph, model, warnings)
 

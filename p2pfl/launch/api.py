@@ -166,7 +166,8 @@ def run_swarm(
     from p2pfl.config.checked import check_topology
 
     source = str(topology) if isinstance(topology, str | Path) else "topology"
-    check_topology(cfg, source, runs_here=True)  # as p2pfl swarm: before any process starts
+    # as p2pfl swarm: every check of validate, before any process starts
+    check_topology(cfg, source, runs_here=True, keep_data=False)
     if console is None:
         console = Console(quiet=quiet)
     code, summary = launch(
