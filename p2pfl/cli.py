@@ -13,8 +13,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from p2pfl.config.checked import CheckedTopology, check_topology, device_problem, load_checked
 from p2pfl.config.load import ConfigError, load_node_overrides, load_topology
-from p2pfl.config.schema import BrokerAddress, TopologyConfig
+from p2pfl.config.schema import BrokerAddress
 from p2pfl.errors import P2PFLError
 
 console = Console(stderr=True)
@@ -41,11 +42,19 @@ def _print_config_error(exc: ConfigError) -> None:
         console.print(f"[red]error[/] {where}: {msg}", highlight=False, soft_wrap=True)
 
 
-def _load(args: argparse.Namespace, extra: list[str] | None = None) -> TopologyConfig:
+def _overrides(args: argparse.Namespace, extra: list[str] | None = None) -> list[str]:
+    """The ``--set``-style overrides of a command: ``--method``, the command's own flags
+    (``extra``), then ``--set``."""
     method = getattr(args, "method", None)
     # --method swaps the algorithm and starts from its default knobs; --set may then tune them
     swap = [f"algorithm.name={method}", "algorithm.params={}"] if method else []
-    return load_topology(args.topology, [*swap, *(extra or []), *(args.set or [])])
+    return [*swap, *(extra or []), *(args.set or [])]
+
+
+def _load(args: argparse.Namespace, extra: list[str] | None = None, **checks) -> CheckedTopology:
+    """The command's topology through the one path every command takes
+    (:func:`p2pfl.config.checked.load_checked`, ``checks`` its options)."""
+    return load_checked(args.topology, _overrides(args, extra), **checks)
 
 
 def _run_async(coro) -> int:
@@ -60,15 +69,9 @@ def _run_async(coro) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from p2pfl.config.topology import build_graph, graph_warnings
-
-    cfg = _load(args)
-    graph = build_graph(cfg)
-    model = None
-    if not args.no_data:  # the data opens, the partition fits it, the model takes it
-        from p2pfl.config.preflight import check_inputs
-
-        model = check_inputs(cfg, source=str(args.topology), data_root=args.data_root)
+    # with the data: it opens, the partition fits it, the model takes it
+    checked = _load(args, inputs=not args.no_data, data_root=args.data_root)
+    cfg, graph, model = checked.cfg, checked.graph, checked.model
     console.print(
         f"[green]ok[/] {args.topology}: swarm {cfg.name!r}, {len(cfg.node_ids)} nodes, "
         f"{graph.number_of_edges()} edges, {cfg.rounds} rounds of {cfg.algorithm.name} "
@@ -84,19 +87,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             console.print(
                 f"  {part} ({label}): {', '.join(modules) or '—'}", highlight=False, soft_wrap=True
             )
-    warnings = graph_warnings(cfg)
-    sec = cfg.security
-    if sec.enabled and sec.certs is None:
-        warnings.append(
-            "security.certs: not set: each device must give its own (certs: in its nodes/ "
-            "file, or --certs); p2pfl swarm uses <run>/certs"
-        )
-    elif sec.enabled and not (Path(sec.certs) / "ca.crt").is_file():
-        warnings.append(
-            f"security.certs: {sec.certs}/ca.crt does not exist yet (p2pfl certs creates it; "
-            "p2pfl swarm does for a local swarm)"
-        )
-    for w in warnings:
+    for w in checked.warnings:
         console.print(f"[yellow]warning[/] {args.topology}: {w}", highlight=False, soft_wrap=True)
     return 0
 
@@ -114,6 +105,50 @@ def _per_process(text: str) -> int | None:
     return k
 
 
+def _seconds(text: str) -> float:
+    """``--timeout``: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    """A TCP port: 0 (a free one) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0..65535, got {value}")
+    return value
+
+
+def _rounds(text: str) -> int:
+    """``--rounds``: a positive count (the schema bounds it further, naming ``rounds``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of rounds, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _any_broker(text: str) -> BrokerAddress:
+    """``--broker`` of ``swarm`` and ``node``: ``HOST:PORT``, or ``mdns``."""
+    try:
+        return BrokerAddress.parse(text)
+    except ValueError as exc:  # pydantic's ValidationError (a port out of range) is one
+        from pydantic import ValidationError
+
+        why = str(exc) if not isinstance(exc, ValidationError) else f"bad port in {text!r}"
+        raise argparse.ArgumentTypeError(why) from None
+
+
 def cmd_swarm(args: argparse.Namespace) -> int:
     from p2pfl.launch.swarm import run_swarm
 
@@ -122,12 +157,9 @@ def cmd_swarm(args: argparse.Namespace) -> int:
         extra.append(f"dataset.root={args.data_root}")
     if args.rounds:
         extra.append(f"rounds={args.rounds}")
-    cfg = _load(args, extra)
+    # every check of validate (the data, the model, the bounds), before anything starts
+    cfg = _load(args, extra, runs_here=True, keep_data=False).cfg
     out = Path(args.out or f"runs/{cfg.name}")
-    if cfg.dataset.own_data or cfg.model.is_user:  # every node's files, and the user's
-        from p2pfl.config.preflight import check_inputs  # model, before anything starts
-
-        check_inputs(cfg, source=str(args.topology))
 
     def on_term(signum, frame):  # SIGTERM behaves like Ctrl-C: stop everything we started
         raise KeyboardInterrupt
@@ -141,7 +173,7 @@ def cmd_swarm(args: argparse.Namespace) -> int:
         cfg,
         out,
         nodes_per_process=args.nodes_per_process,
-        broker=BrokerAddress.parse(args.broker) if args.broker else None,
+        broker=args.broker,
         broker_kind=args.broker_kind,
         progress=not args.no_progress,
         verbose=args.verbose,
@@ -149,6 +181,7 @@ def cmd_swarm(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         tracker=args.tracker,
         on_start=dash.start if dash is not None else None,
+        source=str(args.topology),
     )
     if dash is not None:
         dash.finish(code)  # stops it; --dashboard-keep: serves until Ctrl-C first
@@ -205,14 +238,24 @@ def cmd_node(args: argparse.Namespace) -> int:
         over = load_node_overrides(args.node_config)
         if over.id and not ids:
             ids = [over.id]
-        broker = broker or over.broker
+        if over.broker:  # checked even where --broker overrides it
+            try:
+                from_file = BrokerAddress.parse(over.broker)
+            except ValueError as exc:
+                raise ConfigError(args.node_config, [("broker", str(exc))]) from None
+            broker = broker or from_file
+        if over.device:
+            problem = device_problem(over.device, runs_here=True)
+            if problem is not None:
+                raise ConfigError(args.node_config, [("device", problem[1])])
         data_root = data_root or over.data_root
         device = device or over.device
         certs = certs or over.certs
         host = host or over.host
         if over.threads:
             extra.append(f"training.threads={over.threads}")
-    cfg = _load(args, extra)
+    source = args.source or str(args.topology)  # p2pfl swarm's nodes: the user's file
+    cfg = load_topology(args.topology, _overrides(args, extra))
     if not ids:  # the nodes the topology pins to this host
         import socket
 
@@ -230,17 +273,27 @@ def cmd_node(args: argparse.Namespace) -> int:
     if unknown:
         console.print(f"[red]error[/] {args.topology}: nodes: no node with id {unknown}")
         return 2
+    # every check of validate for the nodes hosted here, before any of them connects
+    check_topology(
+        cfg,
+        source,
+        data_root=data_root,
+        node_ids=ids,
+        device=device,
+        device_field="--device" if args.device else "training.device",
+        runs_here=True,
+    )
     import torch
 
     torch.set_num_threads(cfg.training.threads)
     opts = NodeOptions(
-        broker=BrokerAddress.parse(broker) if broker else None,
+        broker=broker,
         data_root=data_root,
         device=device,
         out_dir=Path(args.out) if args.out else Path(f"runs/{cfg.name}"),
         certs=certs,
         fresh=args.fresh,
-        source=str(args.topology),
+        source=source,
     )
 
     nodes = [Node(cfg, nid, opts) for nid in ids]
@@ -325,7 +378,7 @@ def cmd_certs(args: argparse.Namespace) -> int:
     """Create (or extend) a swarm's CA, broker certificate and per-node identities."""
     from p2pfl.security.certs import make_swarm_certs, revoke
 
-    cfg = _load(args)
+    cfg = _load(args, inputs=False).cfg  # the file, the schema and the graph: no data here
     out = Path(args.out or cfg.security.certs or f"certs/{cfg.name}")
     ids = args.node or cfg.node_ids
     unknown = [i for i in ids if i not in cfg.node_ids]
@@ -472,7 +525,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("swarm", help="run a local swarm: broker + node processes")
     common(sp)
     sp.add_argument("--data-root", help="sets dataset.root")
-    sp.add_argument("--rounds", type=int, help="sets rounds")
+    sp.add_argument("--rounds", type=_rounds, help="sets rounds")
     sp.add_argument("--out", help="run directory (default runs/<swarm name>)")
     sp.add_argument(
         "--nodes-per-process",
@@ -482,10 +535,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="host K asyncio nodes in each OS process (default auto: about one process per "
         "CPU core)",
     )
-    sp.add_argument("--broker", help="use this host:port instead of starting a broker")
+    sp.add_argument(
+        "--broker", type=_any_broker, help="use this host:port instead of starting a broker"
+    )
     broker_kind(sp)
     sp.add_argument("--no-progress", action="store_true", help="no live table")
-    sp.add_argument("--timeout", type=float, help="stop the swarm after this many seconds")
+    sp.add_argument("--timeout", type=_seconds, help="stop the swarm after this many seconds")
     from p2pfl.launch.tracker import TRACKERS
 
     sp.add_argument(
@@ -505,14 +560,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("--dashboard-host", default="127.0.0.1", help="dashboard address (127.0.0.1)")
     sp.add_argument(
-        "--dashboard-port", type=int, default=0, help="dashboard port (default 0: a free one)"
+        "--dashboard-port", type=_port, default=0, help="dashboard port (default 0: a free one)"
     )
     sp.set_defaults(func=cmd_swarm)
 
     sp = sub.add_parser("node", help="run one node daemon (or several) in the foreground")
     common(sp)
     sp.add_argument("--id", action="append", help="node id (repeat to host several)")
-    sp.add_argument("--broker", help="host:port of the MQTT broker (default: the topology's)")
+    sp.add_argument(
+        "--broker",
+        type=_any_broker,
+        help="host:port of the MQTT broker, or mdns (default: the topology's)",
+    )
     sp.add_argument("--node-config", help="per-device YAML (nodes/<id>.yaml)")
     sp.add_argument("--data-root", help="this device's data root")
     sp.add_argument("--device", help="torch device, e.g. cpu or cuda:0")
@@ -529,6 +588,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="start over: ignore (and replace) a checkpoint this node left in the run directory",
     )
+    # p2pfl swarm's node processes read <run>/config.yaml: errors name the user's file
+    sp.add_argument("--source", help=argparse.SUPPRESS)
     sp.set_defaults(func=cmd_node)
 
     sp = sub.add_parser("validate", help="check a topology file and print every error")

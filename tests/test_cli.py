@@ -124,7 +124,7 @@ def test_node_without_a_broker_fails_with_a_message(tmp_path, capsys, caplog):
 def test_node_with_bad_inputs_fails_naming_the_field(tmp_path, capsys, override, expected):
     args = ["node", "topologies/synthetic.yaml", "--id", "a", "--no-rich", "--out", str(tmp_path)]
     args += ["--set", override]
-    assert main(args) == 1
+    assert main(args) == 2  # checked as validate checks, before the node starts: exit 2
     err = capsys.readouterr().err
     assert f"topologies/synthetic.yaml: {expected}" in err, err
     assert "Traceback" not in err, err

@@ -70,6 +70,7 @@ from p2pfl.algorithms.base import (
     peer_state_mismatch,
     register,
 )
+from p2pfl.config.bounds import MAX_NODES
 from p2pfl.learning.defence import Combine
 from p2pfl.learning.state import layout_mismatch, weighted_mean
 
@@ -92,7 +93,10 @@ class DFedAvgMParams(Params):
         True, description="weight deltas by the nodes' training sample counts (False: uniform)"
     )
     peers: int | None = Field(
-        None, ge=1, description="neighbours drawn each round (None: every live neighbour)"
+        None,
+        ge=1,
+        le=MAX_NODES,
+        description="neighbours drawn each round (None: every live neighbour)",
     )
 
 

@@ -70,6 +70,7 @@ from p2pfl.algorithms.base import (
     check_tensor,
     register,
 )
+from p2pfl.config.bounds import MAX_NODES
 from p2pfl.learning.defence import Combine
 from p2pfl.learning.models import SplitModel
 from p2pfl.learning.state import weighted_mean
@@ -88,7 +89,7 @@ class DisPFLParams(Params):
         "grad", description="regrow by largest |Σ gradients| of the round, or at random"
     )
     peers: int | None = Field(
-        10, ge=1, description="neighbours drawn each round (None: every live one)"
+        10, ge=1, le=MAX_NODES, description="neighbours drawn each round (None: every live one)"
     )
     erk_power_scale: float = Field(1.0, gt=0, description="ERK exponent (1: RigL's ERK)")
     weighted: bool = Field(False, description="weight the average by sample counts")

@@ -97,6 +97,7 @@ from p2pfl.algorithms.base import (
     peer_state_mismatch,
     register,
 )
+from p2pfl.config.bounds import MAX_METHOD_ITERATIONS, MAX_SAMPLES
 from p2pfl.learning.defence import Defence
 from p2pfl.learning.models import SplitModel
 from p2pfl.learning.state import weighted_mean
@@ -137,14 +138,22 @@ class PFedCParams(CentralizedParams):
     weighting: Literal["mgda", "equal"] = Field(
         "mgda", description="task weights λ: MGDA-UB min-norm (paper) or 1 / #tasks"
     )
-    mgda_iters: int = Field(25, ge=0, description="Frank–Wolfe iterations of the MGDA-UB solver")
+    mgda_iters: int = Field(
+        25,
+        ge=0,
+        le=MAX_METHOD_ITERATIONS,
+        description="Frank–Wolfe iterations of the MGDA-UB solver",
+    )
     mgda_normalization: Literal["none", "l2", "loss", "loss+"] = Field(
         "loss+",
         description="scale of each task gradient before the min-norm solve (Sener & Koltun's "
         "code: ‖g‖, L, or L·‖g‖)",
     )
     presence_min: int = Field(
-        1, ge=1, description="training samples of a task's class(es) a node needs for π = 1"
+        1,
+        ge=1,
+        le=MAX_SAMPLES,
+        description="training samples of a task's class(es) a node needs for π = 1",
     )
     train_absent: bool = Field(
         False,

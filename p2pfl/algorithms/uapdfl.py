@@ -81,6 +81,7 @@ from p2pfl.algorithms.base import (
     peer_state_mismatch,
     register,
 )
+from p2pfl.config.bounds import MAX_NODES
 from p2pfl.learning.split_model import SplitModel
 from p2pfl.learning.state import select_part
 
@@ -96,7 +97,9 @@ class UAPDFLParams(Params):
     aux_reduction: Literal["sum", "mean"] = Field(
         "sum", description="‖·‖² over the feature vector (paper) or its mean (÷ F)"
     )
-    com: int = Field(5, ge=1, description="peers drawn among the neighbours each round")
+    com: int = Field(
+        5, ge=1, le=MAX_NODES, description="peers drawn among the neighbours each round"
+    )
     unit_value: float = Field(1.0, description="value of every element of X_unit")
     eps: float = Field(1e-8, gt=0, description="guard against log(0) in KL")
 

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from p2pfl.config.bounds import MAX_FILE_BYTES, MAX_VALUES, expanded_size
 from p2pfl.config.schema import PARAMS_CHECK, BrokerAddress, NodeOverrides, TopologyConfig
 from p2pfl.errors import P2PFLError
 
@@ -85,6 +86,8 @@ def validation_errors(exc: ValidationError) -> list[tuple[str, str]]:
             msg = msg[len("Value error, ") :]
         if err["type"] == "extra_forbidden":
             msg = "unknown field"
+        elif err["type"] in ("less_than_equal", "less_than", "greater_than", "greater_than_equal"):
+            msg = f"{msg}, got {err['input']!r}"  # the value as the file (or --set) gave it
         loc = _format_loc(err["loc"])
         # whole-model checks say which field they are about as "field: message"
         m = re.match(r"^([A-Za-z_][\w.]*): (.*)$", msg, re.S)
@@ -94,22 +97,61 @@ def validation_errors(exc: ValidationError) -> list[tuple[str, str]]:
     return errors
 
 
-def load_yaml(path: str | Path) -> dict[str, Any]:
+def read_text(path: str | Path) -> str:
+    """The file at ``path`` as text, or a :class:`ConfigError` naming it: it cannot be read
+    (missing, a directory, no permission), it is larger than
+    :data:`~p2pfl.config.bounds.MAX_FILE_BYTES`, or it is not UTF-8 text (a binary file)."""
     p = Path(path)
     try:
-        text = p.read_text()
+        if p.is_dir():
+            raise ConfigError(str(p), [("", "is a directory, not a YAML file")])
+        with p.open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
-        raise ConfigError(str(p), [("", f"cannot read file: {exc.strerror}")]) from None
+        why = exc.strerror or type(exc).__name__
+        raise ConfigError(str(p), [("", f"cannot read file: {why}")]) from None
+    if len(raw) > MAX_FILE_BYTES:
+        why = f"larger than {MAX_FILE_BYTES >> 20} MiB: not a topology (a YAML text file)"
+        raise ConfigError(str(p), [("", why)])
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        why = (
+            f"not a text file: byte {raw[exc.start]:#04x} at offset {exc.start} is not UTF-8 "
+            "(expected a YAML text file)"
+        )
+        raise ConfigError(str(p), [("", why)]) from None
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """The mapping a YAML file holds (``{}`` for an empty file), or a :class:`ConfigError`
+    naming the file (and the line, for invalid YAML): see :func:`read_text`, and the top
+    level must be a mapping whose values, aliases expanded, stay within
+    :data:`~p2pfl.config.bounds.MAX_VALUES`."""
+    p = Path(path)
+    text = read_text(p)
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else ""
-        raise ConfigError(str(p), [(where, f"invalid YAML: {exc}")]) from None
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(str(p), [(where, f"invalid YAML: {problem}")]) from None
+    except RecursionError:  # nesting deeper than the parser's stack
+        raise ConfigError(str(p), [("", "invalid YAML: nested too deeply")]) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(str(p), [("", "top level must be a mapping")])
+        what = "a list" if isinstance(data, list) else f"a single {type(data).__name__} value"
+        raise ConfigError(
+            str(p), [("", f"top level must be a mapping (field: value lines), not {what}")]
+        )
+    if expanded_size(data) > MAX_VALUES:
+        why = (
+            f"more than {MAX_VALUES:,} values once its anchors and aliases are expanded: "
+            "not a topology"
+        )
+        raise ConfigError(str(p), [("", why)])
     return data
 
 
@@ -120,7 +162,29 @@ def load_topology(path: str | Path, overrides: list[str] | None = None) -> Topol
         apply_overrides(data, overrides or [])
     except ValueError as exc:
         raise ConfigError(str(path), [("", str(exc))]) from None
-    return topology_from_dict(data, source=str(path))
+    try:
+        return topology_from_dict(data, source=str(path))
+    except ConfigError as exc:
+        if not overrides:
+            raise
+        raise ConfigError(exc.source, _blame_overrides(exc.errors, overrides)) from None
+
+
+def _blame_overrides(errors: list[tuple[str, str]], overrides: list[str]) -> list[tuple[str, str]]:
+    """``errors`` with each one on a field the command line set (``--set``, ``--rounds``,
+    ``--data-root``, ``--method``) saying so: the value is not the file's."""
+    last = {text.partition("=")[0].strip(): text for text in overrides}  # the last one wins
+    out = []
+    for loc, msg in errors:
+        given = [
+            text
+            for key, text in last.items()
+            if loc and (loc == key or loc.startswith(key + ".") or key.startswith(loc + "."))
+        ]
+        if given:
+            msg = f"{msg} (set on the command line: {', '.join(given)})"
+        out.append((loc, msg))
+    return out
 
 
 def topology_from_dict(data: dict[str, Any], source: str = "<config>") -> TopologyConfig:

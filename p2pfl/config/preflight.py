@@ -12,6 +12,7 @@ field is the one to fix (``dataset.root``, ``dataset.label``, ``dataset.classes`
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +54,11 @@ def check_dataset(ds: DatasetConfig, seed: int, source: str, cache_dir=None) -> 
     except DatasetError as exc:
         raise ConfigError(source, [(exc.field, f"dataset {ds.name!r}: {exc}")]) from None
     except (OSError, ValueError, ImportError, RuntimeError) as exc:
-        raise ConfigError(source, [("dataset.root", f"dataset {ds.name!r}: {exc}")]) from None
+        what = "" if str(exc).startswith("dataset ") else f"dataset {ds.name!r}: "
+        raise ConfigError(source, [("dataset.root", f"{what}{exc}")]) from None
+    except Exception as exc:  # a reader's own failure on corrupt files (torchvision asserts)
+        why = f"dataset {ds.name!r}: cannot read its files under {ds.root}: {describe(exc)}"
+        raise ConfigError(source, [("dataset.root", why)]) from exc
 
 
 def check_node_data(
@@ -81,6 +86,10 @@ def check_node_data(
     except (OSError, ValueError, ImportError, RuntimeError) as exc:
         what = "" if str(exc).startswith("dataset ") else f"dataset {ds.name!r}: "
         raise ConfigError(source, [("dataset.root", f"{who}: {what}{exc}")]) from None
+    except Exception as exc:  # a reader's own failure on a corrupt file
+        where = ds.root_for(node_id)
+        why = f"{who}: dataset {ds.name!r}: cannot read {where}: {describe(exc)}"
+        raise ConfigError(source, [("dataset.root", why)]) from exc
 
 
 def check_own_data(
@@ -88,6 +97,7 @@ def check_own_data(
     *,
     source: str = "topology",
     data_root: str | None = None,
+    node_ids: Sequence[str] | None = None,
     cache_dir=None,
 ) -> NodeData:
     """:func:`check_node_data` for every node of the topology (once per distinct root,
@@ -95,12 +105,12 @@ def check_own_data(
     shape everywhere, else a :class:`ConfigError` on ``dataset.root`` naming the node, its
     file and both shapes, and the same classes (they differ only where ``dataset.classes``
     is not set: ImageFolders of different folders), else one on ``dataset.classes``.
-    Returns the first node's data."""
+    ``node_ids``: only these nodes (the ones a device hosts). Returns the first node's data."""
     ds = cfg.dataset.with_root(data_root)
     first: NodeData | None = None
     first_id = ""
     seen: set[str | None] = set()
-    for node_id in cfg.node_ids:
+    for node_id in node_ids or cfg.node_ids:
         root = ds.root_for(node_id)
         if root in seen and not is_import_path(ds.name):
             continue
@@ -143,6 +153,7 @@ def check_inputs(
     *,
     source: str = "topology",
     data_root: str | None = None,
+    node_ids: Sequence[str] | None = None,
     cache_dir=None,
 ) -> SplitModel:
     """The swarm's model as the method adapts it (for ``p2pfl validate`` to show its
@@ -151,10 +162,13 @@ def check_inputs(
     and the model accepts the dataset's input shape (:func:`check_model`). With
     ``dataset.partition: none`` every node's own data is loaded instead
     (:func:`check_own_data`: it opens, its labels are in ``dataset.classes``, every node's
-    input shape is the same) and the model is checked on the first node's. A node runs the
+    input shape is the same; only ``node_ids``' when given) and the model is checked on the
+    first node's. A node runs the
     same checks as it loads (:mod:`p2pfl.node.daemon`), drawing its partition only once."""
     if cfg.dataset.own_data:
-        data = check_own_data(cfg, source=source, data_root=data_root, cache_dir=cache_dir)
+        data = check_own_data(
+            cfg, source=source, data_root=data_root, node_ids=node_ids, cache_dir=cache_dir
+        )
         return check_model(cfg, data.num_classes, tuple(data.input_shape), source)
     ds = cfg.dataset.with_root(data_root)
     arrays = check_dataset(ds, cfg.seed, source, cache_dir)

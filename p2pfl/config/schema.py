@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from p2pfl.config import bounds as B
 from p2pfl.config.emulation import DeviceSpec, NetworkConfig, chosen_nodes
 
 PARAMS_CHECK = "validate_params"
@@ -35,7 +36,8 @@ ParamsCheck = Callable[[str, dict[str, Any]], dict[str, Any]]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # no inf or nan anywhere: every number of a topology is a finite count, size or rate
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 # ----------------------------------------------------------------------------- sections
@@ -123,10 +125,17 @@ class DatasetConfig(_Strict):
         "dirichlet(0.5)",
         description="none: each node trains and tests on everything at its own data root",
     )
-    min_samples: int = Field(10, ge=1, description="Dirichlet: minimum train samples per node")
-    train_per_node: int | None = Field(None, ge=1, description="cap on each node's train samples")
+    min_samples: int = Field(
+        10, ge=1, le=B.MAX_SAMPLES, description="Dirichlet: minimum train samples per node"
+    )
+    train_per_node: int | None = Field(
+        None, ge=1, le=B.MAX_SAMPLES, description="cap on each node's train samples"
+    )
     test_per_node: int | None = Field(
-        None, ge=1, description="each node's test samples (default: same ratio as global)"
+        None,
+        ge=1,
+        le=B.MAX_SAMPLES,
+        description="each node's test samples (default: same ratio as global)",
     )
     # a device's own data (partition: none)
     label: str = Field("label", min_length=1, description="csv / parquet: the label column")
@@ -147,10 +156,14 @@ class DatasetConfig(_Strict):
         "({mean: {col: v}, std: {col: v}}); default: from the node's own train split",
     )
     # synthetic only
-    num_classes: int = Field(10, ge=2)
+    num_classes: int = Field(10, ge=2, le=B.MAX_CLASSES)
     input_shape: list[int] = Field(default_factory=lambda: [1, 8, 8])
-    synthetic_train: int = Field(2000, ge=10, description="synthetic: total train samples")
-    synthetic_test: int = Field(1000, ge=10, description="synthetic: total test samples")
+    synthetic_train: int = Field(
+        2000, ge=10, le=B.MAX_SYNTHETIC, description="synthetic: total train samples"
+    )
+    synthetic_test: int = Field(
+        1000, ge=10, le=B.MAX_SYNTHETIC, description="synthetic: total test samples"
+    )
 
     @field_validator("name")
     @classmethod
@@ -167,6 +180,9 @@ class DatasetConfig(_Strict):
             raise ValueError("classes must be a count or a list of class names")
         if isinstance(v, int) and v < 2:
             raise ValueError("classes: a count must be at least 2")
+        n = v if isinstance(v, int) else len(v or ())
+        if n > B.MAX_CLASSES:
+            raise ValueError(f"classes: {n} classes, above the bound of {B.MAX_CLASSES}")
         if isinstance(v, list):
             if len(v) < 2:
                 raise ValueError("classes: at least 2 class names")
@@ -174,6 +190,18 @@ class DatasetConfig(_Strict):
             if dup:
                 raise ValueError(f"classes: duplicate names {dup}")
         return v
+
+    @field_validator("input_shape")
+    @classmethod
+    def _check_input_shape(cls, v: list[int]) -> list[int]:
+        B.check_input_shape(v)
+        return v
+
+    @model_validator(mode="after")
+    def _check_synthetic_size(self) -> DatasetConfig:
+        if self.name == "synthetic":
+            B.check_synthetic(self.synthetic_train, self.synthetic_test, self.input_shape)
+        return self
 
     @property
     def own_data(self) -> bool:
@@ -218,9 +246,16 @@ class DatasetConfig(_Strict):
                 raise ValueError(f"{v}: the Dirichlet concentration ALPHA must be > 0")
         if m["k"] is not None and int(m["k"]) < 1:
             raise ValueError(f"{v}: K (classes per node) must be >= 1")
+        if m["k"] is not None and int(m["k"]) > B.MAX_CLASSES:
+            raise ValueError(f"{v}: K (classes per node) must be <= {B.MAX_CLASSES}")
         if m["g"] is not None:
             if int(m["g"]) < 1 or int(m["dom"]) < 1:
                 raise ValueError(f"{v}: G (groups) and DOMINANT (classes) must be >= 1")
+            if int(m["g"]) > B.MAX_NODES or int(m["dom"]) > B.MAX_CLASSES:
+                raise ValueError(
+                    f"{v}: G (groups) must be <= {B.MAX_NODES}, DOMINANT (classes) "
+                    f"<= {B.MAX_CLASSES}"
+                )
             try:
                 frac = float(m["frac"])
             except ValueError:
@@ -244,7 +279,7 @@ class ModelConfig(_Strict):
     kwargs: dict[str, Any] = Field(
         default_factory=dict, description="more keyword arguments for a user factory"
     )
-    hidden: int = Field(64, ge=1, description="mlp: hidden units")
+    hidden: int = Field(64, ge=1, le=B.MAX_HIDDEN, description="mlp: hidden units")
     padding: Literal["same", "valid"] = Field(
         "same",
         description="cnn: 'same' pads its 5x5 convolutions by 2 (McMahan et al.'s CNN, 4,096 "
@@ -285,20 +320,20 @@ class ModelConfig(_Strict):
 
 
 class TrainingConfig(_Strict):
-    epochs: int = Field(1, ge=1)
-    batch_size: int = Field(50, ge=1)
+    epochs: int = Field(1, ge=1, le=B.MAX_EPOCHS)
+    batch_size: int = Field(50, ge=1, le=B.MAX_BATCH_SIZE)
     optimizer: Literal["sgd", "adam"] = "sgd"
     lr: float = Field(0.05, gt=0)
     momentum: float = Field(0.5, ge=0)
     weight_decay: float = Field(0.0, ge=0)
     lr_decay: float = Field(1.0, gt=0, le=1, description="lr multiplier per round")
     device: str = "cpu"
-    threads: int = Field(1, ge=1, description="torch threads per node process")
+    threads: int = Field(1, ge=1, le=B.MAX_THREADS, description="torch threads per node process")
 
 
 class GeneratedEdges(_Strict):
     kind: Literal["ring", "full", "star", "line", "random-k", "erdos"]
-    k: int | None = Field(None, ge=1, description="random-k: neighbours per node")
+    k: int | None = Field(None, ge=1, le=B.MAX_NODES, description="random-k: neighbours per node")
     p: float | None = Field(None, gt=0, le=1, description="erdos: edge probability")
     center: str | None = Field(None, description="star: the hub node id (default: first)")
 
@@ -315,23 +350,31 @@ class NodeSpec(_Strict):
 
 class TimingConfig(_Strict):
     round_timeout_s: float = Field(
-        60.0, gt=0, description="per-round deadline for gossip and weight pulls"
+        60.0, gt=0, le=B.MAX_SECONDS, description="per-round deadline for gossip and weight pulls"
     )
     startup_timeout_s: float = Field(
-        120.0, gt=0, description="wait for the broker, then for the neighbours, at start"
+        120.0,
+        gt=0,
+        le=B.MAX_SECONDS,
+        description="wait for the broker, then for the neighbours, at start",
     )
     linger_s: float = Field(
-        60.0, ge=0, description="after the last round, keep serving peers at most this long"
+        60.0,
+        ge=0,
+        le=B.MAX_SECONDS,
+        description="after the last round, keep serving peers at most this long",
     )
     broker_timeout_s: float = Field(
         120.0,
         gt=0,
+        le=B.MAX_SECONDS,
         description="a node that cannot reach its broker for this long stops with an error "
         "(non-zero exit), keeping every completed round on disk; shorter outages are ridden out",
     )
     aggregator_timeout_s: float | None = Field(
         None,
         gt=0,
+        le=B.MAX_SECONDS,
         description="centralized methods: how long a client waits for the aggregator's "
         "result after reporting before the next peer takes the round over "
         "(default: 3 × round_timeout_s)",
@@ -347,6 +390,7 @@ class TimingConfig(_Strict):
     max_staleness: int = Field(
         4,
         ge=0,
+        le=B.MAX_ROUNDS,
         description="async: a neighbour whose latest gossip is more than this many rounds "
         "behind the node's round is left out of the round; quorum: a late upload counts at "
         "most min(max_staleness, 2) rounds after its own",
@@ -416,6 +460,7 @@ class SecurityConfig(_Strict):
     max_age_s: float = Field(
         300.0,
         gt=0,
+        le=B.MAX_SECONDS,
         description="signed messages older than this (or with a repeated id) "
         "are replays; also the clock skew tolerated between devices",
     )
@@ -446,10 +491,13 @@ class DefenceConfig(_Strict):
         "(beta), multikrum (f, m), bulyan (f; n >= 4f + 3), clip (accept a peer's state "
         "when ||w_j - w_i|| <= gamma * exp(-kappa t / T) * ||w_i||, then the mean)",
     )
-    f: int = Field(1, ge=0, description="multikrum, bulyan: the Byzantine inputs tolerated")
+    f: int = Field(
+        1, ge=0, le=B.MAX_NODES, description="multikrum, bulyan: the Byzantine inputs tolerated"
+    )
     m: int | None = Field(
         None,
         ge=1,
+        le=B.MAX_NODES,
         description="multikrum: how many of the best-scored states are averaged (default: n - f)",
     )
     beta: float = Field(
@@ -474,11 +522,12 @@ class DefenceConfig(_Strict):
         "of the counts seen in the round (the node's own included) is capped there",
     )
     max_samples: int | None = Field(
-        None, ge=1, description="admission: a hard cap on any claimed sample count"
+        None, ge=1, le=B.MAX_CLAIM, description="admission: a hard cap on any claimed sample count"
     )
     distrust_rounds: int = Field(
         2,
         ge=0,
+        le=B.MAX_ROUNDS,
         description="reputation: a peer refused in a round is left out of the draws for "
         "this many rounds, doubling with each further refusal (0: never)",
     )
@@ -528,6 +577,7 @@ class DPConfig(_Strict):
     rounds: int | None = Field(
         None,
         ge=1,
+        le=B.MAX_ROUNDS,
         description="target_epsilon: the rounds σ is planned for (default: the run's rounds)",
     )
     secret_noise: bool = Field(
@@ -605,6 +655,7 @@ class PrivacyConfig(_Strict):
     secagg_neighbours: int | None = Field(
         None,
         ge=2,
+        le=B.MAX_NODES,
         description="secagg: each member's masking and share neighbours, the SecAgg+ "
         "degree k (rounded up to even; none: every other member)",
     )
@@ -652,8 +703,8 @@ class AttackSpec(_Strict):
     fraction: float | None = Field(
         None, gt=0, le=1, description="or: this fraction of the nodes, drawn with the seed"
     )
-    from_round: int = Field(1, ge=1)
-    to_round: int | None = Field(None, ge=1)
+    from_round: int = Field(1, ge=1, le=B.MAX_ROUNDS)
+    to_round: int | None = Field(None, ge=1, le=B.MAX_ROUNDS)
     corrupts: Literal["model", "result", "both"] = Field(
         "model",
         description="what the attacker corrupts: the model it serves (snapshot or upload), "
@@ -666,13 +717,23 @@ class AttackSpec(_Strict):
     )
     epsilon: float = Field(0.5, gt=0, description="ipm: the inner-product manipulation scale")
     source: int | None = Field(
-        None, ge=0, description="label_flip: the class relabelled (default: every class)"
+        None,
+        ge=0,
+        le=B.MAX_CLASSES,
+        description="label_flip: the class relabelled (default: every class)",
     )
     target: int | None = Field(
-        None, ge=0, description="label_flip: the class it becomes (default: C - 1 - y)"
+        None,
+        ge=0,
+        le=B.MAX_CLASSES,
+        description="label_flip: the class it becomes (default: C - 1 - y)",
     )
-    claim: int = Field(10**9, ge=1, description="inflate_n: the sample count claimed")
-    delay_s: float = Field(5.0, ge=0, description="delay: seconds before serving a pull")
+    claim: int = Field(
+        10**9, ge=1, le=B.MAX_CLAIM, description="inflate_n: the sample count claimed"
+    )
+    delay_s: float = Field(
+        5.0, ge=0, le=B.MAX_SECONDS, description="delay: seconds before serving a pull"
+    )
 
     @model_validator(mode="after")
     def _check_who(self) -> AttackSpec:
@@ -689,9 +750,9 @@ class TopologyConfig(_Strict):
     """One swarm: nodes, edges, algorithm, data, model, training."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=B.MAX_SEED)
     broker: BrokerAddress = Field(default_factory=BrokerAddress)
-    rounds: int = Field(5, ge=1)
+    rounds: int = Field(5, ge=1, le=B.MAX_ROUNDS)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -716,8 +777,12 @@ class TopologyConfig(_Strict):
     edges: GeneratedEdges | list[tuple[str, str]] = Field(
         default_factory=lambda: GeneratedEdges(kind="ring")
     )
-    max_message_mb: float = Field(4.0, gt=0, description="largest single MQTT message accepted")
-    max_transfer_mb: float = Field(2048.0, gt=0, description="largest weight transfer accepted")
+    max_message_mb: float = Field(
+        4.0, gt=0, le=B.MAX_MESSAGE_MB, description="largest single MQTT message accepted"
+    )
+    max_transfer_mb: float = Field(
+        2048.0, gt=0, le=B.MAX_TRANSFER_MB, description="largest weight transfer accepted"
+    )
 
     @field_validator("broker", mode="before")
     @classmethod
@@ -731,14 +796,20 @@ class TopologyConfig(_Strict):
         if isinstance(v, int) and not isinstance(v, bool):
             if v < 1:
                 raise ValueError("node count must be at least 1")
+            if v > B.MAX_NODES:  # before a spec is built for each
+                raise ValueError(f"{v:,} nodes, above the bound of {B.MAX_NODES:,}")
             return [{"id": f"n{i}"} for i in range(v)]
         if isinstance(v, list):
+            if len(v) > B.MAX_NODES:
+                raise ValueError(f"{len(v):,} nodes listed, above the bound of {B.MAX_NODES:,}")
             return [{"id": x} if isinstance(x, str) else x for x in v]
         return v
 
     @field_validator("edges", mode="before")
     @classmethod
     def _edges_from_string(cls, v: Any) -> Any:
+        if isinstance(v, list) and len(v) > B.MAX_EDGES:  # before each is validated
+            raise ValueError(f"{len(v):,} edges listed, above the bound of {B.MAX_EDGES:,}")
         return {"kind": v} if isinstance(v, str) else v
 
     @model_validator(mode="after")
@@ -758,6 +829,7 @@ class TopologyConfig(_Strict):
         else:
             if self.edges.kind == "random-k" and self.edges.k is None:
                 raise ValueError("edges: random-k needs k")
+            B.check_edges(self.edges.kind, len(ids), self.edges.k)
             if self.edges.kind == "erdos" and self.edges.p is None:
                 raise ValueError("edges: erdos needs p")
             if self.edges.center is not None and self.edges.center not in ids:
@@ -823,6 +895,6 @@ class NodeOverrides(_Strict):
     data_root: str | None = None
     device: str | None = None
     broker: str | None = None
-    threads: int | None = Field(None, ge=1)
+    threads: int | None = Field(None, ge=1, le=B.MAX_THREADS)
     host: str | None = Field(None, description="run the topology's nodes pinned to this host")
     certs: str | None = Field(None, description="this device's certificate directory")

@@ -148,9 +148,10 @@ def run_swarm(
     :class:`Run`. ``model`` / ``data`` / ``method`` set ``model.name`` / ``dataset.name`` /
     ``algorithm.name`` (objects from the user's own module, or their import paths);
     ``overrides`` are ``--set`` strings and ``fields`` top-level fields (``rounds=5``).
-    ``out_dir`` defaults to ``runs/<swarm name>``. A swarm on the devices' own data or a
-    user's model is checked first (:func:`p2pfl.config.preflight.check_inputs`): a bad input
-    raises :class:`~p2pfl.config.load.ConfigError` before anything starts."""
+    ``out_dir`` defaults to ``runs/<swarm name>``. The swarm is checked first, as by
+    ``p2pfl swarm`` (:func:`p2pfl.config.checked.check_topology`: the data, the model, the
+    device): a bad input raises :class:`~p2pfl.config.load.ConfigError` before anything
+    starts."""
     from p2pfl.launch.swarm import run_swarm as launch
 
     extra = list(overrides or [])
@@ -162,13 +163,19 @@ def run_swarm(
         extra += [f"algorithm.name={import_path(method, 'method')}", "algorithm.params={}"]
     cfg = load_topology(topology, extra, **fields)
     out = Path(out_dir) if out_dir is not None else Path("runs") / cfg.name
-    if cfg.dataset.own_data or cfg.model.is_user:  # fail here, naming the node and file,
-        from p2pfl.config.preflight import check_inputs  # before any process starts
+    from p2pfl.config.checked import check_topology
 
-        check_inputs(cfg, source=str(topology) if isinstance(topology, str | Path) else "topology")
+    source = str(topology) if isinstance(topology, str | Path) else "topology"
+    # as p2pfl swarm: every check of validate, before any process starts
+    check_topology(cfg, source, runs_here=True, keep_data=False)
     if console is None:
         console = Console(quiet=quiet)
     code, summary = launch(
-        cfg, out, nodes_per_process=nodes_per_process, progress=progress, console=console
+        cfg,
+        out,
+        nodes_per_process=nodes_per_process,
+        progress=progress,
+        console=console,
+        source=source if source != "topology" else None,
     )
     return Run(out_dir=out, code=code, summary=summary, config=cfg)

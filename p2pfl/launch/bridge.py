@@ -188,9 +188,9 @@ def bridges_from_flags(
         return None
     roster: tuple[str, ...] = ()
     if topology:
-        from p2pfl.config.load import load_topology  # pydantic and the method registry
+        from p2pfl.config.checked import load_checked  # pydantic and the method registry
 
-        cfg = load_topology(Path(topology))
+        cfg = load_checked(Path(topology), inputs=False).cfg  # a broker's host has no data
         if swarm is not None and swarm != cfg.name:
             raise BridgeError(
                 f"--topology {topology} is swarm {cfg.name!r}, but --swarm is {swarm!r}"

@@ -65,8 +65,15 @@ def auto_per_process(n_nodes: int, cores: int | None = None) -> int:
 
 
 def spawn_worker(
-    config_path: Path, ids: list[str], broker: str, out_dir: Path, verbose: bool
+    config_path: Path,
+    ids: list[str],
+    broker: str,
+    out_dir: Path,
+    verbose: bool,
+    source: str | None = None,
 ) -> Worker:
+    """Start one node process for ``ids`` on the run's ``config_path``; ``source`` is the
+    user's topology file, which its error messages name (default: ``config_path``)."""
     log_path = out_dir / "logs" / f"{ids[0]}{'-' + ids[-1] if len(ids) > 1 else ''}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     cmd = [
@@ -83,6 +90,8 @@ def spawn_worker(
     ]
     for nid in ids:
         cmd += ["--id", nid]
+    if source is not None:
+        cmd += ["--source", source]
     if verbose:
         cmd.append("-v")
     f = open(log_path, "ab")
@@ -221,12 +230,16 @@ def run_swarm(
     timeout_s: float | None = None,
     tracker: str | None = None,
     on_start: Callable[[TopologyConfig], None] | None = None,
+    source: str | None = None,
 ) -> tuple[int, dict[str, Any]]:
     """Run a whole swarm to completion; returns (exit code, summary). Without ``broker`` it
     starts its own, of ``broker_kind`` (:func:`p2pfl.launch.broker.make_broker`).
     ``tracker``: feed the records to it as they come (:mod:`p2pfl.launch.tracker`).
     ``on_start`` is called with the resolved config once the run's ``config.yaml`` is
-    written, before the nodes start (``--dashboard`` starts there)."""
+    written, before the nodes start (``--dashboard`` starts there). ``source``: the user's
+    topology file, which the nodes' error messages name instead of the run's
+    ``config.yaml``. The caller checks the config first
+    (:func:`p2pfl.config.checked.check_topology`): nothing here reads the data."""
     console = console or Console()
     raise_fd_limit()  # the broker and the packed workers inherit it
     out_dir = Path(out_dir)
@@ -266,7 +279,9 @@ def run_swarm(
             on_start(cfg)
         per_process = nodes_per_process or auto_per_process(len(cfg.node_ids))
         groups = group_ids(cfg.node_ids, max(1, per_process))
-        workers = [spawn_worker(config_path, ids, str(broker), out_dir, verbose) for ids in groups]
+        workers = [
+            spawn_worker(config_path, ids, str(broker), out_dir, verbose, source) for ids in groups
+        ]
         tracking.follow(lambda: {n for w in workers if w.proc.poll() is None for n in w.ids})
         console.print(
             f"[bold]swarm[/] {cfg.name}: {len(cfg.node_ids)} nodes in {len(workers)} "

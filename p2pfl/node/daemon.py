@@ -343,7 +343,7 @@ class Node:
         certs = self._certs_dir
         if not certs:
             raise ConfigError(
-                "topology",
+                self.opts.source,
                 [
                     (
                         "security.certs",

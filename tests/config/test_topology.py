@@ -103,10 +103,17 @@ def test_erdos_needs_p():
         cfg(5, {"kind": "erdos"})
 
 
-def test_negative_seed_is_fine():
+def test_seed_is_bounded_to_what_every_seeding_api_takes():
+    """A negative seed is refused naming ``seed`` (a node seeds NumPy with it, which takes
+    none), and so is one of 2^32 or more (NumPy's legacy seeds stop below it); the largest
+    accepted one still builds the same graph every time."""
     spec = {"kind": "erdos", "p": 0.5}
-    assert edge_set(build_graph(cfg(8, spec, seed=-3))) == edge_set(
-        build_graph(cfg(8, spec, seed=-3))
+    for bad in (-3, 2**32):
+        with pytest.raises(ConfigError, match="seed"):
+            cfg(8, spec, seed=bad)
+    top = 2**32 - 1
+    assert edge_set(build_graph(cfg(8, spec, seed=top))) == edge_set(
+        build_graph(cfg(8, spec, seed=top))
     )
 
 
