@@ -207,11 +207,15 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     if not run.is_dir():
         console.print(f"[red]error[/] {run}: not a directory", highlight=False)
         return 2
+    if args.certs is not None and not Path(args.certs).is_dir():
+        console.print(f"[red]error[/] --certs {args.certs}: not a directory", highlight=False)
+        return 2
     return run_dashboard(
         run,
         host=args.host,
         port=args.port,
         broker=None if args.no_broker else (args.broker or AUTO),
+        certs=args.certs,
         announce=lambda url: console.print(f"dashboard {url} (Ctrl-C to stop)", highlight=False),
     )
 
@@ -676,6 +680,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="observe this broker (default: the one the run's config.yaml records)",
     )
     sp.add_argument("--no-broker", action="store_true", help="show the records only")
+    sp.add_argument(
+        "--certs",
+        help="a TLS swarm's certificate directory holding observer.crt/.key (default: the "
+        "run's security.certs)",
+    )
     sp.add_argument("-v", "--verbose", action="store_true")
     sp.set_defaults(func=cmd_dashboard)
 

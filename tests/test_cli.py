@@ -138,3 +138,15 @@ def test_nodes_are_packed_about_one_process_per_core():
     with pytest.raises(SystemExit) as exc:  # argparse: a usage error
         main(["swarm", "topologies/synthetic.yaml", "--nodes-per-process", "0"])
     assert exc.value.code == 2
+
+
+def test_dashboard_certs_must_be_a_directory(tmp_path, capsys):
+    """``p2pfl dashboard RUN --certs DIR``: the observer identity's directory is checked
+    before anything listens."""
+    (tmp_path / "run").mkdir()
+    missing = tmp_path / "nowhere"
+    assert main(["dashboard", str(tmp_path / "run"), "--certs", str(missing)]) == 2
+    err = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
+    assert f"--certs {missing}: not a directory" in err
+        f"{missing.parent}/ ", f"{missing.parent}/"
+    )
