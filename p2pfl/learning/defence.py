@@ -42,7 +42,6 @@ import torch
 from p2pfl.config.schema import DefenceConfig
 from p2pfl.learning import robust
 from p2pfl.learning.state import State, weighted_mean
-from p2pfl.privacy.noise_spread import noise_slack
 
 Combine = Callable[..., State]
 """``combine(states, weights, **kw) -> State``: a combination that stands in for the weighted
@@ -96,7 +95,7 @@ class Defence:
     def noise_allowance(self, elements: int) -> float:
         """What DP noise alone may put between two honest states over ``elements``
         coordinates (0 without DP): ``clip``'s bound grows by it."""
-        return noise_slack(self.noise_spread, elements, NOISE_MARGIN)
+        return robust.noise_slack(self.noise_spread, elements, NOISE_MARGIN)
 
     def _reference(self, states: Sequence[State], names: list[str]) -> State | None:
         """:attr:`reference` over ``names``, when it has the inputs' layout there."""

@@ -436,3 +436,13 @@ def check_bounds(rule: str, n: int, f: int, m: int | None, beta: float) -> None:
             )
     elif rule == "bulyan" and n < 4 * f + 3:
         raise ValueError(f"defence.rule bulyan needs n >= 4f + 3 inputs {where}")
+
+
+def noise_slack(spread: float, elements: int, margin: float) -> float:
+    """The distance DP noise alone may put between two honest states over ``elements``
+    coordinates: ``margin·√2·s·√elements`` (two independent noises differ by ``√2·s`` per
+    coordinate; ``margin`` covers peers whose σ, steps or batch differ from the node's
+    own)."""
+    if spread <= 0 or elements <= 0:
+        return 0.0
+    return margin * math.sqrt(2.0) * spread * math.sqrt(elements)

@@ -68,13 +68,3 @@ def update_spread(*, noise_multiplier: float, max_update_norm: float) -> float:
     if min(noise_multiplier, max_update_norm) < 0:
         raise ValueError("update_spread: σ and C must be >= 0")
     return noise_multiplier * max_update_norm
-
-
-def noise_slack(spread: float, elements: int, margin: float) -> float:
-    """The distance DP noise alone may put between two honest states over ``elements``
-    coordinates: ``margin·√2·s·√elements`` (two independent noises differ by ``√2·s`` per
-    coordinate; ``margin`` covers peers whose σ, steps or batch differ from the node's
-    own)."""
-    if spread <= 0 or elements <= 0:
-        return 0.0
-    return margin * math.sqrt(2.0) * spread * math.sqrt(elements)

@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from p2pfl.privacy.noise_spread import dp_sgd_spread, noise_slack, update_spread
+from p2pfl.learning.robust import noise_slack
+from p2pfl.privacy.noise_spread import dp_sgd_spread, update_spread
 
 
 def _simulated_spread(optimizer: str, lr: float, momentum: float, std: float, steps: int) -> float:
