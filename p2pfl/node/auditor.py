@@ -9,6 +9,7 @@ the round driver (:mod:`p2pfl.node.centralized`) owns one :class:`AuditRole`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from p2pfl.learning.state import State
 from p2pfl.node.audit import check_own_entry, check_verdict, compare
 from p2pfl.node.audit import recompute as recompute_aggregate
 from p2pfl.node.plans import RoundPlan, waits_on
+from p2pfl.node.reach import Reachability
 from p2pfl.node.services import NodeServices
 from p2pfl.wire.codec import state_nbytes
 from p2pfl.wire.envelope import Envelope
@@ -54,6 +56,8 @@ class AuditRole:
         self.verdicts: dict[tuple[int, int], dict[str, Any]] = {}
         # aggregators an auditor caught: every member skips them as aggregators from then on
         self.convicted: set[str] = set()
+        # docs/wire.md, "Partitions": an auditor cut off is not waited on (None: no view)
+        self.reach: Reachability | None = None
 
     def forget(self, floor: int) -> None:
         """Drop the verdicts of round ``floor`` and before (convictions stay)."""
@@ -118,10 +122,17 @@ class AuditRole:
             verdict = await self._recompute_and_announce(plan, attempt, aggregator, body, received)
             record.update(verdict)
         else:
-            await svc.wait_for(
-                lambda: (r, attempt) in self.verdicts or not waits_on(svc, auditor, r),
-                t0 + self.cfg.timing.aggregator_timeout,
-            )
+            reach = self.reach
+            watch = contextlib.nullcontext() if reach is None else reach.watching(lambda: [auditor])
+            async with watch:
+                await svc.wait_for(
+                    lambda: (
+                        (r, attempt) in self.verdicts
+                        or not waits_on(svc, auditor, r)
+                        or (reach is not None and reach.cut_off(auditor) is not None)
+                    ),
+                    t0 + self.cfg.timing.aggregator_timeout,
+                )
             heard = self.verdicts.get((r, attempt))
             record["verdict"] = heard["verdict"] if heard else None  # None: auditor silent
             if heard and heard["why"]:

@@ -95,6 +95,8 @@ from p2pfl.node.aggregator import AggregatorRole
 from p2pfl.node.audit import audit_active, auditor_of
 from p2pfl.node.auditor import AuditRole
 from p2pfl.node.election import succession
+from p2pfl.node.lineage import Lineage
+from p2pfl.node.partition import follow_bridges, member_reach
 from p2pfl.node.plans import (
     RoundPlan,
     announced_plan,
@@ -172,6 +174,10 @@ class CentralizedRounds:
         self.audit = AuditRole(
             services, self._aggregator, self._auditor, self.role.upload, self.role.late_upload
         )
+        # docs/wire.md, "Partitions": who is reachable, and the model lineage followed
+        self.reach = member_reach(services)
+        self.lineage = Lineage()
+        self.role.reach, self.role.lineage, self.audit.reach = self.reach, self.lineage, self.reach
 
     # ------------------------------------------------------------------ small helpers
     @property
@@ -309,6 +315,7 @@ class CentralizedRounds:
             return
         if not self.role.collect(env):  # a malformed body: dropped
             return
+        self.role.late_report(env.round, env.attempt)  # announced already: once more
         self._wanted[env.round] = max(self._wanted.get(env.round, 0), env.attempt)
         self.services.notify()
 
@@ -512,8 +519,9 @@ class CentralizedRounds:
                 failovers.append({"attempt": attempt, "aggregator": agg, "why": "convicted"})
                 attempt += 1
                 continue
-            if not self._online(agg):
-                failovers.append({"attempt": attempt, "aggregator": agg, "why": "offline"})
+            cut_off = await self.reach.check(agg)  # presence, the direct lane, bridges
+            if cut_off is not None:
+                failovers.append({"attempt": attempt, "aggregator": agg, "why": cut_off})
                 attempt += 1
                 continue
             svc.publish_status(r, "waiting")  # for this attempt's aggregator
@@ -533,11 +541,13 @@ class CentralizedRounds:
                 return (
                     any(a >= attempt for a in self._announced.get(r, {}))
                     or not waits_on(svc, agg, r)
+                    or self.reach.cut_off(agg) is not None
                     or self._wanted.get(r, 0) > attempt
                     or self._behind(r) is not None
                 )
 
-            await svc.wait_for(settled, deadline)
+            async with self.reach.watching(lambda agg=agg: [agg]):
+                await svc.wait_for(settled, deadline)
             self._check_behind(r)
             if any(a >= attempt for a in self._announced.get(r, {})):
                 continue  # taken at the top of the loop
@@ -547,7 +557,7 @@ class CentralizedRounds:
                 continue
             if (svc.reported_round(agg) or 0) >= r:  # it settled the round without us
                 raise _Behind(r)
-            why = "offline" if not self._online(agg) else "deadline"
+            why = self.reach.cut_off(agg) or "deadline"
             log.warning("%s: round %d: aggregator %s %s; next peer", self.id, r, agg, why)
             failovers.append({"attempt": attempt, "aggregator": agg, "why": why})
             attempt += 1
@@ -614,6 +624,7 @@ class CentralizedRounds:
         trained: TrainOutcome | None = None
         lr = round_lr(cfg.training, plan.round if plan else after + 1)
         svc.begin_round(plan.round if plan is not None else after + 1)
+        self.reach.begin_round()
         if plan is not None:
             r = plan.round
             self.rosters[r] = plan.roster
@@ -627,7 +638,11 @@ class CentralizedRounds:
                 trained = await svc.train(r)
                 self.role.keep_upload(r, await asyncio.to_thread(alg.upload))
                 n = svc.claimed_samples(len(svc.data.train_y), r)
-                own = {"n": n, "report": alg.report(trained.result, lr)}
+                own = {
+                    "n": n,
+                    "report": alg.report(trained.result, lr),
+                    "lineage": self.lineage.name,
+                }
             t_comm = time.monotonic()
             settled = await self._settle(plan, participated, own)
             if self.secure is not None:  # the member's part, beside the aggregator's facts
@@ -661,6 +676,8 @@ class CentralizedRounds:
             else:
                 body = settled["announcement"] or {}
                 svc.merged_from = sorted({settled["aggregator"], *body.get("aggregated", [])})
+        if settled["announcement"] is not None and apply_error is None:
+            self.lineage.adopt(settled["announcement"])  # its model is the one now held
         self.applied = r
         svc.publish_status(r, "evaluating")
         evaluated = await svc.evaluate()
@@ -685,6 +702,7 @@ class CentralizedRounds:
             "observer": plan is None,
             "received": received is not None,
             "roster": plan.roster if plan else None,
+            "lineage": self.lineage.name,
             **settled,  # aggregator, attempt, failovers (and the aggregator's own facts)
         }
         if cfg.timing.quorum is not None:  # semi-asynchronous rounds
@@ -739,6 +757,7 @@ class CentralizedRounds:
         or falls :data:`~p2pfl.node.services.LAG_ROUNDS` behind), from the next announcement
         on (observing first)."""
         svc, cfg = self.services, self.cfg
+        await follow_bridges(svc)
         plan = self.first_plan()
         after = 0
         if plan is None:

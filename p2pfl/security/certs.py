@@ -189,6 +189,8 @@ def mosquitto_acl(swarm: str | None) -> str:
             f"pattern write p2pfl/{s}/inbox/+",
             f"pattern write p2pfl/{s}/status/%u",
             f"pattern read p2pfl/{s}/status/+",
+            "# every client may read the state of the broker's bridges (reachability)",
+            "pattern read $SYS/broker/connection/+/state",
             "# a bridge between site brokers relays the whole swarm, both ways",
             f"user {BRIDGE_CN}",
             f"topic readwrite p2pfl/{s}/#",
