@@ -27,14 +27,16 @@ One round, seen from member ``i``:
    this node's uploads and results);
 4. on the announcement a client pulls what it receives (``result``) — only its own part:
    FedPer's ``g``, DiversiFed's ``z_i``, pFedC's shared layers and its own heads;
-5. **failover**: when the aggregator goes offline (Last Will), misses the deadline
+5. **failover**: when the aggregator goes offline (Last Will), cannot be reached (a
+   partition: :mod:`p2pfl.node.reach`; docs/wire.md, "Partitions"), misses the deadline
    (``aggregator_timeout``), or a later attempt is announced or requested, or its result is
    refused (admission; docs/design.md, "Robust aggregation") or caught by the audit, the
    member moves to attempt ``a + 1`` — the next peer in order — and reports again. In a
    signed swarm every member waits for the round's audit verdict before applying
    (:class:`~p2pfl.node.auditor.AuditRole`; docs/design.md, "Auditing the aggregator"),
    and a convicted aggregator is skipped from then on;
-6. the member applies the result, evaluates, records (:meth:`NodeServices.round_record`:
+6. the member applies the result, follows its model lineage
+   (:mod:`p2pfl.node.lineage`: the record's ``lineage``), evaluates, records (:meth:`NodeServices.round_record`:
    the method's ``apply`` facts, and on the aggregator its server-rule facts prefixed
    ``agg_``, under the record's ``method`` key), and starts round ``r + 1``.
 
