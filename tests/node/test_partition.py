@@ -8,8 +8,9 @@ goes down: the Mosquitto bridge and the direct lane between the sites both go de
 plugged back in once every node has finished :data:`CUT_ROUNDS` more rounds (or after
 :data:`CUT_MAX_S`). Then:
 
-- no round of any node took more than ``K × round_timeout_s`` (:data:`K`, :data:`T`): a
-  member does not wait out the aggregators across the cut (FedAvg), nor for peers there;
+- no round of any node took more than ``K × round_timeout_s`` (:data:`K`, :data:`T`; round
+  1, which holds the start, excepted): a member does not wait out the aggregators across
+  the cut (FedAvg), nor for peers there;
 - FedAvg: the two sides forked (records of both sides name different lineages while cut
   off), and within :data:`HEAL_ROUNDS` rounds of the heal every node names one lineage, to
   the end, where every node holds the same model;
@@ -198,8 +199,9 @@ def test_partition_heals_into_one_swarm(tmp_path, algorithm):
             assert rs and rs[-1]["round"] == ROUNDS, f"{n}: {[r['round'] for r in rs]}\n{logs()}"
 
         # no round waited out the other side: at most K × round_timeout_s, on both sides
+        # (round 1 holds the start, first connections and first model build, not the cut)
         slow = {
-            n: [(r["round"], r["round_s"]) for r in rs if r["round_s"] > K * T]
+            n: [(r["round"], r["round_s"]) for r in rs if r["round"] > 1 and r["round_s"] > K * T]
             for n, rs in recs.items()
         }
         figures = {
