@@ -129,7 +129,7 @@ class AuditRole:
                     lambda: (
                         (r, attempt) in self.verdicts
                         or not waits_on(svc, auditor, r)
-                        or (reach is not None and reach.cut_off(auditor) is not None)
+                        or (reach is not None and reach.cut_lately(auditor))
                     ),
                     t0 + self.cfg.timing.aggregator_timeout,
                 )
