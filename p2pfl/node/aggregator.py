@@ -50,7 +50,8 @@ from typing import Any
 
 from p2pfl.algorithms.base import Aggregate, CentralizedAlgorithm, Upload
 from p2pfl.learning.state import State
-from p2pfl.node.lineage import Lineage, check_lineage, result_lineage
+from p2pfl.node.lineage import Lineage, check_lineage
+from p2pfl.node.partition import name_result
 from p2pfl.node.plans import RoundPlan, draw_plan, live_members, waits_on
 from p2pfl.node.quorum import (
     LATENCY_WINDOW,
@@ -60,7 +61,7 @@ from p2pfl.node.quorum import (
     quorum_count,
     staleness_weight,
 )
-from p2pfl.node.reach import UNREACHABLE, Reachability
+from p2pfl.node.reach import Reachability
 from p2pfl.node.secure_round import PART as MASKED
 from p2pfl.node.secure_round import SecureRounds
 from p2pfl.node.services import NodeServices
@@ -373,7 +374,7 @@ class AggregatorRole:
             "claims": {p: claims[p] for p in sorted(uploads)},
             "reports": {p: uploads[p].report for p in sorted(uploads)},
         }
-        merged = self._name_lineage(announcement, got, r, attempt)
+        merged = name_result(self.lineage, self.reach, announcement, got, r, attempt, self.id)
         if quorum is not None:
             announcement["late"] = counted_late
             announcement["closed_without"] = closed_without
@@ -460,47 +461,6 @@ class AggregatorRole:
     def _watching(self, peers: Callable[[], list[str]]) -> Any:
         """While a wait is on, re-probe the peers it waits on (nothing without a view)."""
         return contextlib.nullcontext() if self.reach is None else self.reach.watching(peers)
-
-    def _name_lineage(
-        self,
-        announcement: dict[str, Any],
-        reports: dict[str, dict[str, Any]],
-        round_no: int,
-        attempt: int,
-    ) -> list[str]:
-        """Name the lineage of this result in ``announcement`` (:func:`result_lineage`);
-        returns the other lineages it merged."""
-        if self.lineage is None:
-            return []
-        reporters = {
-            p: reports[p]["lineage"]
-            for p in announcement["aggregated"]
-            if p != self.id and "lineage" in reports.get(p, {})
-        }
-        reach = self.reach
-
-        def cut_off(member: str) -> bool:
-            return reach is not None and reach.cut_off(member) == UNREACHABLE
-
-        name, merged = result_lineage(
-            self.lineage.name,
-            self.lineage.followers,
-            reporters,
-            cut_off,
-            round_no,
-            attempt,
-            self.id,
-        )
-        announcement["lineage"] = name
-        if merged or name != self.lineage.name:
-            log.warning(
-                "%s: round %d: lineage %s%s",
-                self.id,
-                round_no,
-                name,
-                f", merging {merged}" if merged else f" (forked from {self.lineage.name})",
-            )
-        return merged
 
     async def _aggregate_uploads(
         self,

@@ -35,9 +35,9 @@ One round, seen from member ``i``:
    signed swarm every member waits for the round's audit verdict before applying
    (:class:`~p2pfl.node.auditor.AuditRole`; docs/design.md, "Auditing the aggregator"),
    and a convicted aggregator is skipped from then on;
-6. the member applies the result, follows its model lineage
-   (:mod:`p2pfl.node.lineage`: the record's ``lineage``), evaluates, records (:meth:`NodeServices.round_record`:
-   the method's ``apply`` facts, and on the aggregator its server-rule facts prefixed
+6. the member applies the result, follows its model lineage (:mod:`p2pfl.node.lineage`:
+   the record's ``lineage``), evaluates, records (:meth:`NodeServices.round_record`: the
+   method's ``apply`` facts, and on the aggregator its server-rule facts prefixed
    ``agg_``, under the record's ``method`` key), and starts round ``r + 1``.
 
 Every message carries ``(round, attempt)``. An announcement or report of a round already

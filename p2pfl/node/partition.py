@@ -1,13 +1,16 @@
 """A centralized member's view of a partition, wired to its node (docs/wire.md,
 "Partitions"): the :class:`~p2pfl.node.reach.Reachability` of its peers over this node's
-presence, direct lane and broker bridges, and the bridges' state followed from the broker.
-The rules are pure and live in :mod:`p2pfl.node.reach` and :mod:`p2pfl.node.lineage`."""
+presence, direct lane and broker bridges, the bridges' state followed from the broker, and
+the lineage an aggregator names its result after. The rules are pure and live in
+:mod:`p2pfl.node.reach` and :mod:`p2pfl.node.lineage`."""
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
-from p2pfl.node.reach import Reachability
+from p2pfl.node.lineage import Lineage, result_lineage
+from p2pfl.node.reach import UNREACHABLE, Reachability
 from p2pfl.node.services import NodeServices
 from p2pfl.wire.transport import TransportError
 
@@ -46,3 +49,37 @@ async def follow_bridges(services: NodeServices) -> None:
         await services.transport.follow_bridges()
     except TransportError as exc:  # the next connection subscribes
         log.debug("%s: bridge state not followed yet: %s", services.id, exc)
+
+
+def name_result(
+    lineage: Lineage | None,
+    reach: Reachability | None,
+    announcement: dict[str, Any],
+    reports: dict[str, dict[str, Any]],
+    round_no: int,
+    attempt: int,
+    node_id: str,
+) -> list[str]:
+    """Name the lineage of an aggregator's result in its ``announcement`` (``lineage``;
+    :func:`~p2pfl.node.lineage.result_lineage`) from the lineage of each aggregated report
+    (``reports``: member → kept report) and this node's own; returns the other lineages the
+    result merged. Nothing without a lineage to follow (``lineage`` None)."""
+    if lineage is None:
+        return []
+    reporters = {
+        p: reports[p]["lineage"]
+        for p in announcement["aggregated"]
+        if p != node_id and "lineage" in reports.get(p, {})
+    }
+
+    def cut_off(member: str) -> bool:
+        return reach is not None and reach.cut_off(member) == UNREACHABLE
+
+    name, merged = result_lineage(
+        lineage.name, lineage.followers, reporters, cut_off, round_no, attempt, node_id
+    )
+    announcement["lineage"] = name
+    if merged or name != lineage.name:
+        how = f", merging {merged}" if merged else f" (forked from {lineage.name})"
+        log.warning("%s: round %d: lineage %s%s", node_id, round_no, name, how)
+    return merged
