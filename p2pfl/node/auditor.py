@@ -103,11 +103,15 @@ class AuditRole:
         body: dict[str, Any],
         received: State | None,
         own: dict[str, Any] | None,
+        superseded: Callable[[], bool] = lambda: False,
     ) -> tuple[str | None, dict[str, Any]]:
         """The audit of attempt ``attempt`` of ``plan.round`` (docs/design.md, "Auditing
         the aggregator"): the auditor recomputes and announces its verdict; every other
         member checks its own entry of the announcement and waits (bounded) for the
-        verdict. Returns (why the round fails over, or None; the record's ``audit``)."""
+        verdict, or until ``superseded()`` says a later attempt of the round was announced
+        (members that moved on do not audit this one: the round fails over to the later
+        attempt, ``superseded``). Returns (why the round fails over, or None; the record's
+        ``audit``)."""
         svc, r = self.services, plan.round
         auditor = self.auditor_of(r, attempt)
         if auditor is None:
@@ -128,12 +132,15 @@ class AuditRole:
                 await svc.wait_for(
                     lambda: (
                         (r, attempt) in self.verdicts
+                        or superseded()
                         or not waits_on(svc, auditor, r)
                         or (reach is not None and reach.cut_lately(auditor))
                     ),
                     t0 + self.cfg.timing.aggregator_timeout,
                 )
             heard = self.verdicts.get((r, attempt))
+            if heard is None and superseded():
+                return "superseded", {}
             record["verdict"] = heard["verdict"] if heard else None  # None: auditor silent
             if heard and heard["why"]:
                 record["why"] = heard["why"]

@@ -88,6 +88,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from p2pfl.algorithms.base import CentralizedAlgorithm
@@ -397,6 +398,10 @@ class CentralizedRounds:
         return own
 
     # ------------------------------------------------------------------ succession
+    def _superseded_at(self, round_no: int, attempt: int) -> Callable[[], bool]:
+        """Whether a later attempt than ``attempt`` of ``round_no`` was announced."""
+        return lambda: self._superseding(round_no, attempt) is not None
+
     def _superseding(self, round_no: int, attempt: int) -> int | None:
         later = [a for a in self._announced.get(round_no, {}) if a > attempt]
         return max(later) if later else None
@@ -473,7 +478,9 @@ class CentralizedRounds:
                         attempt += 1
                         continue
                 sent = self._sent(r, body, own)
-                caught, audit = await self.audit.check(plan, attempt, sender, body, received, sent)
+                caught, audit = await self.audit.check(
+                    plan, attempt, sender, body, received, sent, self._superseded_at(r, attempt)
+                )
                 if caught is not None:
                     failovers.append({"attempt": attempt, "aggregator": sender, "why": caught})
                     attempt += 1
@@ -502,7 +509,9 @@ class CentralizedRounds:
                     continue
                 announcement, received, facts, server_facts = out
                 sent = self._sent(r, announcement, own)
-                caught, audit = await self.audit.check(plan, attempt, agg, announcement, None, sent)
+                caught, audit = await self.audit.check(
+                    plan, attempt, agg, announcement, None, sent, self._superseded_at(r, attempt)
+                )
                 if caught is not None:  # the swarm fails the round over: so does this node
                     failovers.append({"attempt": attempt, "aggregator": agg, "why": caught})
                     attempt += 1

@@ -47,20 +47,23 @@ pytestmark = pytest.mark.integration
 
 SITES = {"a": ["n0", "n1"], "b": ["n2", "n3"]}
 SITE_OF = {n: s for s, ids in SITES.items() for n in ids}
-ROUNDS = 60
-T = 6.0  # round_timeout_s
+ROUNDS = 30
+T = 8.0  # round_timeout_s
 K = 2.0  # no round may take more than K × T
 CUT_AT = 3  # the cable is cut once every node finished this round
-CUT_ROUNDS = 5  # ... and plugged back in once every node finished this many more
-CUT_MAX_S = 45.0
-HEAL_ROUNDS = 6  # rounds after the heal within which the swarm is one lineage again
+CUT_ROUNDS = 4  # ... and plugged back in once every node finished this many more
+CUT_MAX_S = 60.0
+HEAL_ROUNDS = 10  # rounds after the heal within which the swarm is one lineage again
+# every access link 100 ms one way (the ``wan`` preset): rounds of about a second or two,
+# as between two sites, so that a heal (the bridge's stalled TCP resuming) spans few rounds
+NETWORK = "network: {default: wan}\n"
 BROKER_READY_S = 45.0
 DEADLINE_S = 420.0
 
 
 def _topology(swarm: str, algorithm: str, secure: bool) -> str:
     text = synthetic_topology(swarm, SITES, rounds=ROUNDS, algorithm=algorithm, secure=secure)
-    return text.replace("round_timeout_s: 30", f"round_timeout_s: {T:g}")
+    return text.replace("round_timeout_s: 30", f"round_timeout_s: {T:g}") + NETWORK
 
 
 def _records(run: Path, nid: str) -> list[dict]:
