@@ -152,6 +152,8 @@ class CentralizedRounds:
         self.applied = 0  # last round whose result this member applied (or gave up on)
         self._announced: dict[int, dict[int, tuple[str, dict[str, Any]]]] = {}
         self._wanted: dict[int, int] = {}  # round -> highest attempt a peer asked us to run
+        # the newest announcement heard too far ahead: (round, attempt, sender, body)
+        self._newest: tuple[int, int, str, dict[str, Any]] | None = None
         # the audit of each round's aggregate (signed swarms): verdicts heard, and the
         # aggregators an auditor caught, skipped as aggregators from then on
         self.audited = audit_active(services.cfg, self.alg)
@@ -284,7 +286,10 @@ class CentralizedRounds:
             return
         if env.kind != "announce" or env.sender not in self.members:
             return
-        if self._stale(env, "announce") or self._too_far(env, "announce"):
+        if self._stale(env, "announce"):
+            return
+        if self._too_far(env, "announce"):
+            self._keep_newest(env)
             return
         expected = self._aggregator(env.round, env.attempt)
         if expected is not None and expected != env.sender:
@@ -303,6 +308,26 @@ class CentralizedRounds:
             return
         self._announced.setdefault(env.round, {})[env.attempt] = (env.sender, body)
         self.services.notify()
+
+    def _keep_newest(self, env: Envelope) -> None:
+        """Keep the newest announcement too far ahead to use now (one, checked, of a round
+        live presence reports at most one ahead): when this node finds it has fallen behind
+        and observes (:meth:`_observe`), it starts from it rather than waiting for the next
+        one, which may wait on this node (after a partition heals: docs/wire.md,
+        "Partitions")."""
+        newest = self._newest
+        if newest is not None and newest[0] >= env.round:
+            return
+        if env.round > self._swarm_round() + 1:
+            return
+        try:
+            body = check_announcement(env.body, self.members)
+            drawn = drawn_of(self.alg, self.cfg.seed, env.round + 1, body["roster"])
+            if drawn is not None and not set(body["participants"]) <= set(drawn):
+                return
+        except ValueError:
+            return
+        self._newest = (env.round, env.attempt, env.sender, body)
 
     def on_inbox(self, env: Envelope) -> None:
         if env.kind in SECURE_KINDS:
@@ -588,6 +613,9 @@ class CentralizedRounds:
         :class:`_Behind` when presence shows the swarm :data:`LAG_ROUNDS` past ``after``."""
         svc, cfg = self.services, self.cfg
         await self._hear(None)  # the next roster is unknown: any member may aggregate
+        if self._newest is not None and self._newest[0] > after:  # heard while behind
+            r, attempt, sender, body = self._newest
+            self._announced.setdefault(r, {})[attempt] = (sender, body)
         deadline = time.monotonic() + cfg.timing.startup_timeout_s + cfg.timing.aggregator_timeout
         while True:
             # the swarm may be further on than ``after`` said (a node that resumes from a
