@@ -374,6 +374,8 @@ class AggregatorRole:
             "claims": {p: claims[p] for p in sorted(uploads)},
             "reports": {p: uploads[p].report for p in sorted(uploads)},
         }
+        if self.reach is not None and self.lineage is not None:  # who may fork it, probed now
+            await self.reach.refresh(self.lineage.followers)
         merged = name_result(self.lineage, self.reach, announcement, got, r, attempt, self.id)
         if quorum is not None:
             announcement["late"] = counted_late

@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 PROBE_TIMEOUT_S = 2.0  # a connect on a live link takes milliseconds, even under load
 PROBE_TTL_S = 1.5  # a probe this recent is not repeated
 RECHECK_S = 1.0  # how often a wait re-probes the peers it waits on
+PROBE_KEPT_S = 5.0  # a probe older than this says nothing any more (a link may have healed)
 
 OFFLINE = "offline"
 UNREACHABLE = "unreachable"
@@ -88,14 +89,16 @@ class Reachability:
         self.probes = 0
 
     def cut_off(self, peer: str) -> str | None:
-        """Why ``peer`` cannot be reached, from presence and the latest probe (no new
-        probe): :func:`verdict`. None for this node itself."""
+        """Why ``peer`` cannot be reached, from presence and the latest probe if it is at
+        most :data:`PROBE_KEPT_S` old (no new probe): :func:`verdict`. None for this node
+        itself."""
         if peer == self.id:
             return None
         last = self._last.get(peer)
+        fresh = last is not None and time.monotonic() - last[0] <= PROBE_KEPT_S
         return verdict(
             self._online(peer),
-            None if last is None else last[1],
+            last[1] if fresh and last is not None else None,
             peer in self.answered or self._answered(peer),
             self._bridge_down(),
         )

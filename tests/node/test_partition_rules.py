@@ -214,3 +214,15 @@ def test_announcement_lineage_is_checked():
     assert check_announcement({**base, "lineage": "3.1.b"}, {"a", "b"})["lineage"] == "3.1.b"
     with pytest.raises(ValueError, match="lineage"):
         check_announcement({**base, "lineage": {"x": 1}}, {"a", "b"})
+
+
+async def test_a_failed_probe_stops_counting_once_old(monkeypatch):
+    monkeypatch.setattr("p2pfl.node.reach.PROBE_TTL_S", 0.0)
+    peers = _Peers()
+    reach = peers.reach()
+    assert await reach.check("a") is None
+    peers.lane["a"] = False
+    assert await reach.check("a") == UNREACHABLE
+    monkeypatch.setattr("p2pfl.node.reach.PROBE_KEPT_S", 0.0)
+    await asyncio.sleep(0.01)
+    assert reach.cut_off("a") is None  # the link may have healed: probe again to know
