@@ -17,7 +17,9 @@ plugged back in once every node has finished :data:`CUT_ROUNDS` more rounds (or 
 - UA-PDFL (decentralized; unchanged by this work): each side carries on during the cut, and
   after the heal every node merges peers of the other site again.
 
-Needs root and ``ip netns`` (skipped otherwise); everything it creates is removed in
+Every access link is emulated as ``wan`` (100 ms one way), so rounds take about a second
+or two, as between two sites: the heal then spans a few rounds rather than dozens. Needs
+root and ``ip netns`` (skipped otherwise); everything it creates is removed in
 ``finally``. ``-s`` prints each run's figures.
 """
 
