@@ -41,6 +41,7 @@ upload was counted already (``counted``). With ``quorum`` None none of this runs
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import OrderedDict, deque
@@ -49,6 +50,8 @@ from typing import Any
 
 from p2pfl.algorithms.base import Aggregate, CentralizedAlgorithm, Upload
 from p2pfl.learning.state import State
+from p2pfl.node.lineage import Lineage, check_lineage
+from p2pfl.node.partition import name_result
 from p2pfl.node.plans import RoundPlan, draw_plan, live_members, waits_on
 from p2pfl.node.quorum import (
     LATENCY_WINDOW,
@@ -58,6 +61,7 @@ from p2pfl.node.quorum import (
     quorum_count,
     staleness_weight,
 )
+from p2pfl.node.reach import Reachability
 from p2pfl.node.secure_round import PART as MASKED
 from p2pfl.node.secure_round import SecureRounds
 from p2pfl.node.services import NodeServices
@@ -111,6 +115,13 @@ class AggregatorRole:
         self.latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
         # privacy.secagg: the driver's secure aggregation (None: off)
         self.secure: SecureRounds | None = None
+        # docs/wire.md, "Partitions": the driver's view of who is reachable (a peer cut off
+        # is not waited on) and the lineage this node follows (None: neither, as in tests)
+        self.reach: Reachability | None = None
+        self.lineage: Lineage | None = None
+        self._announcements: dict[tuple[int, int], dict[str, Any]] = {}  # made by this node
+        self._reannounced: dict[tuple[int, int], float] = {}
+        self._tasks: set[asyncio.Future] = set()
 
     # ------------------------------------------------------------------ what it holds
     def keep_upload(self, round_no: int, state: State) -> None:
@@ -167,7 +178,14 @@ class AggregatorRole:
             late = {"n": n, "report": report, "trained": trained}
             self._late_reports.setdefault(key, {})[env.sender] = late
             return True
-        self._reports.setdefault(key, {})[env.sender] = {"n": n, "report": report}
+        kept: dict[str, Any] = {"n": n, "report": report}
+        if "lineage" in body:  # docs/wire.md, "Partitions"
+            try:
+                kept["lineage"] = check_lineage(body["lineage"])
+            except ValueError as exc:
+                self.services.drop("malformed", f"report from {env.sender}: {exc}")
+                return False
+        self._reports.setdefault(key, {})[env.sender] = kept
         self._arrived.setdefault(key, {}).setdefault(env.sender, time.monotonic())
         return True
 
@@ -184,7 +202,7 @@ class AggregatorRole:
             del self._reports[key]
         for key in [k for k in self._served if k[0] <= floor]:
             del self._served[key]
-        for d in (self._late_reports, self._arrived):
+        for d in (self._late_reports, self._arrived, self._announcements, self._reannounced):
             for key in [k for k in d if k[0] <= floor]:
                 del d[key]
         for d2 in (self._late_offer, self._started, self._ready):
@@ -297,9 +315,11 @@ class AggregatorRole:
 
             def ready() -> bool:
                 got = self._reports.get((r, attempt), {})
-                return superseded() or all(p in got or not waits_on(svc, p, r) for p in expected)
+                return superseded() or all(p in got or not self._waits(p, r) for p in expected)
 
-            await svc.wait_for(ready, t0 + cfg.timing.round_timeout_s)
+            unheard = lambda: [p for p in expected if p not in self._reports.get((r, attempt), {})]  # noqa: E731
+            async with self._watching(unheard):
+                await svc.wait_for(ready, t0 + cfg.timing.round_timeout_s)
         else:
             closing = await self._collect_quorum(plan, attempt, own, superseded, t0, expected)
         if superseded():
@@ -356,16 +376,17 @@ class AggregatorRole:
         }
         if svc.defence.noise_spread > 0:  # the DP allowance clip measured with: audited
             announcement["noise_spread"] = svc.defence.noise_spread
+        if self.reach is not None and self.lineage is not None:  # who may fork it, probed now
+            await self.reach.refresh(self.lineage.followers)
+        merged = name_result(self.lineage, self.reach, announcement, got, r, attempt, self.id)
         if quorum is not None:
             announcement["late"] = counted_late
             announcement["closed_without"] = closed_without
             latency = self._latency(r, attempt, reports, own)
             if latency is not None:
                 announcement["report_s"] = latency
-        try:
-            await svc.transport.gossip(r, announcement, kind="announce", attempt=attempt)
-        except TransportError as exc:
-            log.warning("%s: round %d: announcement not sent: %s", self.id, r, exc)
+        self._announcements[(r, attempt)] = announcement
+        await self._gossip_announcement(r, attempt)
         # stay in the round until every member that needs the result has it (bounded), so
         # the bytes it costs are counted in this round's record; a quorum round does not
         # wait for the members it closed without (they pull when their training is done)
@@ -378,12 +399,12 @@ class AggregatorRole:
             and self.alg.needs_result(n in uploads, n in participants, r >= cfg.rounds)
         }
         t_serve = time.monotonic()
-        await svc.wait_for(
-            lambda: all(
-                n in self._served.get((r, attempt), ()) or not waits_on(svc, n, r) for n in pullers
-            ),
-            t_serve + cfg.timing.round_timeout_s,
-        )
+        unserved = lambda: [n for n in pullers if n not in self._served.get((r, attempt), ())]  # noqa: E731
+        async with self._watching(unserved):
+            await svc.wait_for(
+                lambda: all(not self._waits(n, r) for n in unserved()),
+                t_serve + cfg.timing.round_timeout_s,
+            )
         facts: dict[str, Any] = {
             "aggregated": sorted(uploads),
             "upload_failed": failed,
@@ -391,6 +412,8 @@ class AggregatorRole:
             "collect_s": round(t_agg - t0, 4),
             "serve_s": round(time.monotonic() - t_serve, 4),
         }
+        if merged:
+            facts["lineage_merged"] = merged
         if closing is not None:
             facts["quorum"] = closing
         if secagg is not None:
@@ -400,6 +423,48 @@ class AggregatorRole:
         rule = result.facts if isinstance(result.facts, dict) else {}
         server_facts = {f"agg_{k}": v for k, v in rule.items()}
         return announcement, result.results.get(self.id, result.common), facts, server_facts
+
+    # ------------------------------------------------------------------ partitions
+    async def _gossip_announcement(self, round_no: int, attempt: int) -> None:
+        try:
+            await self.services.transport.gossip(
+                round_no, self._announcements[(round_no, attempt)], kind="announce", attempt=attempt
+            )
+        except TransportError as exc:
+            log.warning("%s: round %d: announcement not sent: %s", self.id, round_no, exc)
+
+    def late_report(self, round_no: int, attempt: int) -> None:
+        """A member reported to ``(round_no, attempt)`` after this node announced it: it
+        missed the announcement (it was cut off then: docs/wire.md, "Partitions"), so the
+        announcement goes out again (once a second at most)."""
+        key = (round_no, attempt)
+        now = time.monotonic()
+        if key not in self._announcements or now - self._reannounced.get(key, -1e9) < 1.0:
+            return
+        self._reannounced[key] = now
+        log.info("%s: round %d: a late report; announcing attempt %d again", self.id, *key)
+        task = asyncio.ensure_future(self._gossip_announcement(round_no, attempt))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _waits(self, peer: str, round_no: int) -> bool:
+        """Whether a wait of round ``round_no`` goes on waiting for ``peer``: it is in step
+        (:func:`waits_on`) and not cut off (docs/wire.md, "Partitions")."""
+        if not waits_on(self.services, peer, round_no):
+            return False
+        return self.reach is None or self.reach.cut_off(peer) is None
+
+    async def _cut_off(self, peers: dict[str, str]) -> dict[str, str]:
+        """The peers of ``peers`` cut off now (after a fresh probe), with why."""
+        if self.reach is None:
+            return {}
+        await self.reach.refresh(peers)
+        verdicts = {p: self.reach.cut_off(p) for p in peers}
+        return {p: why for p, why in verdicts.items() if why is not None}
+
+    def _watching(self, peers: Callable[[], list[str]]) -> Any:
+        """While a wait is on, re-probe the peers it waits on (nothing without a view)."""
+        return contextlib.nullcontext() if self.reach is None else self.reach.watching(peers)
 
     async def _aggregate_uploads(
         self,
@@ -418,6 +483,8 @@ class AggregatorRole:
         timeout = max(1.0, cfg.timing.round_timeout_s)
         parts = {p: "upload" for p in reports}
         parts.update({p: "late" for p in late if p != self.id})
+        cut = await self._cut_off(parts)  # a pull across a cut would wait out its timeout
+        parts = {p: part for p, part in parts.items() if p not in cut}
         pulled, failed = await svc.pull_many(
             parts,
             r,
@@ -425,6 +492,7 @@ class AggregatorRole:
             attempt=attempt,
             reference=lambda _part: template,  # admission: layout, finite, norm
         )
+        failed.update(cut)
         claims = svc.cap_claims({p: (reports.get(p) or late[p])["n"] for p in pulled})
         staleness = {p: r - late[p]["trained"] for p in late}
         a = cfg.timing.staleness_exponent

@@ -9,6 +9,7 @@ the round driver (:mod:`p2pfl.node.centralized`) owns one :class:`AuditRole`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from p2pfl.learning.state import State
 from p2pfl.node.audit import check_own_entry, check_verdict, compare, spread_problem
 from p2pfl.node.audit import recompute as recompute_aggregate
 from p2pfl.node.plans import RoundPlan, waits_on
+from p2pfl.node.reach import Reachability
 from p2pfl.node.services import NodeServices
 from p2pfl.wire.codec import state_nbytes
 from p2pfl.wire.envelope import Envelope
@@ -54,6 +56,8 @@ class AuditRole:
         self.verdicts: dict[tuple[int, int], dict[str, Any]] = {}
         # aggregators an auditor caught: every member skips them as aggregators from then on
         self.convicted: set[str] = set()
+        # docs/wire.md, "Partitions": an auditor cut off is not waited on (None: no view)
+        self.reach: Reachability | None = None
 
     def forget(self, floor: int) -> None:
         """Drop the verdicts of round ``floor`` and before (convictions stay)."""
@@ -99,11 +103,15 @@ class AuditRole:
         body: dict[str, Any],
         received: State | None,
         own: dict[str, Any] | None,
+        superseded: Callable[[], bool] = lambda: False,
     ) -> tuple[str | None, dict[str, Any]]:
         """The audit of attempt ``attempt`` of ``plan.round`` (docs/design.md, "Auditing
         the aggregator"): the auditor recomputes and announces its verdict; every other
         member checks its own entry of the announcement and waits (bounded) for the
-        verdict. Returns (why the round fails over, or None; the record's ``audit``)."""
+        verdict, or until ``superseded()`` says a later attempt of the round was announced
+        (members that moved on do not audit this one: the round fails over to the later
+        attempt, ``superseded``). Returns (why the round fails over, or None; the record's
+        ``audit``)."""
         svc, r = self.services, plan.round
         auditor = self.auditor_of(r, attempt)
         if auditor is None:
@@ -118,11 +126,21 @@ class AuditRole:
             verdict = await self._recompute_and_announce(plan, attempt, aggregator, body, received)
             record.update(verdict)
         else:
-            await svc.wait_for(
-                lambda: (r, attempt) in self.verdicts or not waits_on(svc, auditor, r),
-                t0 + self.cfg.timing.aggregator_timeout,
-            )
+            reach = self.reach
+            watch = contextlib.nullcontext() if reach is None else reach.watching(lambda: [auditor])
+            async with watch:
+                await svc.wait_for(
+                    lambda: (
+                        (r, attempt) in self.verdicts
+                        or superseded()
+                        or not waits_on(svc, auditor, r)
+                        or (reach is not None and reach.cut_lately(auditor))
+                    ),
+                    t0 + self.cfg.timing.aggregator_timeout,
+                )
             heard = self.verdicts.get((r, attempt))
+            if heard is None and superseded():
+                return "superseded", {}
             record["verdict"] = heard["verdict"] if heard else None  # None: auditor silent
             if heard and heard["why"]:
                 record["why"] = heard["why"]

@@ -27,15 +27,17 @@ One round, seen from member ``i``:
    this node's uploads and results);
 4. on the announcement a client pulls what it receives (``result``) — only its own part:
    FedPer's ``g``, DiversiFed's ``z_i``, pFedC's shared layers and its own heads;
-5. **failover**: when the aggregator goes offline (Last Will), misses the deadline
+5. **failover**: when the aggregator goes offline (Last Will), cannot be reached (a
+   partition: :mod:`p2pfl.node.reach`; docs/wire.md, "Partitions"), misses the deadline
    (``aggregator_timeout``), or a later attempt is announced or requested, or its result is
    refused (admission; docs/design.md, "Robust aggregation") or caught by the audit, the
    member moves to attempt ``a + 1`` — the next peer in order — and reports again. In a
    signed swarm every member waits for the round's audit verdict before applying
    (:class:`~p2pfl.node.auditor.AuditRole`; docs/design.md, "Auditing the aggregator"),
    and a convicted aggregator is skipped from then on;
-6. the member applies the result, evaluates, records (:meth:`NodeServices.round_record`:
-   the method's ``apply`` facts, and on the aggregator its server-rule facts prefixed
+6. the member applies the result, follows its model lineage (:mod:`p2pfl.node.lineage`:
+   the record's ``lineage``), evaluates, records (:meth:`NodeServices.round_record`: the
+   method's ``apply`` facts, and on the aggregator its server-rule facts prefixed
    ``agg_``, under the record's ``method`` key), and starts round ``r + 1``.
 
 Every message carries ``(round, attempt)``. An announcement or report of a round already
@@ -86,6 +88,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from p2pfl.algorithms.base import CentralizedAlgorithm
@@ -95,6 +98,8 @@ from p2pfl.node.aggregator import AggregatorRole
 from p2pfl.node.audit import audit_active, auditor_of
 from p2pfl.node.auditor import AuditRole
 from p2pfl.node.election import succession
+from p2pfl.node.lineage import Lineage
+from p2pfl.node.partition import follow_bridges, member_reach
 from p2pfl.node.plans import (
     RoundPlan,
     announced_plan,
@@ -147,6 +152,8 @@ class CentralizedRounds:
         self.applied = 0  # last round whose result this member applied (or gave up on)
         self._announced: dict[int, dict[int, tuple[str, dict[str, Any]]]] = {}
         self._wanted: dict[int, int] = {}  # round -> highest attempt a peer asked us to run
+        # the newest announcement heard too far ahead: (round, attempt, sender, body)
+        self._newest: tuple[int, int, str, dict[str, Any]] | None = None
         # the audit of each round's aggregate (signed swarms): verdicts heard, and the
         # aggregators an auditor caught, skipped as aggregators from then on
         self.audited = audit_active(services.cfg, self.alg)
@@ -172,6 +179,10 @@ class CentralizedRounds:
         self.audit = AuditRole(
             services, self._aggregator, self._auditor, self.role.upload, self.role.late_upload
         )
+        # docs/wire.md, "Partitions": who is reachable, and the model lineage followed
+        self.reach = member_reach(services)
+        self.lineage = Lineage()
+        self.role.reach, self.role.lineage, self.audit.reach = self.reach, self.lineage, self.reach
 
     # ------------------------------------------------------------------ small helpers
     @property
@@ -275,7 +286,10 @@ class CentralizedRounds:
             return
         if env.kind != "announce" or env.sender not in self.members:
             return
-        if self._stale(env, "announce") or self._too_far(env, "announce"):
+        if self._stale(env, "announce"):
+            return
+        if self._too_far(env, "announce"):
+            self._keep_newest(env)
             return
         expected = self._aggregator(env.round, env.attempt)
         if expected is not None and expected != env.sender:
@@ -295,6 +309,26 @@ class CentralizedRounds:
         self._announced.setdefault(env.round, {})[env.attempt] = (env.sender, body)
         self.services.notify()
 
+    def _keep_newest(self, env: Envelope) -> None:
+        """Keep the newest announcement too far ahead to use now (one, checked, of a round
+        live presence reports at most one ahead): when this node finds it has fallen behind
+        and observes (:meth:`_observe`), it starts from it rather than waiting for the next
+        one, which may wait on this node (after a partition heals: docs/wire.md,
+        "Partitions")."""
+        newest = self._newest
+        if newest is not None and newest[0] >= env.round:
+            return
+        if env.round > self._swarm_round() + 1:
+            return
+        try:
+            body = check_announcement(env.body, self.members)
+            drawn = drawn_of(self.alg, self.cfg.seed, env.round + 1, body["roster"])
+            if drawn is not None and not set(body["participants"]) <= set(drawn):
+                return
+        except ValueError:
+            return
+        self._newest = (env.round, env.attempt, env.sender, body)
+
     def on_inbox(self, env: Envelope) -> None:
         if env.kind in SECURE_KINDS:
             self._secure_message(env)
@@ -309,6 +343,7 @@ class CentralizedRounds:
             return
         if not self.role.collect(env):  # a malformed body: dropped
             return
+        self.role.late_report(env.round, env.attempt)  # announced already: once more
         self._wanted[env.round] = max(self._wanted.get(env.round, 0), env.attempt)
         self.services.notify()
 
@@ -388,6 +423,10 @@ class CentralizedRounds:
         return own
 
     # ------------------------------------------------------------------ succession
+    def _superseded_at(self, round_no: int, attempt: int) -> Callable[[], bool]:
+        """Whether a later attempt than ``attempt`` of ``round_no`` was announced."""
+        return lambda: self._superseding(round_no, attempt) is not None
+
     def _superseding(self, round_no: int, attempt: int) -> int | None:
         later = [a for a in self._announced.get(round_no, {}) if a > attempt]
         return max(later) if later else None
@@ -464,7 +503,9 @@ class CentralizedRounds:
                         attempt += 1
                         continue
                 sent = self._sent(r, body, own)
-                caught, audit = await self.audit.check(plan, attempt, sender, body, received, sent)
+                caught, audit = await self.audit.check(
+                    plan, attempt, sender, body, received, sent, self._superseded_at(r, attempt)
+                )
                 if caught is not None:
                     failovers.append({"attempt": attempt, "aggregator": sender, "why": caught})
                     attempt += 1
@@ -493,7 +534,9 @@ class CentralizedRounds:
                     continue
                 announcement, received, facts, server_facts = out
                 sent = self._sent(r, announcement, own)
-                caught, audit = await self.audit.check(plan, attempt, agg, announcement, None, sent)
+                caught, audit = await self.audit.check(
+                    plan, attempt, agg, announcement, None, sent, self._superseded_at(r, attempt)
+                )
                 if caught is not None:  # the swarm fails the round over: so does this node
                     failovers.append({"attempt": attempt, "aggregator": agg, "why": caught})
                     attempt += 1
@@ -512,8 +555,9 @@ class CentralizedRounds:
                 failovers.append({"attempt": attempt, "aggregator": agg, "why": "convicted"})
                 attempt += 1
                 continue
-            if not self._online(agg):
-                failovers.append({"attempt": attempt, "aggregator": agg, "why": "offline"})
+            cut_off = await self.reach.check(agg)  # presence, the direct lane, bridges
+            if cut_off is not None:
+                failovers.append({"attempt": attempt, "aggregator": agg, "why": cut_off})
                 attempt += 1
                 continue
             svc.publish_status(r, "waiting")  # for this attempt's aggregator
@@ -533,11 +577,13 @@ class CentralizedRounds:
                 return (
                     any(a >= attempt for a in self._announced.get(r, {}))
                     or not waits_on(svc, agg, r)
+                    or self.reach.cut_off(agg) is not None
                     or self._wanted.get(r, 0) > attempt
                     or self._behind(r) is not None
                 )
 
-            await svc.wait_for(settled, deadline)
+            async with self.reach.watching(lambda agg=agg: [agg]):
+                await svc.wait_for(settled, deadline)
             self._check_behind(r)
             if any(a >= attempt for a in self._announced.get(r, {})):
                 continue  # taken at the top of the loop
@@ -547,7 +593,7 @@ class CentralizedRounds:
                 continue
             if (svc.reported_round(agg) or 0) >= r:  # it settled the round without us
                 raise _Behind(r)
-            why = "offline" if not self._online(agg) else "deadline"
+            why = self.reach.cut_off(agg) or "deadline"
             log.warning("%s: round %d: aggregator %s %s; next peer", self.id, r, agg, why)
             failovers.append({"attempt": attempt, "aggregator": agg, "why": why})
             attempt += 1
@@ -567,6 +613,9 @@ class CentralizedRounds:
         :class:`_Behind` when presence shows the swarm :data:`LAG_ROUNDS` past ``after``."""
         svc, cfg = self.services, self.cfg
         await self._hear(None)  # the next roster is unknown: any member may aggregate
+        if self._newest is not None and self._newest[0] > after:  # heard while behind
+            r, attempt, sender, body = self._newest
+            self._announced.setdefault(r, {})[attempt] = (sender, body)
         deadline = time.monotonic() + cfg.timing.startup_timeout_s + cfg.timing.aggregator_timeout
         while True:
             # the swarm may be further on than ``after`` said (a node that resumes from a
@@ -614,6 +663,7 @@ class CentralizedRounds:
         trained: TrainOutcome | None = None
         lr = round_lr(cfg.training, plan.round if plan else after + 1)
         svc.begin_round(plan.round if plan is not None else after + 1)
+        self.reach.begin_round()
         if plan is not None:
             r = plan.round
             self.rosters[r] = plan.roster
@@ -627,7 +677,11 @@ class CentralizedRounds:
                 trained = await svc.train(r)
                 self.role.keep_upload(r, await asyncio.to_thread(alg.upload))
                 n = svc.claimed_samples(len(svc.data.train_y), r)
-                own = {"n": n, "report": alg.report(trained.result, lr)}
+                own = {
+                    "n": n,
+                    "report": alg.report(trained.result, lr),
+                    "lineage": self.lineage.name,
+                }
             t_comm = time.monotonic()
             settled = await self._settle(plan, participated, own)
             if self.secure is not None:  # the member's part, beside the aggregator's facts
@@ -661,6 +715,8 @@ class CentralizedRounds:
             else:
                 body = settled["announcement"] or {}
                 svc.merged_from = sorted({settled["aggregator"], *body.get("aggregated", [])})
+        if settled["announcement"] is not None and apply_error is None:
+            self.lineage.adopt(settled["announcement"])  # its model is the one now held
         self.applied = r
         svc.publish_status(r, "evaluating")
         evaluated = await svc.evaluate()
@@ -685,6 +741,7 @@ class CentralizedRounds:
             "observer": plan is None,
             "received": received is not None,
             "roster": plan.roster if plan else None,
+            "lineage": self.lineage.name,
             **settled,  # aggregator, attempt, failovers (and the aggregator's own facts)
         }
         if cfg.timing.quorum is not None:  # semi-asynchronous rounds
@@ -739,6 +796,7 @@ class CentralizedRounds:
         or falls :data:`~p2pfl.node.services.LAG_ROUNDS` behind), from the next announcement
         on (observing first)."""
         svc, cfg = self.services, self.cfg
+        await follow_bridges(svc)
         plan = self.first_plan()
         after = 0
         if plan is None:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from p2pfl.algorithms.base import CentralizedAlgorithm, draw_members
+from p2pfl.node.lineage import check_lineage
 from p2pfl.node.services import NodeServices
 
 
@@ -148,6 +149,8 @@ def check_announcement(body: Any, members: set[str]) -> dict[str, Any]:
         out["late"] = dict(late)
     if "closed_without" in body:
         out["closed_without"] = _check_ids(body["closed_without"], members, "closed_without")
+    if "lineage" in body:  # docs/wire.md, "Partitions"
+        out["lineage"] = check_lineage(body["lineage"])
     if "report_s" in body:
         latency = body["report_s"]
         if (

@@ -209,6 +209,8 @@ def mosquitto_acl(swarm: str | None) -> str:
             f"pattern write p2pfl/{s}/inbox/+",
             f"pattern write p2pfl/{s}/status/%u",
             f"pattern read p2pfl/{s}/status/+",
+            "# every client may read the state of the broker's bridges (reachability)",
+            "pattern read $SYS/broker/connection/+/state",
             "# the dashboard's observer reads presence and status telemetry, publishes nothing",
             f"user {OBSERVER_CN}",
             *(f"topic deny {t}" for t in observer_denied(s)),

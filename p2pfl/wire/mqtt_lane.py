@@ -132,6 +132,7 @@ class MqttLane:
         self._ever_connected = False  # before: retrying the first connection, not an outage
         self._closing = False
         self._task: asyncio.Task | None = None
+        self.system_filters: list[str] = []  # the broker's own topics heard ($SYS/...)
 
     # ------------------------------------------------------------------ subscriptions
     def _filters(self, kind: str, heard: list[str] | None) -> list[str]:
@@ -178,8 +179,29 @@ class MqttLane:
                     log.debug("%s: subscription change on a lost connection: %s", self.node_id, exc)
 
     async def _subscribe(self, client: aiomqtt.Client) -> None:
-        """Subscribe a fresh connection to :meth:`subscriptions`, QoS 1, in one SUBSCRIBE."""
+        """Subscribe a fresh connection to :meth:`subscriptions`, QoS 1, in one SUBSCRIBE,
+        then to the broker's own topics asked for (:meth:`follow_system`)."""
         await client.subscribe([(t, 1) for t in self.subscriptions()])
+        for topic in self.system_filters:
+            await self._subscribe_system(client, topic)
+
+    async def _subscribe_system(self, client: aiomqtt.Client, topic: str) -> None:
+        try:
+            await client.subscribe(topic, qos=1)
+        except aiomqtt.MqttCodeError as exc:  # the broker's ACL may keep $SYS from nodes
+            log.info("%s: %s not readable here: %s", self.node_id, topic, exc)
+
+    async def follow_system(self, topic: str) -> None:
+        """Hear the broker's own ``topic`` (a ``$SYS/...`` filter; e.g. its bridges' state)
+        from now on, on this connection and every reconnection; a broker that refuses it
+        is not an error (its messages never come)."""
+        if topic in self.system_filters:
+            return
+        self.system_filters.append(topic)
+        client = self._client
+        if client is not None and self._connected.is_set():
+            with contextlib.suppress(aiomqtt.MqttError):
+                await self._subscribe_system(client, topic)
 
     # ------------------------------------------------------------------ lifecycle
     @property

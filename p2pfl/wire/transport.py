@@ -87,6 +87,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+BRIDGE_STATE_PREFIX = "$SYS/broker/connection/"  # Mosquitto's bridge notifications
 PULL_LANES_KEPT = 4096  # lanes of the latest pulls kept (a round's records read them)
 
 
@@ -175,7 +176,7 @@ class Transport:
             stats=self.stats,
             presence=lambda: self._presence_payload(self.status),
             will=self._will,
-            on_message=self.inbound.mqtt_message,
+            on_message=self._mqtt_message,
             listen_to=listen_to,
             connect_timeout=connect_timeout,
             broker_timeout=broker_timeout,
@@ -198,9 +199,15 @@ class Transport:
         # (peer, "direct" | "mqtt") of the latest pulls, oldest first; ``pulls`` counts all
         self.pull_lanes: deque[tuple[str, str]] = deque(maxlen=PULL_LANES_KEPT)
         self.pulls = 0
+        self.direct_answered: set[str] = set()  # peers a pull ever reached on the direct lane
         # top-k streams pulled (``transfer.compress: topk``; None: none): each pull names
         # the base held of the peer's stream, and a top-k answer is decoded with it
         self.streams: ReceivedStreams | None = None
+        # the state of the bridges of this node's broker to other sites' brokers, by
+        # connection name (:meth:`follow_bridges`): True up, False down; ``on_bridge``
+        # (name, up) is called on each change
+        self.bridges: dict[str, bool] = {}
+        self.on_bridge: Callable[[str, bool], None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def topic(self, kind: str, node: str) -> str:
@@ -245,6 +252,57 @@ class Transport:
         if peer in self._awaited:
             self._awaited.discard(peer)
             self._presence_came.set()
+
+    # ------------------------------------------------------------------ reachability
+    def _mqtt_message(self, topic: str, payload: Any) -> None:
+        """The broker's bridge state (:meth:`follow_bridges`), else the receive pipeline."""
+        if topic.startswith(BRIDGE_STATE_PREFIX):
+            self._bridge_state(topic, payload)
+            return
+        self.inbound.mqtt_message(topic, payload)
+
+    def _bridge_state(self, topic: str, payload: Any) -> None:
+        parts = topic.split("/")
+        if len(parts) != 5 or parts[4] != "state" or payload not in (b"0", b"1"):
+            self.drop("foreign_topic", topic)
+            return
+        name, up = parts[3], payload == b"1"
+        if self.bridges.get(name) == up:
+            return
+        self.bridges[name] = up
+        log.log(
+            logging.INFO if up else logging.WARNING,
+            "%s: the broker's bridge %s is %s",
+            self.node_id,
+            name,
+            "up" if up else "down",
+        )
+        if self.on_bridge is not None:
+            self.on_bridge(name, up)
+
+    async def follow_bridges(self) -> None:
+        """Hear the state of the broker's bridges to other sites (Mosquitto's retained
+        ``$SYS/broker/connection/<name>/state``, ``1`` or ``0``) into :attr:`bridges`."""
+        await self.mqtt.follow_system(BRIDGE_STATE_PREFIX + "+/state")
+
+    @property
+    def bridge_down(self) -> bool:
+        """Whether a bridge of this node's broker to another site is down now."""
+        return not all(self.bridges.values())
+
+    async def probe(self, peer: str, timeout: float) -> bool | None:
+        """Whether ``peer``'s direct lane accepts a TCP connection within ``timeout`` (the
+        connection is closed at once, before any TLS handshake or request); None when the
+        peer announces no direct address or this node has no direct lane."""
+        address = direct.parse_address(self.peers.get(peer, {}).get("direct"))
+        if address is None or self.direct is None:
+            return None
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(*address), timeout)
+        except (OSError, asyncio.TimeoutError):
+            return False
+        writer.close()
+        return True
 
     @property
     def connected(self) -> bool:
@@ -516,6 +574,8 @@ class Transport:
 
     def _pulled(self, peer: str, lane: str) -> None:
         self.pull_lanes.append((peer, lane))
+        if lane == "direct":
+            self.direct_answered.add(peer)
         self.pulls += 1
 
     async def _race_direct(

@@ -1,0 +1,85 @@
+"""A centralized member's view of a partition, wired to its node (docs/wire.md,
+"Partitions"): the :class:`~p2pfl.node.reach.Reachability` of its peers over this node's
+presence, direct lane and broker bridges, the bridges' state followed from the broker, and
+the lineage an aggregator names its result after. The rules are pure and live in
+:mod:`p2pfl.node.reach` and :mod:`p2pfl.node.lineage`."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from p2pfl.node.lineage import Lineage, result_lineage
+from p2pfl.node.reach import UNREACHABLE, Reachability
+from p2pfl.node.services import NodeServices
+from p2pfl.wire.transport import TransportError
+
+log = logging.getLogger(__name__)
+
+
+def member_reach(services: NodeServices) -> Reachability:
+    """The reachability of ``services``' peers: presence (``online``), the direct lane (a
+    probe, and any pull that went that way) and the bridges of its broker; a flip of a
+    verdict wakes every wait of the node (:meth:`NodeServices.notify`). The transport is
+    looked up at each use (a node builds it after its driver)."""
+
+    async def probe(peer: str, timeout: float) -> bool | None:
+        return await services.transport.probe(peer, timeout)
+
+    return Reachability(
+        services.id,
+        online=services.is_online,
+        probe=probe,
+        bridge_down=lambda: services.transport.bridge_down,
+        changed=services.notify,
+        answered=lambda peer: peer in services.transport.direct_answered,
+    )
+
+
+async def follow_bridges(services: NodeServices) -> None:
+    """Follow the state of this node's broker's bridges (a change wakes every wait); a
+    broker that will not tell (no bridge, or an ACL that keeps ``$SYS`` from nodes) leaves
+    every bridge counted up."""
+
+    def changed(_name: str, _up: bool) -> None:
+        services.notify()
+
+    services.transport.on_bridge = changed
+    try:
+        await services.transport.follow_bridges()
+    except TransportError as exc:  # the next connection subscribes
+        log.debug("%s: bridge state not followed yet: %s", services.id, exc)
+
+
+def name_result(
+    lineage: Lineage | None,
+    reach: Reachability | None,
+    announcement: dict[str, Any],
+    reports: dict[str, dict[str, Any]],
+    round_no: int,
+    attempt: int,
+    node_id: str,
+) -> list[str]:
+    """Name the lineage of an aggregator's result in its ``announcement`` (``lineage``;
+    :func:`~p2pfl.node.lineage.result_lineage`) from the lineage of each aggregated report
+    (``reports``: member → kept report) and this node's own; returns the other lineages the
+    result merged. Nothing without a lineage to follow (``lineage`` None)."""
+    if lineage is None:
+        return []
+    reporters = {
+        p: reports[p]["lineage"]
+        for p in announcement["aggregated"]
+        if p != node_id and "lineage" in reports.get(p, {})
+    }
+
+    def cut_off(member: str) -> bool:
+        return reach is not None and reach.cut_off(member) == UNREACHABLE
+
+    name, merged = result_lineage(
+        lineage.name, lineage.followers, reporters, cut_off, round_no, attempt, node_id
+    )
+    announcement["lineage"] = name
+    if merged or name != lineage.name:
+        how = f", merging {merged}" if merged else f" (forked from {lineage.name})"
+        log.warning("%s: round %d: lineage %s%s", node_id, round_no, name, how)
+    return merged
