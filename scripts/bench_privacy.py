@@ -48,8 +48,9 @@ mean over 20 nodes about 0.01).
 **Acceptance**, printed as PASS / FAIL lines: UA-PDFL at ε = 8 loses at most 5
 points of accuracy against no DP; the Yeom advantage (mean over nodes) of UA-PDFL at ε = 8 is
 below 0.05. Writes ``--json`` with ``meta.commands`` (every command that produced the file;
-``--resume`` keeps the runs of an earlier file with the same settings and appends its
-command).
+``--resume`` keeps the runs of an earlier file with the same settings, appends its
+command and keeps the meta fields this script does not write, such as hand-written
+``notes``).
 """
 
 from __future__ import annotations
@@ -591,6 +592,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[dict[str, Any]] = []
     commands = [command]
     wall_before = 0.0
+    kept_meta: dict[str, Any] = {}  # what an earlier file's meta holds beyond ours (notes)
     path = Path(args.json) if args.json else None
     if args.resume and path is not None and path.exists():
         old = json.loads(path.read_text())
@@ -608,31 +610,30 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--resume: preset {args.preset!r} of {path} ran with {old_preset}")
         commands = [*old["meta"]["commands"], command]
         wall_before = float(old["meta"].get("wall_s", 0.0))
+        kept_meta = dict(old["meta"])
     t0 = time.monotonic()
 
     def result() -> dict[str, Any]:
         suite = suites[args.suite]
-        return {
-            "meta": {
-                "commands": commands,
-                "machine": _machine(),
-                "suite": args.suite,
-                "topology": suite.topology,
-                "presets": {"quick": PRESETS["quick"], "suite": "the suite's topology"},
-                "seed": args.seed,
-                "delta": args.delta,
-                "max_grad_norm": 1.0,  # the default; each run has its own
-                "target": args.target,
-                "attack": "loss threshold (Yeom et al. 2018); members: the node's training "
-                "shard; non-members: the same label histogram from the rest of its Dirichlet "
-                "shard (never trained on by any node)",
-                "settings": settings_of(args),
-                "wall_s": time.monotonic() - t0 + wall_before,  # this file's invocations
-                "swarm_s": sum(r.get("wall_s") or 0.0 for r in runs),  # the swarms alone
-            },
-            "runs": ordered(runs),
-            "acceptance": acceptance(runs),
+        meta = {
+            "commands": commands,
+            "machine": _machine(),
+            "suite": args.suite,
+            "topology": suite.topology,
+            "presets": {"quick": PRESETS["quick"], "suite": "the suite's topology"},
+            "seed": args.seed,
+            "delta": args.delta,
+            "max_grad_norm": 1.0,  # the default; each run has its own
+            "target": args.target,
+            "attack": "loss threshold (Yeom et al. 2018); members: the node's training "
+            "shard; non-members: the same label histogram from the rest of its Dirichlet "
+            "shard (never trained on by any node)",
+            "settings": settings_of(args),
+            "wall_s": time.monotonic() - t0 + wall_before,  # this file's invocations
+            "swarm_s": sum(r.get("wall_s") or 0.0 for r in runs),  # the swarms alone
         }
+        meta.update({k: v for k, v in kept_meta.items() if k not in meta})
+        return {"meta": meta, "runs": ordered(runs), "acceptance": acceptance(runs)}
 
     done = {(r["preset"], r["method"], r["epsilon_target"]) for r in runs}
     for eps in epsilons:  # no DP first, then the loosest ε: the acceptance cells come early

@@ -153,3 +153,11 @@ def test_tiny_end_to_end_run(bench, tmp_path, capsys):
         assert set(r["mi"]["per_node"]) == {"n0", "n1"}
         assert all(0 < node["n"] <= 60 for node in r["mi"]["per_node"].values())
     assert "[n2-r1] UA-PDFL" not in capsys.readouterr().out  # no UA-PDFL run: no verdict
+    # --resume of the same cells runs nothing, appends its command and keeps a hand-written note
+    result["meta"]["notes"] = ["measured on a laptop"]
+    out.write_text(json.dumps(result))
+    assert bench.main([*argv, "--json", str(out), "--resume"]) == 0
+    again = json.loads(out.read_text())
+    assert again["meta"]["notes"] == ["measured on a laptop"]
+    assert len(again["meta"]["commands"]) == 2 and again["meta"]["commands"][1].endswith("--resume")
+    assert again["runs"] == result["runs"]
