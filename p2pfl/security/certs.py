@@ -173,6 +173,24 @@ def _issue(
     return builder.sign(ca_key, algorithm)
 
 
+def _write_client_identity(
+    key_path: Path, cert_path: Path, cn: str, ca_key, ca_cert: x509.Certificate, days: int
+) -> None:
+    """A client-auth-only certificate for ``cn`` on a fresh ECDSA P-256 key (any Mosquitto
+    build has it), which also keeps it from ever passing as a node identity (Ed25519)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = _issue(
+        _name(cn),
+        key.public_key(),
+        ca_key,
+        ca_cert.subject,
+        days,
+        usage=[ExtendedKeyUsageOID.CLIENT_AUTH],
+    )
+    _write_key(key_path, key)
+    _write_cert(cert_path, cert)
+
+
 def _san(host: str) -> x509.GeneralName:
     try:
         return x509.IPAddress(ipaddress.ip_address(host))
@@ -278,34 +296,14 @@ def make_swarm_certs(
     )
     _write_key(paths.broker_key, broker_key)
     _write_cert(paths.broker_cert, broker_cert)
-    if overwrite or not (paths.bridge_key.exists() and paths.bridge_cert.exists()):
-        # a client of other site brokers; ECDSA like the broker's key (any Mosquitto build
-        # has it), which also keeps it from ever passing as a node identity (Ed25519)
-        bridge_key = ec.generate_private_key(ec.SECP256R1())
-        bridge_cert = _issue(
-            _name(BRIDGE_CN),
-            bridge_key.public_key(),
-            ca_key,
-            ca_cert.subject,
-            days,
-            usage=[ExtendedKeyUsageOID.CLIENT_AUTH],
-        )
-        _write_key(paths.bridge_key, bridge_key)
-        _write_cert(paths.bridge_cert, bridge_cert)
-    if overwrite or not (paths.observer_key.exists() and paths.observer_cert.exists()):
-        # the dashboard's client identity: ECDSA like the bridge's, so it never passes as
-        # a node identity (Ed25519), and client-auth only
-        observer_key = ec.generate_private_key(ec.SECP256R1())
-        observer_cert = _issue(
-            _name(OBSERVER_CN),
-            observer_key.public_key(),
-            ca_key,
-            ca_cert.subject,
-            days,
-            usage=[ExtendedKeyUsageOID.CLIENT_AUTH],
-        )
-        _write_key(paths.observer_key, observer_key)
-        _write_cert(paths.observer_cert, observer_cert)
+    # two client identities of other kinds than a node: a client of other site brokers, and
+    # the dashboard's observer
+    for key_path, cert_path, cn in (
+        (paths.bridge_key, paths.bridge_cert, BRIDGE_CN),
+        (paths.observer_key, paths.observer_cert, OBSERVER_CN),
+    ):
+        if overwrite or not (key_path.exists() and cert_path.exists()):
+            _write_client_identity(key_path, cert_path, cn, ca_key, ca_cert, days)
     for nid in node_ids:
         if paths.node_key(nid).exists() and paths.node_cert(nid).exists() and not overwrite:
             continue
