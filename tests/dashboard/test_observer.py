@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 
 import aiomqtt
 import pytest
+from dashboard_helpers import wait_until
 
 from p2pfl.config.load import dump_topology, load_topology
 from p2pfl.dashboard.live import LiveState
@@ -22,14 +22,6 @@ from p2pfl.wire.status import PHASES, phase_body, pull_body
 from p2pfl.wire.transport import Transport
 
 pytestmark = pytest.mark.integration
-
-
-async def wait_until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 @contextlib.asynccontextmanager

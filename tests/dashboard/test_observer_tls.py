@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import queue
 import ssl
-import time
 import uuid
 
 import aiomqtt
@@ -18,6 +17,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
+from dashboard_helpers import wait_until
 
 from p2pfl.config.load import dump_topology, load_topology
 from p2pfl.dashboard.observer import observer_tls_context
@@ -53,14 +53,6 @@ def tls_broker(certs, tmp_path):
         yield b
     finally:
         b.stop()
-
-
-async def wait_until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 # ----------------------------------------------------------------------------- the identity
