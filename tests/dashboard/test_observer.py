@@ -9,7 +9,7 @@ import contextlib
 
 import aiomqtt
 import pytest
-from dashboard_helpers import wait_until
+from waiting import wait_until
 
 from p2pfl.config.load import dump_topology, load_topology
 from p2pfl.dashboard.live import LiveState

@@ -17,7 +17,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
-from dashboard_helpers import wait_until
+from waiting import wait_until
 
 from p2pfl.config.load import dump_topology, load_topology
 from p2pfl.dashboard.observer import observer_tls_context

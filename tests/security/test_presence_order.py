@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 from p2pfl.security.certs import SwarmCerts, make_swarm_certs
 from p2pfl.security.presence_order import REWIND_SLACK_S, parse_order, presence_verdict
@@ -128,12 +129,7 @@ def signed_transport(certs, node_id: str, port: int, max_age_s: float = AGE) -> 
     return Transport(SWARM, node_id, "127.0.0.1", port, security=security, connect_timeout=10)
 
 
-async def until(condition, timeout: float = 15.0) -> None:
-    """Wait for ``condition()`` to hold (polling the event loop), failing after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)
+WAIT_S = 15.0  # how long a condition may take to hold
 
 
 @pytest.mark.integration
@@ -143,7 +139,7 @@ async def test_a_forged_future_session_is_refused_and_genuine_presence_still_arr
         signed_transport(certs, "n0", broker.port) as n0,
         signed_transport(certs, "n1", broker.port) as n1,
     ):
-        await until(lambda: n0.peers.get("n1", {}).get("status") == "online")
+        await wait_until(lambda: n0.peers.get("n1", {}).get("status") == "online", WAIT_S)
         # a presence signed with n1's own key, its session in 285 000 years
         topic = n1.topic("presence", "n1")
         body = {
@@ -153,12 +149,12 @@ async def test_a_forged_future_session_is_refused_and_genuine_presence_still_arr
         }
         forged = Envelope(SWARM, "n1", 0, "presence", uuid.uuid4().hex[:16], body, ts=time.time())
         await n1.mqtt.publish(topic, forged.pack(n1._signer(topic)), 1, True)
-        await until(lambda: n0.dropped["future_session"] == 1)
+        await wait_until(lambda: n0.dropped["future_session"] == 1, WAIT_S)
         assert "note" not in n0.peers["n1"]
         await n1.set_status("done")  # genuine, later
-        await until(lambda: n0.peers["n1"]["status"] == "done")
+        await wait_until(lambda: n0.peers["n1"]["status"] == "done", WAIT_S)
         await n1.set_status("online", round=2)
-        await until(lambda: n0.peers["n1"].get("round") == 2)
+        await wait_until(lambda: n0.peers["n1"].get("round") == 2, WAIT_S)
         assert n0.dropped["replayed"] == 0 and n0.dropped["future_session"] == 1
 
 
@@ -189,14 +185,14 @@ async def test_a_member_whose_clock_jumps_ahead_and_back_keeps_its_presence(cert
                 and n0.peers["n1"]["status"] == "online"
             )
             await start(120.0)
-            await until(lambda: heard(120.0))
+            await wait_until(lambda: heard(120.0), WAIT_S)
             await start(0.0)  # restarted, its clock right again: 120 s behind its last session
-            await until(lambda: heard(0.0))
+            await wait_until(lambda: heard(0.0), WAIT_S)
             await start(3600.0)  # an hour ahead: refused, the last presence (offline) stays
-            await until(lambda: n0.dropped["future_session"] >= 1)
+            await wait_until(lambda: n0.dropped["future_session"] >= 1, WAIT_S)
             assert n0.peers["n1"]["clock"] == 0.0
             await start(0.0)
-            await until(lambda: heard(0.0) and n0.peers["n1"]["status"] == "online")
+            await wait_until(lambda: heard(0.0) and n0.peers["n1"]["status"] == "online", WAIT_S)
             assert n0.dropped["replayed"] == 0
     finally:
         if proc.returncode is None:

@@ -12,13 +12,13 @@ import logging
 import os
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import aiomqtt
 import pytest
 import torch
+from waiting import wait_until
 from wire_helpers import protocol_2_release
 
 from p2pfl import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION
@@ -130,12 +130,7 @@ def test_a_peer_that_hears_an_older_one_makes_this_node_speak_it_one_hop_only():
 # ----------------------------------------------------------------------------- on a broker
 
 
-async def until(condition, timeout: float = 20.0) -> None:
-    """Wait for ``condition()`` (polling the event loop), failing after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)
+WAIT_S = 20.0  # how long a condition may take to hold
 
 
 @pytest.mark.integration
@@ -154,7 +149,7 @@ async def test_a_peer_of_the_previous_protocol_is_spoken_to_and_a_newer_one_refu
         await old.publish(
             "p2pfl/s/presence/old", _envelope(2, "old", "presence", presence).pack(), 1, retain=True
         )
-        await until(lambda: new.speaks == 2)
+        await wait_until(lambda: new.speaks == 2, WAIT_S)
         assert new.digest_name == "blake3"  # protocol 2 knows no XXH3
 
         async def read_presence() -> None:
@@ -166,19 +161,19 @@ async def test_a_peer_of_the_previous_protocol_is_spoken_to_and_a_newer_one_refu
 
         await asyncio.wait_for(read_presence(), 20)  # new published it again, in protocol 2
         await old.publish("p2pfl/s/gossip/old", _envelope(2, "old", body={"x": 2}).pack(), 1)
-        await until(lambda: len(gossip) == 1)
+        await wait_until(lambda: len(gossip) == 1, WAIT_S)
         assert gossip[0].v == 2 and gossip[0].body == {"x": 2}
         # a peer of a newer protocol: refused, counted, said once
         for _ in range(3):
             future = _envelope(PROTOCOL_VERSION + 1, "future", body={"x": 4}).pack()
             await old.publish("p2pfl/s/gossip/future", future, 1)
-        await until(lambda: new.dropped["protocol_version"] == 3)
+        await wait_until(lambda: new.dropped["protocol_version"] == 3, WAIT_S)
         assert len(gossip) == 1
         offline = {"presence": {"status": "offline", "protocol": 2}}
         await old.publish(
             "p2pfl/s/presence/old", _envelope(2, "old", "presence", offline).pack(), 1, retain=True
         )
-        await until(lambda: new.speaks == PROTOCOL_VERSION)
+        await wait_until(lambda: new.speaks == PROTOCOL_VERSION, WAIT_S)
         assert new.digest_name == "xxh3_128"
     told = [r.getMessage() for r in caplog.records]
     refused = [m for m in told if "peer 'future' sends protocol" in m]
@@ -225,7 +220,7 @@ async def test_a_node_of_the_protocol_2_release_and_one_of_this_release_work_tog
             assert new.speaks == 2 and new.peers["old"]["protocol"] == 2
             await new.gossip(1, {"hello": PROTOCOL_VERSION})
             assert await line() == f'gossip {{"hello": {PROTOCOL_VERSION}}}'
-            await until(lambda: len(gossip) == 1)
+            await wait_until(lambda: len(gossip) == 1, WAIT_S)
             assert gossip[0].body == {"hello": 2} and gossip[0].v == 2
             # old pulls new's state (BLAKE3, which it knows); new pulls old's
             assert await line() == f"pulled {float(ours['g.w'].sum())}"
@@ -238,7 +233,7 @@ async def test_a_node_of_the_protocol_2_release_and_one_of_this_release_work_tog
             await proc.stdin.drain()
             await asyncio.wait_for(proc.wait(), 30)
             assert proc.returncode == 0
-            await until(lambda: new.speaks == PROTOCOL_VERSION)  # old left: back to 3
+            await wait_until(lambda: new.speaks == PROTOCOL_VERSION, WAIT_S)  # old left: back to 3
             assert sum(new.dropped.values()) == 0
         finally:
             if proc.returncode is None:

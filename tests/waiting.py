@@ -1,4 +1,4 @@
-"""Helpers shared by the dashboard's integration tests."""
+"""Waiting on a condition in async tests: poll it, never sleep a fixed time."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 import time
 
 
-async def wait_until(predicate, timeout: float, what: str) -> None:
+async def wait_until(predicate, timeout: float, what: str = "a condition") -> None:
     """Poll ``predicate`` every 20 ms; ``AssertionError`` naming ``what`` after ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while not predicate():
