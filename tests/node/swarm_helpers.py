@@ -70,5 +70,5 @@ def wait_round(out: Path, nid: str, round_no: int, timeout: float) -> None:
         recs = read_records(out / "nodes" / f"{nid}.jsonl")
         if recs and recs[-1]["round"] >= round_no:
             return
-        time.sleep(0.2)
+        time.sleep(0.05)
     raise AssertionError(f"{nid} did not reach round {round_no} in {timeout} s")
