@@ -46,6 +46,7 @@ import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from p2pfl.algorithms.base import Aggregate, CentralizedAlgorithm, Upload
@@ -70,6 +71,21 @@ from p2pfl.wire.transfers import PreparedState
 from p2pfl.wire.transport import TransportError
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Aggregated:
+    """What one attempt's aggregation counted and produced (the plain pull-and-rule path and
+    the secure one alike)."""
+
+    uploads: dict[str, Upload]  # each member counted, with its weight and report
+    claims: dict[str, Any]  # each counted member's (capped) claimed sample count
+    failed: dict[str, str]  # the uploads that could not be pulled, with why
+    counted_late: dict[str, int]  # each late upload counted, with its staleness
+    result: Aggregate  # the server rule's result (empty when ``error``)
+    error: str | None  # why the server rule failed, None when it ran
+    agg_s: float  # seconds the server rule (or the secure sum) took
+    t_agg: float  # when it began (``time.monotonic``)
 
 
 class AggregatorRole:
@@ -342,22 +358,23 @@ class AggregatorRole:
             self._uploads[r] = template
         svc.defence.reference = template
         secagg: dict[str, Any] | None = None
+        done: Aggregated | None
         if self.secure is not None:  # privacy.secagg: the masked sum replaces pull + rule
             t_agg = time.monotonic()
             out = await self.secure.aggregate(plan, attempt, reports, own, template, superseded)
             if out is None:
                 return None
-            uploads, result, error, secagg = out
-            claims = {p: u.n for p, u in uploads.items()}
-            failed, counted_late = {}, {}
+            counted, summed, error, secagg = out
+            claims = {p: u.n for p, u in counted.items()}
             agg_s = time.monotonic() - t_agg
+            done = Aggregated(counted, claims, {}, {}, summed, error, agg_s, t_agg)
         else:
-            pulled = await self._aggregate_uploads(
+            done = await self._aggregate_uploads(
                 plan, attempt, reports, late, own, template, superseded
             )
-            if pulled is None:
+            if done is None:
                 return None
-            uploads, claims, failed, counted_late, result, error, agg_s, t_agg = pulled
+        uploads, claims, result = done.uploads, done.claims, done.result
         nxt = draw_plan(self.alg, cfg.seed, r + 1, live_members(svc), result.server)
         roster, participants = nxt.roster, nxt.participants
         self._results[(r, attempt)] = result
@@ -380,7 +397,7 @@ class AggregatorRole:
             await self.reach.refresh(self.lineage.followers)
         merged = name_result(self.lineage, self.reach, announcement, got, r, attempt, self.id)
         if quorum is not None:
-            announcement["late"] = counted_late
+            announcement["late"] = done.counted_late
             announcement["closed_without"] = closed_without
             latency = self._latency(r, attempt, reports, own)
             if latency is not None:
@@ -407,9 +424,9 @@ class AggregatorRole:
             )
         facts: dict[str, Any] = {
             "aggregated": sorted(uploads),
-            "upload_failed": failed,
-            "aggregate_s": round(agg_s, 4),
-            "collect_s": round(t_agg - t0, 4),
+            "upload_failed": done.failed,
+            "aggregate_s": round(done.agg_s, 4),
+            "collect_s": round(done.t_agg - t0, 4),
             "serve_s": round(time.monotonic() - t_serve, 4),
         }
         if merged:
@@ -418,8 +435,8 @@ class AggregatorRole:
             facts["quorum"] = closing
         if secagg is not None:
             facts["secagg"] = secagg
-        if error is not None:
-            facts["aggregate_error"] = error
+        if done.error is not None:
+            facts["aggregate_error"] = done.error
         rule = result.facts if isinstance(result.facts, dict) else {}
         server_facts = {f"agg_{k}": v for k, v in rule.items()}
         return announcement, result.results.get(self.id, result.common), facts, server_facts
@@ -475,10 +492,9 @@ class AggregatorRole:
         own: dict[str, Any] | None,
         template: State,
         superseded: Callable[[], bool],
-    ) -> tuple[Any, ...] | None:
+    ) -> Aggregated | None:
         """Pull the reported (and late) uploads, admit them, and run the method's server
-        rule: ``(uploads, claims, failed, counted_late, result, error, agg_s, t_agg)``, or
-        None as soon as ``superseded()``."""
+        rule; None as soon as ``superseded()``."""
         svc, cfg, r = self.services, self.cfg, plan.round
         timeout = max(1.0, cfg.timing.round_timeout_s)
         parts = {p: "upload" for p in reports}
@@ -529,7 +545,7 @@ class AggregatorRole:
         agg_s = time.monotonic() - t_agg
         if superseded():
             return None
-        return uploads, claims, failed, counted_late, result, error, agg_s, t_agg
+        return Aggregated(uploads, claims, failed, counted_late, result, error, agg_s, t_agg)
 
     # ------------------------------------------------------------------ quorum rounds
     async def _collect_quorum(
