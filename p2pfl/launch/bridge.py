@@ -49,6 +49,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from p2pfl.background import background
 from p2pfl.errors import P2PFLError
 from p2pfl.security.certs import SwarmCerts
 
@@ -384,10 +385,5 @@ async def watch_bridges(
     # a listener on every address is reached on loopback (in every broker certificate)
     reach = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
     tls = _watch_tls(certs) if certs is not None else None
-    task = asyncio.create_task(_follow(reach, port, names, tls, say, log_path, patience_s))
-    try:
+    async with background(_follow(reach, port, names, tls, say, log_path, patience_s)):
         yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task

@@ -31,6 +31,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
+from p2pfl.background import background
+
 log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT_S = 2.0  # a connect on a live link takes milliseconds, even under load
@@ -160,10 +162,5 @@ class Reachability:
                 await self.refresh(peers())
                 await asyncio.sleep(RECHECK_S)
 
-        task = asyncio.create_task(loop())
-        try:
+        async with background(loop()):
             yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
