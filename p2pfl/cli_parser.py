@@ -1,0 +1,290 @@
+"""The ``p2pfl`` command line's grammar: each command, its arguments and the types that
+check them (a bad value is a usage error, exit 2, before anything starts). What each
+command does is in :mod:`p2pfl.cli`."""
+
+from __future__ import annotations
+
+import argparse
+
+from p2pfl.config.schema import BrokerAddress
+
+
+def _per_process(text: str) -> int | None:
+    """``--nodes-per-process``: a positive int, or ``auto`` (None)."""
+    if text == "auto":
+        return None
+    try:
+        k = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'auto', got {text!r}") from None
+    if k < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {k}")
+    return k
+
+
+def _seconds(text: str) -> float:
+    """``--timeout``: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    """A TCP port: 0 (a free one) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0..65535, got {value}")
+    return value
+
+
+def _rounds(text: str) -> int:
+    """``--rounds``: a positive count (the schema bounds it further, naming ``rounds``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of rounds, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _any_broker(text: str) -> BrokerAddress:
+    """``--broker`` of ``swarm`` and ``node``: ``HOST:PORT``, or ``mdns``."""
+    try:
+        return BrokerAddress.parse(text)
+    except ValueError as exc:  # pydantic's ValidationError (a port out of range) is one
+        from pydantic import ValidationError
+
+        why = str(exc) if not isinstance(exc, ValidationError) else f"bad port in {text!r}"
+        raise argparse.ArgumentTypeError(why) from None
+
+
+def _broker_address(text: str) -> BrokerAddress:
+    """``--broker HOST:PORT`` of ``p2pfl dashboard``."""
+    try:
+        address = BrokerAddress.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if address.mdns:
+        raise argparse.ArgumentTypeError("give HOST:PORT (the dashboard does not browse mDNS)")
+    return address
+
+
+def build_parser(description: str | None = None) -> argparse.ArgumentParser:
+    """Every command of ``p2pfl`` with its arguments; the command's name is ``command`` of
+    the parsed namespace (:data:`p2pfl.cli.COMMANDS` runs it)."""
+    p = argparse.ArgumentParser(prog="p2pfl", description=description)
+    sub = p.add_subparsers(dest="command", required=True)
+    from p2pfl.launch.broker import BROKER_KINDS
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("topology", help="topology YAML (see topologies/)")
+        sp.add_argument(
+            "--set",
+            action="append",
+            metavar="KEY=VALUE",
+            help="override a YAML field by dotted path (repeatable)",
+        )
+        sp.add_argument(
+            "--method",
+            help="run this method instead of the topology's (its default knobs; "
+            "tune with --set algorithm.params.KEY=VALUE)",
+        )
+        sp.add_argument("-v", "--verbose", action="store_true")
+
+    def broker_kind(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument(
+            "--broker-kind",
+            choices=BROKER_KINDS,
+            default="auto",
+            help="the broker to start: auto (default: Mosquitto where installed, else the "
+            "embedded pure-Python one), mosquitto, or embedded",
+        )
+
+    sp = sub.add_parser("swarm", help="run a local swarm: broker + node processes")
+    common(sp)
+    sp.add_argument("--data-root", help="sets dataset.root")
+    sp.add_argument("--rounds", type=_rounds, help="sets rounds")
+    sp.add_argument("--out", help="run directory (default runs/<swarm name>)")
+    sp.add_argument(
+        "--nodes-per-process",
+        type=_per_process,
+        default=None,
+        metavar="K",
+        help="host K asyncio nodes in each OS process (default auto: about one process per "
+        "CPU core)",
+    )
+    sp.add_argument(
+        "--broker", type=_any_broker, help="use this host:port instead of starting a broker"
+    )
+    broker_kind(sp)
+    sp.add_argument("--no-progress", action="store_true", help="no live table")
+    sp.add_argument("--timeout", type=_seconds, help="stop the swarm after this many seconds")
+    from p2pfl.launch.tracker import TRACKERS
+
+    sp.add_argument(
+        "--tracker",
+        choices=TRACKERS,
+        help="also log per-node and mean metrics to TensorBoard or MLflow (optional extras)",
+    )
+    sp.add_argument(
+        "--dashboard",
+        action="store_true",
+        help="serve a live web dashboard of the run while it runs (it stops with the swarm)",
+    )
+    sp.add_argument(
+        "--dashboard-keep",
+        action="store_true",
+        help="--dashboard, and keep serving after the swarm finished, until Ctrl-C",
+    )
+    sp.add_argument("--dashboard-host", default="127.0.0.1", help="dashboard address (127.0.0.1)")
+    sp.add_argument(
+        "--dashboard-port", type=_port, default=0, help="dashboard port (default 0: a free one)"
+    )
+
+    sp = sub.add_parser("node", help="run one node daemon (or several) in the foreground")
+    common(sp)
+    sp.add_argument("--id", action="append", help="node id (repeat to host several)")
+    sp.add_argument(
+        "--broker",
+        type=_any_broker,
+        help="host:port of the MQTT broker, or mdns (default: the topology's)",
+    )
+    sp.add_argument("--node-config", help="per-device YAML (nodes/<id>.yaml)")
+    sp.add_argument("--data-root", help="this device's data root")
+    sp.add_argument("--device", help="torch device, e.g. cpu or cuda:0")
+    sp.add_argument("--out", help="run directory (default runs/<swarm name>)")
+    sp.add_argument("--no-rich", action="store_true", help="plain log lines")
+    sp.add_argument(
+        "--host",
+        help="without --id: run the nodes the topology pins to this host "
+        "(default: this machine's hostname)",
+    )
+    sp.add_argument("--certs", help="this device's certificate directory (p2pfl certs)")
+    sp.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start over: ignore (and replace) a checkpoint this node left in the run directory",
+    )
+    # p2pfl swarm's node processes read <run>/config.yaml: errors name the user's file
+    sp.add_argument("--source", help=argparse.SUPPRESS)
+
+    sp = sub.add_parser("validate", help="check a topology file and print every error")
+    common(sp)
+    sp.add_argument("--data-root", help="check the data at this root (default: dataset.root)")
+    sp.add_argument(
+        "--no-data",
+        action="store_true",
+        help="check the file only: skip opening the data and building the model",
+    )
+
+    sp = sub.add_parser("broker", help="run a broker for a swarm and announce it by mDNS")
+    sp.add_argument("--swarm", default="*", help="the swarm it serves (default *: any)")
+    sp.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on and announce (a LAN address)"
+    )
+    sp.add_argument("--port", type=int, default=0, help="port (default: a free one)")
+    broker_kind(sp)
+    sp.add_argument("--workdir", help="where its config and log go (default: a temp dir)")
+    sp.add_argument(
+        "--certs",
+        help="a p2pfl certs directory: TLS only, client certificates required, per-node ACL",
+    )
+    sp.add_argument(
+        "--bridge",
+        action="append",
+        metavar="HOST:PORT",
+        help="bridge the swarm's topics to another site's broker (repeatable; TLS with the "
+        "bridge identity when --certs is given); =ID,ID... names the nodes at that site, so "
+        "only what they send or receive crosses (needs --topology)",
+    )
+    sp.add_argument("--topology", help="with --bridge HOST:PORT=IDS: the swarm's topology")
+    sp.add_argument("-v", "--verbose", action="store_true")
+
+    sp = sub.add_parser("certs", help="create a swarm CA and per-node certificates")
+    common(sp)
+    sp.add_argument("--out", help="directory (default: security.certs, else certs/<swarm>)")
+    sp.add_argument(
+        "--broker-host",
+        action="append",
+        metavar="HOST",
+        help="an address or name the broker is reached at (repeatable; the topology's "
+        "broker host, 127.0.0.1 and localhost are always included)",
+    )
+    sp.add_argument("--node", action="append", help="only these node ids (repeatable)")
+    sp.add_argument("--days", type=int, default=825, help="validity (825 days)")
+    sp.add_argument("--force", action="store_true", help="new CA and identities even if they exist")
+    sp.add_argument(
+        "--revoke",
+        action="append",
+        metavar="ID",
+        help="revoke this node's certificate (repeatable): adds it to crl.pem",
+    )
+
+    sp = sub.add_parser("discover", help="list brokers, nodes and swarms visible by mDNS")
+    sp.add_argument("--seconds", type=float, default=3.0, help="how long to listen (3)")
+    sp.add_argument(
+        "--interface",
+        action="append",
+        metavar="IP",
+        help="listen on this interface address only (repeatable; default: all)",
+    )
+    sp.add_argument("-v", "--verbose", action="store_true")
+
+    sp = sub.add_parser("track", help="export a run directory's records to TensorBoard or MLflow")
+    sp.add_argument("run_dir")
+    sp.add_argument("--tracker", choices=TRACKERS, required=True)
+    sp.add_argument("-v", "--verbose", action="store_true")
+
+    sp = sub.add_parser(
+        "dashboard", help="serve the live web dashboard of a run directory (running or finished)"
+    )
+    sp.add_argument("run_dir")
+    sp.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    sp.add_argument("--port", type=int, default=0, help="port (default 0: a free one)")
+    sp.add_argument(
+        "--broker",
+        type=_broker_address,
+        help="observe this broker (default: the one the run's config.yaml records)",
+    )
+    sp.add_argument("--no-broker", action="store_true", help="show the records only")
+    sp.add_argument(
+        "--certs",
+        help="a TLS swarm's certificate directory holding observer.crt/.key (default: the "
+        "run's security.certs)",
+    )
+    sp.add_argument("-v", "--verbose", action="store_true")
+
+    sp = sub.add_parser("summarize", help="(re)write summary.json of a run directory")
+    sp.add_argument("run_dir")
+    sp.add_argument("--json", action="store_true", help="print the summary as JSON")
+    sp.add_argument("-v", "--verbose", action="store_true")
+
+    sp = sub.add_parser(
+        "export", help="write a run's trained models as safetensors, ONNX or TorchScript"
+    )
+    sp.add_argument("run_dir")
+    sp.add_argument("--node", help="this node only (default: every node that has a model)")
+    sp.add_argument("--format", choices=("safetensors", "onnx", "torchscript"), required=True)
+    sp.add_argument("--out", help="directory to write to (default: <run_dir>/export)")
+    sp.add_argument("-v", "--verbose", action="store_true")
+
+    sp = sub.add_parser(
+        "predict", help="classify a CSV file or an image folder with a node's trained model"
+    )
+    sp.add_argument("run_dir")
+    sp.add_argument("--node", required=True, help="whose model")
+    sp.add_argument("input", help="a CSV / Parquet file, an image folder or image, a .npy array")
+    sp.add_argument("--out", help="predictions CSV (default: ./predictions-<node>.csv)")
+    sp.add_argument("-v", "--verbose", action="store_true")
+
+    sp = sub.add_parser("methods", help="list the installed methods, their knobs and defaults")
+    sp.add_argument("-v", "--verbose", action="store_true")
+    return p
