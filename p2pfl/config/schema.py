@@ -4,8 +4,9 @@ A topology file describes one swarm: who the nodes are, how they connect, which 
 they run, on which data and model. Unknown keys are rejected everywhere so that a typo never
 silently falls back to a default. Reading files, ``--set`` overrides and the check of a
 method's knobs are :mod:`p2pfl.config.load`'s: this module is the ground floor that the rest
-of p2pfl (the method registry included) builds on, so it imports none of it but
-:mod:`p2pfl.config.emulation`, its sibling section module (docs/design.md, "Configuration").
+of p2pfl (the method registry included) builds on, so it imports none of it but its
+sibling section modules, :mod:`p2pfl.config.emulation` and
+:mod:`p2pfl.config.privacy_schema` (docs/design.md, "Configuration").
 """
 
 from __future__ import annotations
@@ -15,29 +16,22 @@ from collections.abc import Callable
 from typing import Any, Literal, get_args
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
-    SerializerFunctionWrapHandler,
     ValidationInfo,
     field_validator,
-    model_serializer,
     model_validator,
 )
 
 from p2pfl.config import bounds as B
 from p2pfl.config.emulation import DeviceSpec, NetworkConfig, chosen_nodes
+from p2pfl.config.privacy_schema import DPConfig, PrivacyConfig
+from p2pfl.config.strict import StrictModel
 
 PARAMS_CHECK = "validate_params"
 """The validation-context key under which a loader passes the check of a method's knobs:
 ``check(name, params) -> params with defaults``, raising ``ValueError`` on a wrong knob."""
 
 ParamsCheck = Callable[[str, dict[str, Any]], dict[str, Any]]
-
-
-class _Strict(BaseModel):
-    # no inf or nan anywhere: every number of a topology is a finite count, size or rate
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 # ----------------------------------------------------------------------------- sections
@@ -70,7 +64,7 @@ def is_import_path(name: str) -> bool:
     return IMPORT_PATH_RE.match(name) is not None
 
 
-class BrokerAddress(_Strict):
+class BrokerAddress(StrictModel):
     """Where the MQTT broker is: ``host:port``, or ``mdns`` to discover it (docs/wire.md,
     "Discovery")."""
 
@@ -91,7 +85,7 @@ class BrokerAddress(_Strict):
         return "mdns" if self.mdns else f"{self.host}:{self.port}"
 
 
-class AlgorithmConfig(_Strict):
+class AlgorithmConfig(StrictModel):
     """``name`` picks a module in ``p2pfl.algorithms``; ``params`` are that method's knobs."""
 
     name: str = "uapdfl"
@@ -109,7 +103,7 @@ class AlgorithmConfig(_Strict):
         return self
 
 
-class DatasetConfig(_Strict):
+class DatasetConfig(StrictModel):
     name: str = Field(
         "synthetic",
         description="a built-in dataset, a device's own files (csv, parquet, npz), or a "
@@ -265,7 +259,7 @@ class DatasetConfig(_Strict):
         return v
 
 
-class ModelConfig(_Strict):
+class ModelConfig(StrictModel):
     name: str = Field(
         "cnn",
         description="a built-in model, or 'package.module:factory' returning any "
@@ -319,7 +313,7 @@ class ModelConfig(_Strict):
         return self
 
 
-class TrainingConfig(_Strict):
+class TrainingConfig(StrictModel):
     epochs: int = Field(1, ge=1, le=B.MAX_EPOCHS)
     batch_size: int = Field(50, ge=1, le=B.MAX_BATCH_SIZE)
     optimizer: Literal["sgd", "adam"] = "sgd"
@@ -331,14 +325,14 @@ class TrainingConfig(_Strict):
     threads: int = Field(1, ge=1, le=B.MAX_THREADS, description="torch threads per node process")
 
 
-class GeneratedEdges(_Strict):
+class GeneratedEdges(StrictModel):
     kind: Literal["ring", "full", "star", "line", "random-k", "erdos"]
     k: int | None = Field(None, ge=1, le=B.MAX_NODES, description="random-k: neighbours per node")
     p: float | None = Field(None, gt=0, le=1, description="erdos: edge probability")
     center: str | None = Field(None, description="star: the hub node id (default: first)")
 
 
-class NodeSpec(_Strict):
+class NodeSpec(StrictModel):
     id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     host: str | None = Field(
         None,
@@ -348,7 +342,7 @@ class NodeSpec(_Strict):
     )
 
 
-class TimingConfig(_Strict):
+class TimingConfig(StrictModel):
     round_timeout_s: float = Field(
         60.0, gt=0, le=B.MAX_SECONDS, description="per-round deadline for gossip and weight pulls"
     )
@@ -416,7 +410,7 @@ class TimingConfig(_Strict):
         return self.aggregator_timeout_s or 3 * self.round_timeout_s
 
 
-class TransferConfig(_Strict):
+class TransferConfig(StrictModel):
     """How weights travel (docs/wire.md, "Direct lane")."""
 
     direct: bool = Field(
@@ -441,7 +435,7 @@ class TransferConfig(_Strict):
     )
 
 
-class SecurityConfig(_Strict):
+class SecurityConfig(StrictModel):
     """Who may join and what is trusted (docs/wire.md, "Security"). Both switches need
     ``certs``: a directory made by ``p2pfl certs`` (per device: ``certs:`` in its ``nodes/``
     file or ``--certs``; the local launcher creates one in the run directory when none is
@@ -480,7 +474,7 @@ DefenceRule = Literal["mean", "median", "trimmed_mean", "multikrum", "bulyan", "
 DEFENCE_RULES: tuple[str, ...] = get_args(DefenceRule)
 
 
-class DefenceConfig(_Strict):
+class DefenceConfig(StrictModel):
     """How a node screens and combines its peers' states (docs/design.md, "Robust
     aggregation"). Admission (``max_norm_ratio``, ``max_sample_ratio``, ``max_samples``) is
     always on; ``rule`` picks the combination every method uses in place of its mean."""
@@ -533,151 +527,6 @@ class DefenceConfig(_Strict):
     )
 
 
-class DPConfig(_Strict):
-    """Differential privacy on every node (docs/algorithms.md, "Differential privacy"), at
-    one of two levels. ``sample`` (the default): DP-SGD, Poisson-sampled batches, each
-    sample's gradient clipped to ``max_grad_norm``, Gaussian noise of standard deviation
-    ``noise_multiplier · max_grad_norm`` per step, and an accountant that composes every
-    step of the node's rounds into one (ε, ``delta``). ``update``: node-level DP on what
-    leaves the node, each round's whole update (the trained model minus the model before
-    training) clipped to ``max_update_norm`` with Gaussian noise of standard deviation
-    ``noise_multiplier · max_update_norm`` added, and one Gaussian release a round composed
-    with dp-accounting. Give ``noise_multiplier`` or ``target_epsilon``, exactly one."""
-
-    level: Literal["sample", "update"] = Field(
-        "sample",
-        description="sample: DP-SGD (record-level, each step's gradients); update: "
-        "node-level DP on each round's outgoing update (clipped and noised once a round)",
-    )
-    noise_multiplier: float | None = Field(
-        None, gt=0, description="σ: the noise's standard deviation over the clipping bound"
-    )
-    target_epsilon: float | None = Field(
-        None,
-        gt=0,
-        description="or: the ε the node may spend over the run; σ is planned once for "
-        "`rounds` rounds, and the node stops training when a round would exceed it",
-    )
-    max_grad_norm: float = Field(
-        1.0, gt=0, description="level sample: C, each sample's gradient bound"
-    )
-    max_update_norm: float = Field(
-        1.0,
-        gt=0,
-        description="level update: C, the bound on the L2 norm of a round's whole update "
-        "(every floating tensor of the model, as one vector)",
-    )
-    delta: float = Field(1e-5, gt=0, lt=1, description="δ of the (ε, δ) guarantee")
-    accountant: Literal["rdp", "prv", "analytic"] = Field(
-        "rdp",
-        description="how the noise composes: rdp, Rényi DP (both levels: Opacus's for "
-        "sample, dp-accounting's for update); prv (level sample: Opacus's privacy random "
-        "variables); analytic (level update: the exact ε of the composed Gaussian releases)",
-    )
-    rounds: int | None = Field(
-        None,
-        ge=1,
-        le=B.MAX_ROUNDS,
-        description="target_epsilon: the rounds σ is planned for (default: the run's rounds)",
-    )
-    secret_noise: bool = Field(
-        False,
-        description="draw the noise (and, level sample, the batches) from a seed the node "
-        "keeps to itself (os.urandom) instead of the swarm's seed: whoever knows the "
-        "topology cannot regenerate the noise, and runs are not reproducible (for deployments)",
-    )
-
-    # these validators run only on fields a config sets (not on defaults): a bound of the
-    # other level is refused rather than silently unused
-    @field_validator("max_grad_norm")
-    @classmethod
-    def _grad_norm_is_dp_sgd(cls, v: float, info: ValidationInfo) -> float:
-        if info.data.get("level") == "update":
-            raise ValueError(
-                "DP-SGD's per-sample bound, unused under level: update (whose bound is "
-                "max_update_norm)"
-            )
-        return v
-
-    @field_validator("max_update_norm")
-    @classmethod
-    def _update_norm_is_update(cls, v: float, info: ValidationInfo) -> float:
-        if info.data.get("level") == "sample":
-            raise ValueError("the bound of level: update, unused by DP-SGD (level: sample)")
-        return v
-
-    @field_validator("accountant")
-    @classmethod
-    def _accountant_of_level(cls, v: str, info: ValidationInfo) -> str:
-        level = info.data.get("level")
-        if level == "update" and v == "prv":
-            raise ValueError(
-                "prv is Opacus's DP-SGD accountant; level: update composes its Gaussian "
-                "releases with dp-accounting: rdp or analytic"
-            )
-        if level == "sample" and v == "analytic":
-            raise ValueError(
-                "analytic composes level: update's Gaussian releases; DP-SGD takes rdp or prv"
-            )
-        return v
-
-    @model_serializer(mode="wrap")
-    def _level_fields(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """Dumps hold the bound of the config's level only, so they load again (the other
-        is refused when set); DP-SGD's dump is as before levels existed (no ``level``)."""
-        data = handler(self)
-        data.pop("max_grad_norm" if self.level == "update" else "max_update_norm", None)
-        if self.level == "sample":
-            data.pop("level", None)
-        return data
-
-    @model_validator(mode="after")
-    def _one_noise(self) -> DPConfig:
-        if (self.noise_multiplier is None) == (self.target_epsilon is None):
-            raise ValueError("give noise_multiplier or target_epsilon (exactly one of them)")
-        if self.rounds is not None and self.target_epsilon is None:
-            raise ValueError("rounds: only with target_epsilon (it plans σ for that budget)")
-        return self
-
-
-class PrivacyConfig(_Strict):
-    """Privacy protections of the swarm (none by default)."""
-
-    dp: DPConfig | None = Field(
-        None, description="differential privacy on every node: DP-SGD, or on its outgoing updates"
-    )
-    secagg: bool = Field(
-        False,
-        description="secure aggregation (SecAgg+) on the rotating aggregator of fedavg and "
-        "fedper: the aggregator learns only the sum of the uploads (docs/design.md, "
-        '"Secure aggregation")',
-    )
-    secagg_neighbours: int | None = Field(
-        None,
-        ge=2,
-        le=B.MAX_NODES,
-        description="secagg: each member's masking and share neighbours, the SecAgg+ "
-        "degree k (rounded up to even; none: every other member)",
-    )
-    secagg_threshold: float = Field(
-        0.6,
-        gt=0,
-        le=1,
-        description="secagg: the shares needed to unmask, as a fraction of a neighbourhood "
-        "of k (clamped into floor(k/2) < t <= k)",
-    )
-
-    @model_serializer(mode="wrap")
-    def _secagg_fields(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """Without secure aggregation the dump (and so a run's fingerprint) is as before it
-        existed: no ``secagg*`` field."""
-        data = handler(self)
-        if not self.secagg:
-            for name in ("secagg", "secagg_neighbours", "secagg_threshold"):
-                data.pop(name, None)
-        return data
-
-
 AttackKind = Literal[
     "sign_flip",
     "scale",
@@ -693,7 +542,7 @@ AttackKind = Literal[
 ATTACK_KINDS: tuple[str, ...] = get_args(AttackKind)
 
 
-class AttackSpec(_Strict):
+class AttackSpec(StrictModel):
     """One attack of an experiment (docs/design.md, "Attack scenarios"): which nodes, when,
     and what they do. An attack wraps what a node serves or how it trains; the methods'
     code paths stay the honest ones."""
@@ -746,7 +595,7 @@ class AttackSpec(_Strict):
         return self
 
 
-class TopologyConfig(_Strict):
+class TopologyConfig(StrictModel):
     """One swarm: nodes, edges, algorithm, data, model, training."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
@@ -888,7 +737,7 @@ class TopologyConfig(_Strict):
         return [n.id for n in self.nodes if n.host == host]
 
 
-class NodeOverrides(_Strict):
+class NodeOverrides(StrictModel):
     """A per-device file in ``nodes/``: what one device changes for its own daemon."""
 
     id: str | None = None

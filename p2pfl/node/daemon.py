@@ -51,7 +51,8 @@ from p2pfl.algorithms.base import Method
 from p2pfl.config.emulation import access_links
 from p2pfl.config.load import ConfigError, dump_topology
 from p2pfl.config.preflight import check_dataset, check_model, check_node_data
-from p2pfl.config.schema import BrokerAddress, DPConfig, TopologyConfig
+from p2pfl.config.privacy_schema import DPConfig
+from p2pfl.config.schema import BrokerAddress, TopologyConfig
 from p2pfl.config.topology import neighbours
 from p2pfl.errors import P2PFLError
 from p2pfl.learning.artifacts import ExportError, write_model_artifacts

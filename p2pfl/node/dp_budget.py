@@ -24,7 +24,8 @@ import logging
 import math
 from typing import Any, ClassVar
 
-from p2pfl.config.schema import DPConfig, TrainingConfig
+from p2pfl.config.privacy_schema import DPConfig
+from p2pfl.config.schema import TrainingConfig
 
 log = logging.getLogger(__name__)
 

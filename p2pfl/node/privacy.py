@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from p2pfl.config.schema import DPConfig, TopologyConfig, TrainingConfig
+from p2pfl.config.privacy_schema import DPConfig
+from p2pfl.config.schema import TopologyConfig, TrainingConfig
 from p2pfl.learning.train import round_lr
 from p2pfl.node.dp_budget import DPBudget
 from p2pfl.privacy.accountant import (

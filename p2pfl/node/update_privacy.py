@@ -32,7 +32,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from p2pfl.config.schema import DPConfig, TopologyConfig, TrainingConfig
+from p2pfl.config.privacy_schema import DPConfig
+from p2pfl.config.schema import TopologyConfig, TrainingConfig
 from p2pfl.node.dp_budget import DPBudget
 from p2pfl.privacy.noise_spread import update_spread
 from p2pfl.privacy.update_accountant import UpdateAccountant, plan_update_noise
