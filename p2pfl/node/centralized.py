@@ -99,6 +99,7 @@ from p2pfl.node.audit import audit_active, auditor_of
 from p2pfl.node.auditor import AuditRole
 from p2pfl.node.election import succession
 from p2pfl.node.lineage import Lineage
+from p2pfl.node.local_training import TrainOutcome
 from p2pfl.node.partition import follow_bridges, member_reach
 from p2pfl.node.plans import (
     RoundPlan,
@@ -111,7 +112,7 @@ from p2pfl.node.plans import (
 )
 from p2pfl.node.secure_round import KINDS as SECURE_KINDS
 from p2pfl.node.secure_round import SecureRounds
-from p2pfl.node.services import NodeServices, TrainOutcome
+from p2pfl.node.services import NodeServices
 from p2pfl.wire.codec import state_nbytes
 from p2pfl.wire.envelope import Envelope
 from p2pfl.wire.transport import TransportError

@@ -33,7 +33,8 @@ from typing import Any
 
 from p2pfl.algorithms.base import DecentralizedAlgorithm
 from p2pfl.learning.state import PARTS, State
-from p2pfl.node.services import NodeServices, TrainOutcome
+from p2pfl.node.local_training import TrainOutcome
+from p2pfl.node.services import NodeServices
 from p2pfl.wire.envelope import Envelope
 from p2pfl.wire.transfers import PreparedState
 from p2pfl.wire.transport import TransportError

@@ -13,7 +13,8 @@ the parts every round has (docs/architecture.md, "Node services"):
   whenever a message or a presence change arrives, bounded by a deadline;
 - **transfers**: packing a state for peers on a shared thread pool, pulling several parts at
   once, refusing a pull, counting a dropped message;
-- **learning**: one round of local training and one evaluation, in worker threads;
+- **learning**: one round of local training and one evaluation, in worker threads
+  (:mod:`p2pfl.node.local_training`);
 - **records**: the byte, time and outage meter of a round, the round's record (the fields
   both drivers share filled in one place, :meth:`NodeServices.round_record`, the method's
   own facts under its ``method`` key) and writing it with the node's checkpoint
@@ -28,13 +29,10 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
-import math
-import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -46,10 +44,10 @@ from p2pfl.learning.admission import admit_state, cap_claims
 from p2pfl.learning.data import NodeData
 from p2pfl.learning.defence import Defence
 from p2pfl.learning.state import State
-from p2pfl.learning.train import TrainResult, evaluate, round_lr, train_local
 from p2pfl.metrics import METHOD_KEY, RecordLog, node_log_path
 from p2pfl.node.checkpoint import Checkpoint, checkpoint_path, save_checkpoint
 from p2pfl.node.device import EmulatedDevice
+from p2pfl.node.local_training import LocalTraining, TrainOutcome
 from p2pfl.wire.codec import state_nbytes
 from p2pfl.wire.compress import CompressError, decode_state, is_compressed, parse_base, parse_spec
 from p2pfl.wire.envelope import Envelope
@@ -61,13 +59,11 @@ from p2pfl.wire.transport import Transport, TransportError
 if TYPE_CHECKING:  # Opacus is imported only by a node that trains under privacy.dp
     from p2pfl.node.privacy import NodePrivacy
     from p2pfl.node.update_privacy import NodeUpdatePrivacy
-    from p2pfl.privacy.update_dp import Released
 
 log = logging.getLogger(__name__)
 
 # packing a state for peers must not queue behind co-hosted nodes' training jobs
 PACK_POOL = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="p2pfl-pack")
-EVAL_BATCH = 500
 # a peer this many rounds or more away from a node's round is not in step with it: the node
 # does not wait on it, and a node that far behind its neighbours catches up
 LAG_ROUNDS = 3
@@ -135,18 +131,6 @@ class RoundDriver(Protocol):
 
     def on_peer_online(self, peer: str) -> None:
         """A neighbour came online (it joined late or reconnected)."""
-
-
-@dataclass
-class TrainOutcome:
-    """One round of local training: the trainer's result, the learning rate used and the
-    facts the method's ``after_train`` hook returned. ``diverged`` is set when the loss
-    turned non-finite and the node rolled back (:meth:`NodeServices.train`)."""
-
-    result: TrainResult
-    lr: float
-    facts: dict[str, Any] = field(default_factory=dict)
-    diverged: dict[str, Any] | None = None
 
 
 class RoundMeter:
@@ -244,14 +228,24 @@ class NodeServices:
         self.merged_from: list[str] = []
         self.distrusted: dict[str, int] = {}  # peer -> the first round it is drawn again
         self._strikes: dict[str, int] = {}
-        self._last_good: tuple[int, dict[str, Any]] | None = None  # (round, checkpoint)
-        self._initial = method.checkpoint()  # what a node whose first round diverges keeps
         # the topology's ``devices:`` entry for this node (speed, offline windows)
         self.emulated = EmulatedDevice.of(cfg, node_id)
         self.off_network = False  # inside an emulated offline window: no pull is served
         # an experiment's attack on this node (topology ``attacks:``), None when honest:
         # it wraps what the node serves and how it trains, never a method's code
         self.adversary = Adversary.for_node(cfg, node_id, data.num_classes)
+        self.training = LocalTraining(
+            cfg=cfg,
+            node_id=node_id,
+            method=method,
+            data=data,
+            rng=rng,
+            device=device,
+            privacy=privacy,
+            adversary=self.adversary,
+            emulated=self.emulated,
+            merged_from=lambda: self.merged_from,
+        )
         # ``transfer.compress: topk(rho)``: the streams this node serves, and those it pulls
         # (the transport names their bases in its pull requests); None otherwise
         self.streams: ServedStreams | None = None
@@ -591,183 +585,12 @@ class NodeServices:
 
     # ------------------------------------------------------------------ learning
     async def train(self, round_no: int) -> TrainOutcome:
-        """One round of local training of the method's model (the method's loss and hooks,
-        the round's learning rate, a seed drawn from the node's RNG), then the method's
-        ``after_train``; in worker threads.
-
-        When the loss turns non-finite the node does not go on from a broken model: it
-        rolls back to the method's state after its last finite round (model and what the
-        method keeps), logs the peers whose states it merged this round
-        (:attr:`merged_from`), and says so in :attr:`TrainOutcome.diverged`.
-
-        Under ``privacy.dp`` at ``level: sample`` the round trains with DP-SGD instead
-        (:meth:`_train_private`); at ``level: update`` it trains as here and the node adopts
-        the release of its update (:meth:`_train_released`)."""
-        privacy = self.privacy
-        if privacy is not None and privacy.level == "sample":
-            return await self._train_private(round_no, cast("NodePrivacy", privacy))
-        lr = round_lr(self.cfg.training, round_no)
-        labels = self._round_labels(round_no)
-        seed = int(self.rng.integers(2**31))
-        if privacy is not None:
-            update = cast("NodeUpdatePrivacy", privacy)
-            return await self._train_released(round_no, update, lr, labels, seed)
-        t0 = time.monotonic()
-        result = await self._local_steps(lr, labels, seed)
-        return await self._trained(round_no, result, lr, t0)
-
-    async def _local_steps(self, lr: float, labels: Any, seed: int) -> TrainResult:
-        """The round's plain local training of the method's model (its loss and hooks), in a
-        worker thread."""
-        method = self.method
-        return await asyncio.to_thread(
-            train_local,
-            method.model,
-            self.data.train_inputs,  # train_set (a Dataset read by batches) or train_x
-            labels,
-            self.cfg.training,
-            lr,
-            extra_loss=method.extra_loss(),
-            loss_fn=method.loss_fn(),
-            step_hook=method.step_hook(),
-            seed=seed,
-            device=self.device,
-        )
-
-    async def _train_released(
-        self, round_no: int, privacy: NodeUpdatePrivacy, lr: float, labels: Any, seed: int
-    ) -> TrainOutcome:
-        """:meth:`train` under ``privacy.dp.level: update``: the round's plain training from
-        the model the node holds (the reference: what it last merged, applied or
-        released), then, when the loss is finite, the node's model becomes the release
-        ``ref + clip(w − ref) + noise`` (:meth:`NodeUpdatePrivacy.release`) before
-        ``after_train``, so whatever leaves the node from now on (snapshots, uploads,
-        representations) is computed from the release. One release is counted, even when a
-        non-finite loss rolls the round back (:meth:`_trained`). A node whose budget is
-        spent trains and releases nothing (a result of 0 steps, as :meth:`_train_private`'s)
-        and still runs ``after_train``."""
-        method = self.method
-        if not await asyncio.to_thread(privacy.may_train, round_no):
-            idle = TrainResult(math.nan, math.nan, 0, 0.0, 0.0)
-            facts = await asyncio.to_thread(method.after_train)
-            return TrainOutcome(idle, lr, facts or {})
-        ref = method.model_state()
-        t0 = time.monotonic()
-        result = await self._local_steps(lr, labels, seed)
-        if math.isfinite(result.loss):
-            released = await asyncio.to_thread(self._adopt_release, privacy, ref, seed)
-            log.debug(
-                "%s: round %d: update norm %.4g%s, released with noise σC %.4g",
-                self.id,
-                round_no,
-                released.norm,
-                " (clipped)" if released.clipped(privacy.max_norm) else "",
-                privacy.noise_multiplier * privacy.max_norm,
-            )
-        await asyncio.to_thread(privacy.released)  # even if rolled back
-        return await self._trained(round_no, result, lr, t0)
-
-    def _adopt_release(self, privacy: NodeUpdatePrivacy, ref: State, seed: int) -> Released:
-        """The release of the trained model against ``ref``, loaded as the node's model."""
-        released = privacy.release(ref, self.method.model_state(), seed)
-        self.method.model.load_state_dict(released.state)
-        return released
-
-    async def _train_private(self, round_no: int, privacy: NodePrivacy) -> TrainOutcome:
-        """:meth:`train` under ``privacy.dp``: the round's DP-SGD steps
-        (:func:`~p2pfl.learning.dp_train.train_private`, seeded from the node's RNG as plain
-        training is), accounted for in :attr:`privacy`; then ``after_train``. A node whose
-        budget is spent takes no step (a result of 0 steps, its losses NaN and recorded as
-        None) and still runs ``after_train``, so the method's round goes on as usual."""
-        from p2pfl.learning.dp_train import train_private  # Opacus: only under privacy.dp
-
-        method, cfg = self.method, self.cfg
-        lr = round_lr(cfg.training, round_no)
-        labels = self._round_labels(round_no)
-        seed = int(self.rng.integers(2**31))  # drawn either way: the RNG's stream is kept
-        if privacy.dp.secret_noise:  # unknown to anyone who knows the swarm's seed
-            seed = secrets.randbits(31)
-        if not await asyncio.to_thread(privacy.may_train, round_no):  # PRV takes seconds
-            idle = TrainResult(math.nan, math.nan, 0, 0.0, 0.0)
-            facts = await asyncio.to_thread(method.after_train)
-            return TrainOutcome(idle, lr, facts or {})
-        t0 = time.monotonic()
-        dp = privacy.dp
-        result = await asyncio.to_thread(
-            train_private,
-            method.model,
-            self.data.train_inputs,
-            labels,
-            cfg.training,
-            lr,
-            noise_multiplier=privacy.noise_multiplier,
-            max_grad_norm=dp.max_grad_norm,
-            q=privacy.q,
-            steps_per_epoch=privacy.steps_per_epoch,
-            extra_loss=method.extra_loss(),
-            loss_fn=method.loss_fn(),
-            step_hook=method.step_hook(),
-            seed=seed,
-            device=self.device,
-        )
-        await asyncio.to_thread(privacy.spent, result.steps)  # even if rolled back
-        return await self._trained(round_no, result, lr, t0)
-
-    def _round_labels(self, round_no: int) -> Any:
-        """The training labels of round ``round_no``: the data's, or what an attacking
-        node's adversary flips them to (tensor data only)."""
-        labels = self.data.train_y
-        if self.adversary is not None and self.data.train_set is None:
-            labels = self.adversary.train_labels(labels, round_no)
-        return labels
-
-    async def _trained(
-        self, round_no: int, result: TrainResult, lr: float, t0: float
-    ) -> TrainOutcome:
-        """What follows a round's training (plain or DP-SGD), begun at monotonic ``t0``: an
-        emulated slower device waits out the rest of its time; a non-finite loss rolls the
-        method back (:meth:`_roll_back`); otherwise the method's ``after_train`` runs and the
-        state is kept as the last good one."""
-        method = self.method
-        if self.emulated.speed < 1.0:  # a slower device: the same work, stretched
-            await asyncio.sleep(self.emulated.extra_compute_s(time.monotonic() - t0))
-            result = replace(result, seconds=time.monotonic() - t0)
-        if not math.isfinite(result.loss):
-            diverged = await asyncio.to_thread(self._roll_back, round_no, result.loss, lr)
-            return TrainOutcome(result, lr, {}, diverged)
-        facts = await asyncio.to_thread(method.after_train)
-        self._last_good = (round_no, method.checkpoint())
-        return TrainOutcome(result, lr, facts or {})
-
-    def _roll_back(self, round_no: int, loss: float, lr: float) -> dict[str, Any]:
-        merged = sorted(self.merged_from)
-        if self._last_good is None:
-            good_round, ckpt = 0, self._initial
-        else:
-            good_round, ckpt = self._last_good
-        self.method.restore(ckpt)
-        log.warning(
-            "%s: round %d: training loss is %s (lr %.4g; merged from %s): rolled back to "
-            "the model after round %d",
-            self.id,
-            round_no,
-            loss,
-            lr,
-            ", ".join(merged) or "no peer",
-            good_round,
-        )
-        return {"merged_from": merged, "rolled_back_to": good_round}
+        """One round of local training (:meth:`LocalTraining.train`)."""
+        return await self.training.train(round_no)
 
     async def evaluate(self) -> tuple[float, float]:
         """(accuracy, loss) of the method's model on this node's test split."""
-        return await asyncio.to_thread(
-            evaluate,
-            self.method.model,
-            self.data.test_inputs,  # test_set (a Dataset read by batches) or test_x
-            self.data.test_y,
-            EVAL_BATCH,
-            self.device,
-        )
+        return await self.training.evaluate()
 
     # ------------------------------------------------------------------ records
     def meter(self) -> RoundMeter:

@@ -73,7 +73,7 @@ def test_what_leaves_the_node_is_the_release_not_the_trained_model(method):
     served = node.method.upload() if method == "fedavg" else node.method.snapshot()
     assert served and all(torch.equal(served[k], expected.state[k]) for k in served)
     # the checkpoint, which a restart resumes from, holds the release too
-    assert all(torch.equal(svc._last_good[1]["model"][k], held[k]) for k in held)
+    assert all(torch.equal(svc.training.last_good[1]["model"][k], held[k]) for k in held)
 
 
 def test_rounds_are_accounted_and_recorded():
