@@ -314,7 +314,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 def cmd_certs(args: argparse.Namespace) -> int:
     """Create (or extend) a swarm's CA, broker certificate and per-node identities."""
-    from p2pfl.security.certs import make_swarm_certs, revoke
+    from p2pfl.security.certs import BRIDGE_CN, OBSERVER_CN, make_swarm_certs, revoke
 
     cfg = _load(args, inputs=False).cfg  # the file, the schema and the graph: no data here
     out = Path(args.out or cfg.security.certs or f"certs/{cfg.name}")
@@ -324,9 +324,15 @@ def cmd_certs(args: argparse.Namespace) -> int:
         console.print(f"[red]error[/] {args.topology}: nodes: no node with id {unknown}")
         return 2
     if args.revoke:
-        unknown = [i for i in args.revoke if i not in cfg.node_ids]
+        services = (BRIDGE_CN, OBSERVER_CN)
+        unknown = [i for i in args.revoke if i not in cfg.node_ids and i not in services]
         if unknown:
-            console.print(f"[red]error[/] {args.topology}: nodes: no node with id {unknown}")
+            console.print(
+                f"[red]error[/] {args.topology}: nodes: no node with id {unknown} "
+                f"(--revoke takes node ids, {BRIDGE_CN} or {OBSERVER_CN})",
+                highlight=False,
+                soft_wrap=True,
+            )
             return 2
         paths = revoke(out, args.revoke, days=args.days)
         console.print(
@@ -335,6 +341,13 @@ def cmd_certs(args: argparse.Namespace) -> int:
             highlight=False,
             soft_wrap=True,
         )
+        for name in (n for n in services if n in args.revoke):
+            console.print(
+                f"to issue a new {name} identity: delete {paths.identity_files(name)} in "
+                f"{paths.root} and run p2pfl certs again",
+                highlight=False,
+                soft_wrap=True,
+            )
         return 0
     hosts = list(args.broker_host or [])
     if not cfg.broker.mdns and cfg.broker.host not in hosts:

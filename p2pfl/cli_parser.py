@@ -225,7 +225,8 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         "--revoke",
         action="append",
         metavar="ID",
-        help="revoke this node's certificate (repeatable): adds it to crl.pem",
+        help="revoke this node's certificate (repeatable): adds it to crl.pem; "
+        "p2pfl:observer and p2pfl:bridge revoke the dashboard's and the bridges' identities",
     )
 
     sp = sub.add_parser("discover", help="list brokers, nodes and swarms visible by mDNS")

@@ -28,6 +28,7 @@ from p2pfl.security.certs import (
     OBSERVER_CN,
     CertError,
     SwarmCerts,
+    check_not_revoked,
     common_name,
     load_certificate,
 )
@@ -43,12 +44,13 @@ def observer_tls_context(root: str | Path) -> ssl.SSLContext:
     ``p2pfl certs`` directory ``root`` (hostname checked against the broker certificate's
     names) and presents its observer identity. Raises :class:`CertError` naming a missing
     or unusable file (a directory made before observers existed gets one when ``p2pfl
-    certs`` runs on it again)."""
+    certs`` runs on it again), or an observer identity the directory's CRL revokes."""
     paths = SwarmCerts(Path(root))
     paths.require(paths.ca_cert, paths.observer_cert, paths.observer_key)
     cn = common_name(load_certificate(paths.observer_cert))
     if cn != OBSERVER_CN:
         raise CertError(f"{paths.observer_cert}: certificate is for {cn!r}, not {OBSERVER_CN!r}")
+    check_not_revoked(paths, OBSERVER_CN)
     try:
         ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(paths.ca_cert))
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2

@@ -51,7 +51,7 @@ from pathlib import Path
 
 from p2pfl.background import background
 from p2pfl.errors import P2PFLError
-from p2pfl.security.certs import SwarmCerts
+from p2pfl.security.certs import BRIDGE_CN, SwarmCerts, check_not_revoked
 
 log = logging.getLogger("p2pfl.broker")
 
@@ -294,9 +294,11 @@ def bridge_config(
 def bridge_tls_files(certs: Path) -> dict[str, Path]:
     """The files a TLS bridge needs from a ``p2pfl certs`` directory, by staged name; a
     missing one is a :class:`~p2pfl.security.certs.CertError` naming it (a directory made
-    before bridges existed gets ``bridge.crt`` when ``p2pfl certs`` runs on it again)."""
+    before bridges existed gets ``bridge.crt`` when ``p2pfl certs`` runs on it again), and
+    so is a bridge identity the directory's CRL revokes."""
     src = SwarmCerts(Path(certs))
     src.require(src.ca_cert, src.bridge_cert, src.bridge_key)
+    check_not_revoked(src, BRIDGE_CN)
     return {"ca.crt": src.ca_cert, "bridge.crt": src.bridge_cert, "bridge.key": src.bridge_key}
 
 

@@ -13,7 +13,8 @@
     nodes/<id>.crt <id>.key  one Ed25519 identity per node (CN = node id)
     acl                      the Mosquitto ACL: each node publishes only its own topics;
                              the bridge relays the whole swarm; the observer only reads
-    crl.pem                  revoked node certificates (:func:`revoke`), when any are
+    crl.pem                  revoked certificates (:func:`revoke`: nodes', the bridge's, the
+                             observer's), when any are
 
 A node's Ed25519 key is both its TLS client key and its message-signing key, so its
 certificate is also how peers learn its public key (:class:`Keyring`). A device needs only
@@ -102,6 +103,19 @@ class SwarmCerts:
 
     def node_key(self, node_id: str) -> Path:
         return self.root / "nodes" / f"{node_id}.key"
+
+    def identity_cert(self, name: str) -> Path:
+        """The certificate of identity ``name``: :data:`BRIDGE_CN`, :data:`OBSERVER_CN`, or
+        a node id."""
+        return {BRIDGE_CN: self.bridge_cert, OBSERVER_CN: self.observer_cert}.get(
+            name, self.node_cert(name)
+        )
+
+    def identity_files(self, name: str) -> str:
+        """The files holding identity ``name``, as a user deletes them to issue it anew."""
+        cert = self.identity_cert(name)
+        key = cert.with_suffix(".key")
+        return f"{cert.relative_to(self.root)} and {key.relative_to(self.root)}"
 
     def require(self, *paths: Path) -> None:
         """Raise :class:`CertError` naming the first missing file."""
@@ -323,17 +337,21 @@ def make_swarm_certs(
     return paths
 
 
-def revoke(root: Path, node_ids: list[str], days: int = DEFAULT_DAYS) -> SwarmCerts:
-    """Add the current certificates of ``node_ids`` to the swarm's CRL (``crl.pem``, signed
-    by the CA; earlier revocations are kept). A broker given the directory refuses them at
-    the TLS handshake, and nodes refuse their signatures."""
+def revoke(root: Path, names: list[str], days: int = DEFAULT_DAYS) -> SwarmCerts:
+    """Add the current certificates of the identities ``names`` (node ids, or
+    :data:`BRIDGE_CN` / :data:`OBSERVER_CN`) to the swarm's CRL (``crl.pem``, signed by the
+    CA; earlier revocations are kept). A broker given the directory refuses them at the TLS
+    handshake, nodes refuse a revoked node's signatures, and the dashboard and a bridging
+    broker refuse to start with a revoked identity of theirs (:func:`check_not_revoked`).
+    A new identity is issued by deleting the revoked one's files and running ``p2pfl
+    certs`` again."""
     paths = SwarmCerts(Path(root))
-    paths.require(paths.ca_cert, paths.ca_key, *(paths.node_cert(n) for n in node_ids))
+    paths.require(paths.ca_cert, paths.ca_key, *(paths.identity_cert(n) for n in names))
     ca_key, ca_cert = load_private_key(paths.ca_key), load_certificate(paths.ca_cert)
     now = dt.datetime.now(dt.timezone.utc)
     entries = {r.serial_number: r for r in load_crl(paths, ca_cert) or []}
-    for nid in node_ids:
-        serial = load_certificate(paths.node_cert(nid)).serial_number
+    for name in names:
+        serial = load_certificate(paths.identity_cert(name)).serial_number
         entries.setdefault(
             serial,
             x509.RevokedCertificateBuilder().serial_number(serial).revocation_date(now).build(),
@@ -367,6 +385,21 @@ def load_crl(paths: SwarmCerts, ca: x509.Certificate) -> x509.CertificateRevocat
 def revoked_serials(paths: SwarmCerts, ca: x509.Certificate) -> frozenset[int]:
     crl = load_crl(paths, ca)
     return frozenset(r.serial_number for r in crl) if crl is not None else frozenset()
+
+
+def check_not_revoked(paths: SwarmCerts, name: str) -> None:
+    """Raise :class:`CertError` when the certificate of identity ``name`` (as
+    :meth:`SwarmCerts.identity_cert`) is in the directory's CRL: the broker would refuse it
+    at the handshake, which a client only sees as a dropped connection."""
+    cert = paths.identity_cert(name)
+    if not paths.crl.is_file():
+        return
+    serial = load_certificate(cert).serial_number
+    if serial in revoked_serials(paths, load_certificate(paths.ca_cert)):
+        raise CertError(
+            f"{cert}: revoked (in {paths.crl}); to issue a new {name} identity, delete "
+            f"{paths.identity_files(name)} and run `p2pfl certs` again"
+        )
 
 
 def load_certificate(path: Path) -> x509.Certificate:

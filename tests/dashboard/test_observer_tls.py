@@ -273,3 +273,55 @@ async def test_without_an_observer_identity_the_dashboard_says_why(certs, tmp_pa
         assert dash.snapshot()["broker"]["address"] == "127.0.0.1:1"
     finally:
         await dash.close()
+
+
+@pytest.mark.integration
+async def test_a_revoked_observer_is_refused_and_can_be_issued_anew(tmp_path, capsys):
+    """``p2pfl certs --revoke p2pfl:observer``: the broker refuses the observer at the
+    handshake (a context made before the revocation included), the dashboard shows the
+    records only and says why, and once the named files are deleted ``p2pfl certs`` issues
+    a new identity the broker accepts."""
+    from p2pfl.cli import main as cli_main
+
+    root = tmp_path / "certs"
+    topo = tmp_path / "t.yaml"
+    topo.write_text(f"name: {SWARM}\nnodes: [{', '.join(NODES)}]\n")
+    assert cli_main(["certs", str(topo), "--out", str(root)]) == 0
+    paths = SwarmCerts(root)
+    before = observer_tls_context(root)
+    assert cli_main(["certs", str(topo), "--out", str(root), "--revoke", "nobody"]) == 2
+    assert OBSERVER_CN in capsys.readouterr().err  # the names --revoke takes
+    assert cli_main(["certs", str(topo), "--out", str(root), "--revoke", OBSERVER_CN]) == 0
+    assert "delete observer.crt and observer.key" in capsys.readouterr().err
+    with pytest.raises(CertError, match="revoked"):
+        observer_tls_context(root)
+    # the dashboard: the records only, and why
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = load_topology(
+        "topologies/synthetic.yaml",
+        ["broker=127.0.0.1:1", "security.tls=true", f"security.certs={root}"],
+    )
+    (run / "config.yaml").write_text(dump_topology(cfg))
+    dash = Dashboard(run, poll_s=0.1)
+    await dash.start()
+    try:
+        assert dash.live is None and "revoked" in dash.snapshot()["broker"]["note"]
+    finally:
+        await dash.close()
+    with MosquittoBroker(workdir=tmp_path / "b", tls=BrokerTLS(root, SWARM)) as broker:
+        async with aiomqtt.Client(
+            "127.0.0.1", broker.port, tls_context=tls_context(root, "a"), timeout=5
+        ) as node:
+            await node.publish(f"p2pfl/{SWARM}/status/a", b"x", qos=1)
+        with pytest.raises(aiomqtt.MqttError):
+            async with aiomqtt.Client("127.0.0.1", broker.port, tls_context=before, timeout=3):
+                pass
+    # issued anew: a certificate the CRL does not hold, which the broker lets in
+    paths.observer_cert.unlink()
+    paths.observer_key.unlink()
+    assert cli_main(["certs", str(topo), "--out", str(root)]) == 0
+    after = observer_tls_context(root)
+    with MosquittoBroker(workdir=tmp_path / "b2", tls=BrokerTLS(root, SWARM)) as broker:
+        async with aiomqtt.Client("127.0.0.1", broker.port, tls_context=after, timeout=5) as c:
+            await c.subscribe(f"p2pfl/{SWARM}/status/+")

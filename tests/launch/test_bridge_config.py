@@ -272,6 +272,19 @@ def test_extending_keeps_the_bridge_identity_and_an_old_directory_gets_one(certs
     assert certs.bridge_cert.is_file() and certs.bridge_key.is_file()
 
 
+def test_a_revoked_bridge_identity_stops_a_bridging_broker_before_it_starts(tmp_path):
+    """``p2pfl certs --revoke p2pfl:bridge``: the broker's bridges would be refused at every
+    handshake, so a bridging broker stops before it starts, naming the files to delete."""
+    topo = tmp_path / "t.yaml"
+    topo.write_text(f"name: {SWARM}\nnodes: [n0, n1]\n")
+    root = tmp_path / "certs"
+    assert main(["certs", str(topo), "--out", str(root)]) == 0
+    assert main(["certs", str(topo), "--out", str(root), "--revoke", BRIDGE_CN]) == 0
+    broker = MosquittoBroker(tls=BrokerTLS(root, SWARM), bridges=Bridges.parse(["127.0.0.1:1"]))
+    with pytest.raises(CertError, match=r"bridge\.crt: revoked .*delete bridge\.crt and bridge"):
+        broker._stage_tls()
+
+
 # ----------------------------------------------------------------------------- two Mosquittos
 
 needs_mosquitto = pytest.mark.skipif(not have_mosquitto(), reason="mosquitto is not installed")
