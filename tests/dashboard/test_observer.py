@@ -4,13 +4,11 @@ broker, and the phases and pulls of a real (small, synthetic) swarm."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-
 import aiomqtt
 import pytest
 from waiting import wait_until
 
+from p2pfl.background import background
 from p2pfl.config.load import dump_topology, load_topology
 from p2pfl.dashboard.live import LiveState
 from p2pfl.dashboard.observer import observe
@@ -24,15 +22,9 @@ from p2pfl.wire.transport import Transport
 pytestmark = pytest.mark.integration
 
 
-@contextlib.asynccontextmanager
-async def observing(live: LiveState, host: str, port: int):
-    task = asyncio.create_task(observe(live, host, port))
-    try:
-        yield task
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+def observing(live: LiveState, host: str, port: int):
+    """The observer of ``live`` on ``host:port`` for the span of an ``async with``."""
+    return background(observe(live, host, port))
 
 
 async def test_observer_follows_presence_and_status_and_drops_garbage(broker):

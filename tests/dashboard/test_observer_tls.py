@@ -10,6 +10,7 @@ import asyncio
 import queue
 import ssl
 import uuid
+from pathlib import Path
 
 import aiomqtt
 import paho.mqtt.client as paho
@@ -243,19 +244,26 @@ async def test_the_dashboard_follows_a_signed_tls_swarm(tmp_path):
     assert not any("Traceback" in p.read_text() for p in log)
 
 
+def _tls_run(tmp_path, certs_dir) -> Path:
+    """A run directory of a TLS swarm whose certificates are in ``certs_dir`` and whose
+    broker is gone (127.0.0.1:1), as the dashboard reads it."""
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = load_topology(
+        "topologies/synthetic.yaml",
+        ["broker=127.0.0.1:1", "security.tls=true", f"security.certs={certs_dir}"],
+    )
+    (run / "config.yaml").write_text(dump_topology(cfg))
+    return run
+
+
 async def test_without_an_observer_identity_the_dashboard_says_why(certs, tmp_path):
     """A TLS swarm whose certificate directory has no observer identity (made before
     observers existed): records only, and the page names the directory and the fix."""
     old = tmp_path / "old-certs"
     old.mkdir()
     (old / "ca.crt").write_bytes(certs.ca_cert.read_bytes())
-    run = tmp_path / "run"
-    run.mkdir()
-    cfg = load_topology(
-        "topologies/synthetic.yaml",
-        ["broker=127.0.0.1:1", "security.tls=true", f"security.certs={old}"],
-    )
-    (run / "config.yaml").write_text(dump_topology(cfg))
+    run = _tls_run(tmp_path, old)
     dash = Dashboard(run, poll_s=0.1)
     await dash.start()
     try:
@@ -296,14 +304,7 @@ async def test_a_revoked_observer_is_refused_and_can_be_issued_anew(tmp_path, ca
     with pytest.raises(CertError, match="revoked"):
         observer_tls_context(root)
     # the dashboard: the records only, and why
-    run = tmp_path / "run"
-    run.mkdir()
-    cfg = load_topology(
-        "topologies/synthetic.yaml",
-        ["broker=127.0.0.1:1", "security.tls=true", f"security.certs={root}"],
-    )
-    (run / "config.yaml").write_text(dump_topology(cfg))
-    dash = Dashboard(run, poll_s=0.1)
+    dash = Dashboard(_tls_run(tmp_path, root), poll_s=0.1)
     await dash.start()
     try:
         assert dash.live is None and "revoked" in dash.snapshot()["broker"]["note"]
