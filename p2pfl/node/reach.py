@@ -153,11 +153,15 @@ class Reachability:
             await asyncio.gather(*(self._probe_one(p) for p in due))
 
     @contextlib.asynccontextmanager
-    async def watching(self, peers: Callable[[], Iterable[str]]) -> AsyncIterator[None]:
+    async def watching(
+        self, peers: Callable[[], Iterable[str]], *, after: float = 0.0
+    ) -> AsyncIterator[None]:
         """While inside, re-probe ``peers()`` every :data:`RECHECK_S` (a flip of a verdict
-        calls ``changed``, which wakes the wait)."""
+        calls ``changed``, which wakes the wait), the first time ``after`` seconds in (a
+        block that is usually over by then probes nothing)."""
 
         async def loop() -> None:
+            await asyncio.sleep(after)
             while True:
                 await self.refresh(peers())
                 await asyncio.sleep(RECHECK_S)
