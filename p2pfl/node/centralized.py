@@ -110,7 +110,6 @@ from p2pfl.node.plans import (
     live_members,
     waits_on,
 )
-from p2pfl.node.reach import RECHECK_S
 from p2pfl.node.secure_round import KINDS as SECURE_KINDS
 from p2pfl.node.secure_round import SecureRounds
 from p2pfl.node.services import NodeServices
@@ -448,8 +447,8 @@ class CentralizedRounds:
                 max_bytes=self.services.pull_limit,
             )
             # an aggregator cut off while the pull runs: the round fails over then, not
-            # after the pull's timeout (a pull that takes under a second probes nothing)
-            async with self.reach.watching(lambda: [aggregator], after=RECHECK_S):
+            # after the pull's timeout
+            async with self.reach.watching(lambda: [aggregator]):
                 state = await self.services.unless_cut_off(
                     aggregator, pull, self.reach.cut_off, timeout
                 )

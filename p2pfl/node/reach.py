@@ -153,15 +153,11 @@ class Reachability:
             await asyncio.gather(*(self._probe_one(p) for p in due))
 
     @contextlib.asynccontextmanager
-    async def watching(
-        self, peers: Callable[[], Iterable[str]], *, after: float = 0.0
-    ) -> AsyncIterator[None]:
+    async def watching(self, peers: Callable[[], Iterable[str]]) -> AsyncIterator[None]:
         """While inside, re-probe ``peers()`` every :data:`RECHECK_S` (a flip of a verdict
-        calls ``changed``, which wakes the wait), the first time ``after`` seconds in (a
-        block that is usually over by then probes nothing)."""
+        calls ``changed``, which wakes the wait)."""
 
         async def loop() -> None:
-            await asyncio.sleep(after)
             while True:
                 await self.refresh(peers())
                 await asyncio.sleep(RECHECK_S)

@@ -112,19 +112,6 @@ async def test_watching_reprobes_until_left(monkeypatch):
     assert len(peers.probed) == n  # stopped
 
 
-async def test_watching_after_a_delay_probes_only_a_block_that_lasts(monkeypatch):
-    monkeypatch.setattr("p2pfl.node.reach.RECHECK_S", 0.01)
-    monkeypatch.setattr("p2pfl.node.reach.PROBE_TTL_S", 0.0)
-    peers = _Peers()
-    reach = peers.reach()
-    async with reach.watching(lambda: ["a"], after=30.0):  # over long before that
-        await asyncio.sleep(0.05)
-    assert peers.probed == []
-    async with reach.watching(lambda: ["a"], after=0.02):
-        await asyncio.sleep(0.1)
-    assert len(peers.probed) >= 2
-
-
 async def test_transport_probe_against_a_real_listener():
     server = await asyncio.start_server(lambda _r, w: w.close(), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
