@@ -501,16 +501,13 @@ class AggregatorRole:
         parts.update({p: "late" for p in late if p != self.id})
         cut = await self._cut_off(parts)  # a pull across a cut would wait out its timeout
         parts = {p: part for p, part in parts.items() if p not in cut}
-        # and a pull whose peer is cut off while it runs is abandoned then
-        async with self._watching(lambda: list(parts)):
-            pulled, failed = await svc.pull_many(
-                parts,
-                r,
-                timeout,
-                attempt=attempt,
-                reference=lambda _part: template,  # admission: layout, finite, norm
-                cut_off=None if self.reach is None else self.reach.cut_off,
-            )
+        pulled, failed = await svc.pull_many(
+            parts,
+            r,
+            timeout,
+            attempt=attempt,
+            reference=lambda _part: template,  # admission: layout, finite, norm
+        )
         failed.update(cut)
         claims = svc.cap_claims({p: (reports.get(p) or late[p])["n"] for p in pulled})
         staleness = {p: r - late[p]["trained"] for p in late}

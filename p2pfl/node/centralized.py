@@ -436,22 +436,15 @@ class CentralizedRounds:
     async def _pull_result(
         self, aggregator: str, round_no: int, attempt: int
     ) -> tuple[State | None, str | None]:
-        timeout = max(1.0, self.cfg.timing.round_timeout_s)
         try:
-            pull = self.tr.pull(
+            state = await self.tr.pull(
                 aggregator,
                 round_no,
                 "result",
-                timeout,
+                max(1.0, self.cfg.timing.round_timeout_s),
                 attempt=attempt,
                 max_bytes=self.services.pull_limit,
             )
-            # an aggregator cut off while the pull runs: the round fails over then, not
-            # after the pull's timeout
-            async with self.reach.watching(lambda: [aggregator]):
-                state = await self.services.unless_cut_off(
-                    aggregator, pull, self.reach.cut_off, timeout
-                )
             state = await self.services.decoded(aggregator, state)  # docs/wire.md, "Compression"
         except TransportError as exc:
             return None, str(exc)

@@ -30,7 +30,7 @@ import concurrent.futures
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -312,19 +312,14 @@ class NodeServices:
 
     async def wait_for(self, predicate: Callable[[], bool], deadline: float) -> bool:
         """Wait until ``predicate()`` holds (True) or the monotonic ``deadline`` passes
-        (False); the predicate is re-checked after every :meth:`notify`. A cancellation of
-        the waiting task always ends the wait (``asyncio.wait``: ``asyncio.wait_for`` before
-        Python 3.12 swallows one that lands as a notify wakes it)."""
+        (False); the predicate is re-checked after every :meth:`notify`."""
         while not predicate():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
             self._changed.clear()
-            changed = asyncio.ensure_future(self._changed.wait())
-            try:
-                await asyncio.wait({changed}, timeout=remaining)
-            finally:
-                changed.cancel()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)
         return True
 
     # ------------------------------------------------------------------ transfers
@@ -396,7 +391,6 @@ class NodeServices:
         attempt: int = 0,
         reference: Callable[[str], State] | None = None,
         rounds: dict[str, int] | None = None,
-        cut_off: Callable[[str], str | None] | None = None,
     ) -> tuple[dict[str, State], dict[str, str]]:
         """Pull ``parts[peer]`` of round ``round_no`` (of ``rounds[peer]`` when given: an
         asynchronous node asks each peer for the round it last gossiped) from every peer
@@ -407,15 +401,13 @@ class NodeServices:
         norm bound) before any method sees it; one that fails is left out and named in the
         round's :attr:`rejected`. A compressed state is decoded first (:meth:`decoded`);
         one that does not decode fails its pull. Each pull that arrives is told to
-        observers (:meth:`publish_status`). With ``cut_off``, a pull whose peer is found cut
-        off while it runs fails at once (:meth:`unless_cut_off`)."""
+        observers (:meth:`publish_status`)."""
 
         async def one(peer: str) -> State:
             asked = round_no if rounds is None else rounds.get(peer, round_no)
-            pull = self.transport.pull(
+            state = await self.transport.pull(
                 peer, asked, parts[peer], timeout, attempt=attempt, max_bytes=self.pull_limit
             )
-            state = await self.unless_cut_off(peer, pull, cut_off, timeout)
             state = await self.decoded(peer, state)  # before admission
             self.publish_status(round_no, pull=(peer, parts[peer], state_nbytes(state)))
             return state
@@ -437,39 +429,6 @@ class NodeServices:
         if self.adversary is not None:
             self.adversary.remember(round_no, pulled)
         return pulled, failed
-
-    async def unless_cut_off(
-        self,
-        peer: str,
-        pull: Awaitable[State],
-        cut_off: Callable[[str], str | None] | None,
-        timeout: float,
-    ) -> State:
-        """What ``pull`` (a transfer from ``peer``) gives, unless ``cut_off(peer)`` (a
-        partition view's verdict: docs/wire.md, "Partitions") names why ``peer`` cannot be
-        reached before it arrives: the pull is then cancelled and :class:`TransportError`
-        raised at once, where the transfer itself would wait out its ``timeout`` (a link
-        that was cut drops packets silently). The verdict is re-read at every
-        :meth:`notify`; the caller keeps it fresh while it waits
-        (:meth:`~p2pfl.node.reach.Reachability.watching`). Without ``cut_off``: ``pull``."""
-        if cut_off is None:
-            return await pull
-        transfer = asyncio.ensure_future(pull)
-        watch = asyncio.ensure_future(
-            self.wait_for(lambda: cut_off(peer) is not None, time.monotonic() + timeout)
-        )
-        try:
-            await asyncio.wait({transfer, watch}, return_when=asyncio.FIRST_COMPLETED)
-            why = cut_off(peer) if not transfer.done() else None
-            if why is not None:
-                raise TransportError(f"pull from {peer} abandoned: {peer} is cut off ({why})")
-            return await transfer
-        finally:
-            for task in (transfer, watch):
-                if not task.done():
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
 
     async def decoded(self, peer: str, state: State) -> State:
         """``state`` as pulled from ``peer``, decoded when it travelled compressed (any
