@@ -312,14 +312,19 @@ class NodeServices:
 
     async def wait_for(self, predicate: Callable[[], bool], deadline: float) -> bool:
         """Wait until ``predicate()`` holds (True) or the monotonic ``deadline`` passes
-        (False); the predicate is re-checked after every :meth:`notify`."""
+        (False); the predicate is re-checked after every :meth:`notify`. A cancellation of
+        the waiting task always ends the wait (``asyncio.wait``: ``asyncio.wait_for`` before
+        Python 3.12 swallows one that lands as a notify wakes it)."""
         while not predicate():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
             self._changed.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), remaining)
+            changed = asyncio.ensure_future(self._changed.wait())
+            try:
+                await asyncio.wait({changed}, timeout=remaining)
+            finally:
+                changed.cancel()
         return True
 
     # ------------------------------------------------------------------ transfers
