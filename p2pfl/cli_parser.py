@@ -9,17 +9,20 @@ import argparse
 from p2pfl.config.schema import BrokerAddress
 
 
+def _positive_int(text: str, expected: str) -> int:
+    """``text`` as an int of at least 1; a usage error saying ``expected`` otherwise."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _per_process(text: str) -> int | None:
     """``--nodes-per-process``: a positive int, or ``auto`` (None)."""
-    if text == "auto":
-        return None
-    try:
-        k = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number or 'auto', got {text!r}") from None
-    if k < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {k}")
-    return k
+    return None if text == "auto" else _positive_int(text, "a number or 'auto'")
 
 
 def _seconds(text: str) -> float:
@@ -46,13 +49,7 @@ def _port(text: str) -> int:
 
 def _rounds(text: str) -> int:
     """``--rounds``: a positive count (the schema bounds it further, naming ``rounds``)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of rounds, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+    return _positive_int(text, "a number of rounds")
 
 
 def _any_broker(text: str) -> BrokerAddress:
