@@ -14,9 +14,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from p2pfl.check.checked import CheckedTopology, check_topology, device_problem, load_checked
+from p2pfl.check.load import ConfigError, load_node_overrides, load_topology
 from p2pfl.cli_parser import build_parser
-from p2pfl.config.checked import CheckedTopology, check_topology, device_problem, load_checked
-from p2pfl.config.load import ConfigError, load_node_overrides, load_topology
 from p2pfl.config.schema import BrokerAddress
 from p2pfl.errors import P2PFLError
 
@@ -55,7 +55,7 @@ def _overrides(args: argparse.Namespace, extra: list[str] | None = None) -> list
 
 def _load(args: argparse.Namespace, extra: list[str] | None = None, **checks) -> CheckedTopology:
     """The command's topology through the one path every command takes
-    (:func:`p2pfl.config.checked.load_checked`, ``checks`` its options)."""
+    (:func:`p2pfl.check.checked.load_checked`, ``checks`` its options)."""
     return load_checked(args.topology, _overrides(args, extra), **checks)
 
 
@@ -82,7 +82,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         soft_wrap=True,
     )
     if model is not None:  # what the methods share (g) and what each node keeps (h)
-        from p2pfl.config.preflight import split_summary
+        from p2pfl.check.preflight import split_summary
 
         for part, label in (("g", "shared"), ("h", "personal")):
             modules = split_summary(model)[part]
@@ -262,7 +262,7 @@ def cmd_track(args: argparse.Namespace) -> int:
 
 
 def cmd_summarize(args: argparse.Namespace) -> int:
-    from p2pfl.config.load import load_topology
+    from p2pfl.check.load import load_topology
     from p2pfl.launch.swarm import finish_run, summary_table
 
     run = Path(args.run_dir)

@@ -24,7 +24,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-# a round record's fields every driver writes (p2pfl/node/services.py, ``round_record``;
+# a round record's fields every driver writes (p2pfl/services/bundle.py, ``round_record``;
 # README.md, "Run directory")
 ROUND_FIELDS = (
     "round",

@@ -37,7 +37,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from p2pfl.config.load import load_topology  # noqa: E402
+from p2pfl.check.load import load_topology  # noqa: E402
 from p2pfl.metrics import write_json  # noqa: E402
 
 SUITES = ROOT / "topologies" / "suites.yaml"

@@ -28,7 +28,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from p2pfl.config.load import load_topology  # noqa: E402
+from p2pfl.check.load import load_topology  # noqa: E402
 from p2pfl.launch.swarm import run_swarm  # noqa: E402
 from p2pfl.metrics import read_records, write_json  # noqa: E402
 

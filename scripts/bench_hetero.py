@@ -81,7 +81,7 @@ def span(records: list[dict[str, Any]]) -> float:
 
 def summarize_run(cfg, out: Path, summary: dict[str, Any]) -> dict[str, Any]:
     from p2pfl.metrics import read_records
-    from p2pfl.node.device import EmulatedDevice
+    from p2pfl.services.device import EmulatedDevice
 
     recs = {n: read_records(out / "nodes" / f"{n}.jsonl") for n in cfg.node_ids}
     slow = {n for n in cfg.node_ids if EmulatedDevice.of(cfg, n).speed < 1.0}
@@ -110,7 +110,7 @@ def summarize_run(cfg, out: Path, summary: dict[str, Any]) -> dict[str, Any]:
 
 def build_config(args, setting: dict[str, Any]):
     from p2pfl.algorithms import get_algorithm
-    from p2pfl.config.load import load_topology
+    from p2pfl.check.load import load_topology
 
     centralized = get_algorithm(setting["method"]).kind == "centralized"
     sets = [

@@ -22,7 +22,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from p2pfl.config.load import load_topology  # noqa: E402
+from p2pfl.check.load import load_topology  # noqa: E402
 from p2pfl.launch.swarm import run_swarm  # noqa: E402
 from p2pfl.metrics import write_json  # noqa: E402
 

@@ -37,7 +37,7 @@ from bench_startup import one_run  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from p2pfl.config.load import topology_from_dict  # noqa: E402
+from p2pfl.check.load import topology_from_dict  # noqa: E402
 from p2pfl.metrics import write_json  # noqa: E402
 
 FEATURES = 30

@@ -259,7 +259,7 @@ def attack_run(run_dir: Path, seed: int) -> dict[str, Any]:
     import torch
 
     import p2pfl
-    from p2pfl.config.load import load_topology
+    from p2pfl.check.load import load_topology
     from p2pfl.learning.data import load_arrays
 
     cfg = load_topology(run_dir / "config.yaml")
@@ -330,7 +330,7 @@ def one_cell(
     method: str, epsilon: float | None, args: argparse.Namespace, console: Console
 ) -> dict[str, Any]:
     """One swarm run (``bench_accuracy.run_one``) and the attack on its served models."""
-    from p2pfl.config.load import load_topology
+    from p2pfl.check.load import load_topology
 
     suites, _ = load_suites(Path(args.suites))
     suite = suites[args.suite]

@@ -45,7 +45,7 @@ from bench_startup import PssSampler  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from p2pfl.config.load import load_topology  # noqa: E402
+from p2pfl.check.load import load_topology  # noqa: E402
 from p2pfl.launch.swarm import auto_per_process, run_swarm  # noqa: E402
 from p2pfl.metrics import read_run  # noqa: E402
 

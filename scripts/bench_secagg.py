@@ -30,7 +30,7 @@ from bench_scale import scale_overrides  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from p2pfl.config.load import load_topology  # noqa: E402
+from p2pfl.check.load import load_topology  # noqa: E402
 from p2pfl.launch.swarm import run_swarm  # noqa: E402
 from p2pfl.metrics import read_run  # noqa: E402
 

@@ -36,7 +36,7 @@ def run_node(topology: str, overrides: list[str], node_id: str, args: dict) -> d
     """One node's three trainings: ``{variant: final test accuracy}`` and the σ used."""
     import torch
 
-    from p2pfl.config.load import load_topology
+    from p2pfl.check.load import load_topology
     from p2pfl.learning.data import load_node_data
     from p2pfl.learning.dp_train import fix_model, train_private
     from p2pfl.learning.models import build_model
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.nodes:
         nodes = [s for s in args.nodes.split(",") if s]
     else:
-        from p2pfl.config.load import load_topology
+        from p2pfl.check.load import load_topology
 
         nodes = load_topology(args.topology, overrides).node_ids[:4]
     knobs = {"epsilon": args.epsilon, "delta": args.delta, "max_grad_norm": args.max_grad_norm}

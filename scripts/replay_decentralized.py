@@ -36,13 +36,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from p2pfl.algorithms import get_algorithm  # noqa: E402
-from p2pfl.config.load import load_topology  # noqa: E402
+from p2pfl.algorithms.build import build_method, node_seed  # noqa: E402
+from p2pfl.check.load import load_topology  # noqa: E402
 from p2pfl.config.schema import TopologyConfig  # noqa: E402
 from p2pfl.config.topology import neighbours  # noqa: E402
 from p2pfl.learning.data import load_node_data  # noqa: E402
 from p2pfl.learning.train import evaluate, round_lr, train_local  # noqa: E402
 from p2pfl.metrics import METHOD_KEY, write_json  # noqa: E402
-from p2pfl.node.daemon import build_method, node_seed  # noqa: E402
 
 
 def _build_nodes(cfg: TopologyConfig) -> dict[str, dict[str, Any]]:
@@ -95,7 +95,7 @@ def replay(cfg: TopologyConfig, progress: bool = False) -> dict[str, Any]:
             after = alg.after_train() or {}
             acc, _ = evaluate(alg.model, nd["data"].test_x, nd["data"].test_y)
             accs.append(acc)
-            # the swarm's record layout (p2pfl/node/services.py, round_record): the method's
+            # the swarm's record layout (p2pfl/services/bundle.py, round_record): the method's
             # facts under "method", the states its merge left out in "rejected"
             merged = dict(merged)
             rejected = merged.pop("rejected", None)

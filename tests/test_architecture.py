@@ -87,7 +87,7 @@ def documented_layers() -> dict[str, set[str]]:
 
 
 def layer_of(module: str, layers: dict[str, set[str]]) -> str:
-    """The most specific documented layer ``module`` belongs to (``p2pfl.config.load`` →
+    """The most specific documented layer ``module`` belongs to (``p2pfl.check.load`` →
     ``config.load``, ``p2pfl.wire.codec`` → ``wire``); the package itself is ``p2pfl``."""
     rest = module.removeprefix("p2pfl").lstrip(".")
     while rest and rest not in layers:
@@ -120,13 +120,13 @@ def test_imports_follow_the_documented_layers():
 def test_an_upward_import_would_be_found():
     layers = documented_layers()
     assert not allows(layers["learning"], layer_of("p2pfl.algorithms.base", layers))
-    assert allows(layers["node"], layer_of("p2pfl.config.load", layers))
+    assert allows(layers["node"], layer_of("p2pfl.check.load", layers))
 
 
 def test_the_scan_sees_the_package():
     graph = import_graph()
     assert {"p2pfl.node.daemon", "p2pfl.wire.transport", "p2pfl.config.schema"} <= set(graph)
-    assert graph.has_edge("p2pfl.node.daemon", "p2pfl.node.services")
+    assert graph.has_edge("p2pfl.node.daemon", "p2pfl.services.bundle")
 
 
 def test_no_import_circles():
@@ -157,7 +157,7 @@ def test_every_driver_implements_the_driver_interface():
     import inspect
 
     from p2pfl.node.daemon import DRIVERS
-    from p2pfl.node.services import RoundDriver
+    from p2pfl.services.bundle import RoundDriver
 
     wanted = {
         n for n, v in vars(RoundDriver).items() if inspect.isfunction(v) and not n.startswith("_")

@@ -1,5 +1,5 @@
 """Bad topologies at the command line (docs/design.md, "Configuration"): every command
-reads a topology through one path (:mod:`p2pfl.config.checked`) with the checks of
+reads a topology through one path (:mod:`p2pfl.check.checked`) with the checks of
 ``validate``, before anything starts, and each case gets a non-zero exit, no traceback, and
 a message naming the user's file and the field."""
 

@@ -68,7 +68,7 @@ def test_finish_run_reports_a_summary_it_cannot_write(tmp_path):
     launcher still prints the summary of what the nodes recorded."""
     from rich.console import Console
 
-    from p2pfl.config.load import load_topology
+    from p2pfl.check.load import load_topology
     from p2pfl.launch.swarm import finish_run
 
     cfg = load_topology("topologies/synthetic.yaml")

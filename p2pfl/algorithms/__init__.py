@@ -117,7 +117,7 @@ def _load_all() -> None:
         return
     _loaded = True  # before the entry points: they may call register_method
     for info in pkgutil.iter_modules(__path__):
-        if info.name != "base" and not info.name.startswith("_"):
+        if info.name not in ("base", "build") and not info.name.startswith("_"):
             importlib.import_module(f"{__name__}.{info.name}")
     for key in REGISTRY:
         _SOURCES.setdefault(key, "built-in")

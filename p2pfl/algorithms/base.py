@@ -14,7 +14,7 @@ There are two kinds, both registered with :func:`register` in one module per met
    :meth:`DecentralizedAlgorithm.extra_loss` added to the cross-entropy, then :meth:`DecentralizedAlgorithm.after_train`.
 
 **Centralized** (:class:`CentralizedAlgorithm`), run by a rotating aggregator peer
-(:mod:`p2pfl.node.centralized`). Each round every participant
+(:mod:`p2pfl.rounds.rotation.centralized`). Each round every participant
 
 1. trains locally (``loss_fn`` or cross-entropy + ``extra_loss``) and keeps
    :meth:`CentralizedAlgorithm.upload` (the part the aggregator may pull) with a small
@@ -232,7 +232,7 @@ class DecentralizedAlgorithm(Method):
 
     ``keeps_in_step`` says whether the node keeps in step with its neighbours (docs/wire.md,
     "Rounds and catch-up"): True (default) joins a swarm under way at its round and skips
-    ahead when :data:`~p2pfl.node.services.LAG_ROUNDS` behind, so a slow node does not hold
+    ahead when :data:`~p2pfl.services.bundle.LAG_ROUNDS` behind, so a slow node does not hold
     its neighbours back; False (a method with no swarm to keep in step with: Local) runs every
     one of its rounds, from round 1 (or its checkpoint) to the last, whatever its neighbours'
     rounds, so its training budget never depends on the machine's load."""
@@ -438,7 +438,7 @@ def draw_members(roster: Sequence[str], fraction: float, seed: int, round_no: in
 
 
 class CentralizedAlgorithm(Method):
-    """One server-based method run by a rotating aggregator peer (:mod:`p2pfl.node.centralized`).
+    """One server-based method run by a rotating aggregator peer (:mod:`p2pfl.rounds.rotation.centralized`).
 
     Subclasses set ``name``, ``Params``, ``upload_part`` and implement :meth:`aggregate` (the
     pure server rule: no I/O, no use of ``self.model``) and :meth:`apply`. Their ``Params``

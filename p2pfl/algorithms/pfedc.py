@@ -2,7 +2,7 @@
 
 Implements docs/algorithms.md, "pFedC" ("Disentangled Knowledge Transfer: A New Perspective for
 Personalized Federated Learning"), a centralized method run by the rotating aggregator
-(:mod:`p2pfl.node.centralized`):
+(:mod:`p2pfl.rounds.rotation.centralized`):
 
 - model: the shared representation ``φ`` (every layer but the last) and ``T`` heads
   ``ω^1..ω^T`` replacing the last fully connected layer (:class:`MultiHead`, installed by

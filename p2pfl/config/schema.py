@@ -3,7 +3,7 @@
 A topology file describes one swarm: who the nodes are, how they connect, which algorithm
 they run, on which data and model. Unknown keys are rejected everywhere so that a typo never
 silently falls back to a default. Reading files, ``--set`` overrides and the check of a
-method's knobs are :mod:`p2pfl.config.load`'s: this module is the ground floor that the rest
+method's knobs are :mod:`p2pfl.check.load`'s: this module is the ground floor that the rest
 of p2pfl (the method registry included) builds on, so it imports none of it but its
 sibling section modules, :mod:`p2pfl.config.emulation` and
 :mod:`p2pfl.config.privacy_schema` (docs/design.md, "Configuration").
@@ -94,7 +94,7 @@ class AlgorithmConfig(StrictModel):
     @model_validator(mode="after")
     def _check_params(self, info: ValidationInfo) -> AlgorithmConfig:
         """Check ``params`` with the check the loader passes in the validation context
-        (:data:`PARAMS_CHECK`; :mod:`p2pfl.config.load` passes the method registry's), which
+        (:data:`PARAMS_CHECK`; :mod:`p2pfl.check.load` passes the method registry's), which
         fills in defaults, so a wrong knob is reported as ``algorithm: params.<knob>: ...``.
         Without one, ``params`` stay as given: the schema does not know the methods."""
         check: ParamsCheck | None = (info.context or {}).get(PARAMS_CHECK)

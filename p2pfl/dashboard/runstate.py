@@ -11,7 +11,7 @@ changes), every node's records (only the fields the page shows, :func:`kept_fiel
 ``summary.json``. The files are the run's own but may be hand-edited or from another
 version: nothing in them is assumed well-formed.
 
-A node's robustness facts (p2pfl/node/services.py, ``robust_facts``; docs/design.md,
+A node's robustness facts (p2pfl/services/bundle.py, ``robust_facts``; docs/design.md,
 "Robust aggregation") are kept apart from its records, in a :class:`Robustness` updated as
 each record is read: its latest record's ``rejected``, ``distrusted``, ``capped``,
 ``attack`` and ``diverged``, the refusals and rollbacks so far, and the last reason it gave
@@ -30,14 +30,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from p2pfl.config.load import load_yaml
+from p2pfl.check.load import load_yaml
 from p2pfl.config.schema import BrokerAddress, TopologyConfig
 from p2pfl.errors import P2PFLError
 from p2pfl.metrics import method_facts
 
 log = logging.getLogger(__name__)
 
-# what the dashboard shows of a round record (p2pfl/node/services.py, ``round_record``,
+# what the dashboard shows of a round record (p2pfl/services/bundle.py, ``round_record``,
 # fills it for both drivers); the rest is dropped to bound memory
 KEPT_FIELDS = (
     "round",

@@ -91,8 +91,8 @@ def node_state(run: RunState, live: LiveState | None, node_id: str) -> str:
 
 def _kind(run: RunState) -> str | None:
     """``centralized`` when records name an aggregator, ``decentralized`` when they hold
-    a round's chosen peers, None before any record (p2pfl/node/centralized.py and
-    p2pfl/node/decentralized.py write them)."""
+    a round's chosen peers, None before any record (p2pfl/rounds/rotation/centralized.py and
+    p2pfl/rounds/gossip/decentralized.py write them)."""
     recs = [rec for nid_recs in run.records.values() for rec in nid_recs[-1:]]
     if any("aggregator" in rec for rec in recs):
         return "centralized"

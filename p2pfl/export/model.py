@@ -22,7 +22,8 @@ import torch
 from torch import nn
 
 from p2pfl.algorithms import get_algorithm
-from p2pfl.config.load import load_topology
+from p2pfl.algorithms.build import build_node_model
+from p2pfl.check.load import load_topology
 from p2pfl.config.schema import ModelConfig
 from p2pfl.learning.artifacts import (
     ExportError,
@@ -34,7 +35,6 @@ from p2pfl.learning.artifacts import (
     weights_path,
 )
 from p2pfl.learning.layout import tensor_specs
-from p2pfl.node.daemon import build_node_model
 
 FORMATS = ("safetensors", "onnx", "torchscript")
 SUFFIX = {"safetensors": ".safetensors", "onnx": ".onnx", "torchscript": ".pt"}

@@ -24,7 +24,7 @@ from typing import Any
 
 from rich.console import Console
 
-from p2pfl.config.load import ConfigError, apply_overrides, load_yaml, topology_from_dict
+from p2pfl.check.load import ConfigError, apply_overrides, load_yaml, topology_from_dict
 from p2pfl.config.schema import TopologyConfig
 from p2pfl.metrics import METHOD_KEY, node_log_path, read_records
 
@@ -57,7 +57,7 @@ def load_topology(
 ) -> TopologyConfig:
     """A validated topology from a YAML file, a mapping or a config, with ``--set``-style
     ``overrides`` (``["rounds=3"]``) and top-level ``fields`` (``rounds=3``) applied;
-    :class:`~p2pfl.config.load.ConfigError` naming the source and field otherwise."""
+    :class:`~p2pfl.check.load.ConfigError` naming the source and field otherwise."""
     if isinstance(source, TopologyConfig):
         data: dict[str, Any] = source.model_dump(mode="json")
         data["broker"] = str(source.broker)
@@ -149,8 +149,8 @@ def run_swarm(
     ``algorithm.name`` (objects from the user's own module, or their import paths);
     ``overrides`` are ``--set`` strings and ``fields`` top-level fields (``rounds=5``).
     ``out_dir`` defaults to ``runs/<swarm name>``. The swarm is checked first, as by
-    ``p2pfl swarm`` (:func:`p2pfl.config.checked.check_topology`: the data, the model, the
-    device): a bad input raises :class:`~p2pfl.config.load.ConfigError` before anything
+    ``p2pfl swarm`` (:func:`p2pfl.check.checked.check_topology`: the data, the model, the
+    device): a bad input raises :class:`~p2pfl.check.load.ConfigError` before anything
     starts."""
     from p2pfl.launch.swarm import run_swarm as launch
 
@@ -163,7 +163,7 @@ def run_swarm(
         extra += [f"algorithm.name={import_path(method, 'method')}", "algorithm.params={}"]
     cfg = load_topology(topology, extra, **fields)
     out = Path(out_dir) if out_dir is not None else Path("runs") / cfg.name
-    from p2pfl.config.checked import check_topology
+    from p2pfl.check.checked import check_topology
 
     source = str(topology) if isinstance(topology, str | Path) else "topology"
     # as p2pfl swarm: every check of validate, before any process starts

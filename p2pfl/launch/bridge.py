@@ -189,7 +189,7 @@ def bridges_from_flags(
         return None
     roster: tuple[str, ...] = ()
     if topology:
-        from p2pfl.config.checked import load_checked  # pydantic and the method registry
+        from p2pfl.check.checked import load_checked  # pydantic and the method registry
 
         cfg = load_checked(Path(topology), inputs=False).cfg  # a broker's host has no data
         if swarm is not None and swarm != cfg.name:

@@ -27,7 +27,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from p2pfl.config.load import dump_topology
+from p2pfl.check.load import dump_topology
 from p2pfl.config.schema import BrokerAddress, TopologyConfig
 from p2pfl.launch.broker import BrokerTLS, make_broker
 from p2pfl.launch.tracker import open_tracking
@@ -239,7 +239,7 @@ def run_swarm(
     written, before the nodes start (``--dashboard`` starts there). ``source``: the user's
     topology file, which the nodes' error messages name instead of the run's
     ``config.yaml``. The caller checks the config first
-    (:func:`p2pfl.config.checked.check_topology`): nothing here reads the data."""
+    (:func:`p2pfl.check.checked.check_topology`): nothing here reads the data."""
     console = console or Console()
     raise_fd_limit()  # the broker and the packed workers inherit it
     out_dir = Path(out_dir)

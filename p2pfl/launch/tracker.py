@@ -505,7 +505,7 @@ def export_run(run_dir: Path, name: str, console: Any = None) -> TrackedRun:
     """Feed a finished run directory's records to the tracker ``name`` (``p2pfl track``):
     its ``config.yaml`` gives the nodes and the params. Raises :class:`TrackerError` when
     the tracker cannot start. Returns the finished tracking."""
-    from p2pfl.config.load import load_topology
+    from p2pfl.check.load import load_topology
 
     run_dir = Path(run_dir)
     cfg = load_topology(run_dir / "config.yaml")

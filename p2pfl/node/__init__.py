@@ -1,5 +1,4 @@
-"""Node: the daemon that runs one node's lifecycle (``daemon``), the services its round
-drivers share (``services``), the rounds of decentralized methods (``decentralized``), the
-rounds of centralized methods under a rotating aggregator (``centralized``; the aggregator's
-role: ``aggregator``; the plan every member shares: ``plans``), and the choice of that
-aggregator (``election``)."""
+"""Node: one node's lifecycle (``daemon``: load, connect, wait for its peers, hand the
+rounds to its driver, linger, leave) and its wiring (``wiring``: the transport, TLS and
+signing, the direct lane, emulated links, mDNS). Round protocols live in
+:mod:`p2pfl.rounds`, the services they share in :mod:`p2pfl.services`."""

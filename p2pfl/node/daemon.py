@@ -2,17 +2,17 @@
 
 Lifecycle of :meth:`Node.run` (one asyncio task per node; several may share a process):
 
-1. check the inputs (:mod:`p2pfl.config.preflight`), load the node's data shard and build
+1. check the inputs (:mod:`p2pfl.check.preflight`), load the node's data shard and build
    its model (in a worker thread); restore the node's checkpoint when its run directory has
-   one (:mod:`p2pfl.node.checkpoint`; ``fresh`` ignores it);
+   one (:mod:`p2pfl.services.checkpoint`; ``fresh`` ignores it);
 2. connect to the broker (:class:`~p2pfl.wire.transport.Transport`, retained presence + Last Will);
 3. wait until its topology neighbours are present (``timing.startup_timeout_s`` at most);
    a centralized member waits for the peers it hears until its first round (round 1's
    aggregators; every member when it is one of them:
-   :meth:`~p2pfl.node.centralized.CentralizedRounds.hearing_at_start`);
+   :meth:`~p2pfl.rounds.rotation.centralized.CentralizedRounds.hearing_at_start`);
 4. hand the rounds to the driver the method's kind asks for (:data:`DRIVERS`):
-   :mod:`p2pfl.node.decentralized` or :mod:`p2pfl.node.centralized`, over the node's
-   :class:`~p2pfl.node.services.NodeServices`; every wait is bounded by
+   :mod:`p2pfl.rounds.gossip.decentralized` or :mod:`p2pfl.rounds.rotation.centralized`, over the node's
+   :class:`~p2pfl.services.bundle.NodeServices`; every wait is bounded by
    ``timing.round_timeout_s``, so a silent or dead peer delays nobody past the deadline —
    the node goes on with the peers that answered and records who was missing. Meanwhile
    the broker is watched: out of reach past ``timing.broker_timeout_s``, the rounds stop
@@ -21,7 +21,7 @@ Lifecycle of :meth:`Node.run` (one asyncio task per node; several may share a pr
 5. announce ``done`` and keep serving pulls until every neighbour is done or gone
    (``timing.linger_s`` at most), write any record a full disk held back, then leave.
 
-The daemon routes the transport's callbacks to the driver (:class:`~p2pfl.node.services.
+The daemon routes the transport's callbacks to the driver (:class:`~p2pfl.services.bundle.
 RoundDriver`) and tells it when a neighbour comes online. A node whose broker is on the LAN
 (found with ``broker: mdns`` or given) announces itself by mDNS (:mod:`p2pfl.wire.discovery`)
 for as long as it runs. With ``security.sign`` / ``security.tls`` it signs every message and
@@ -35,9 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 import time
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,21 +44,20 @@ import numpy as np
 import torch
 
 from p2pfl import PROTOCOL_VERSION
-from p2pfl.algorithms import AlgorithmContext, get_algorithm
+from p2pfl.algorithms import get_algorithm
 from p2pfl.algorithms.base import Method
+from p2pfl.algorithms.build import MODEL_INIT_LOCK, build_method, node_seed
+from p2pfl.check.load import ConfigError, dump_topology
+from p2pfl.check.preflight import check_dataset, check_model, check_node_data
 from p2pfl.config.emulation import access_links
-from p2pfl.config.load import ConfigError, dump_topology
-from p2pfl.config.preflight import check_dataset, check_model, check_node_data
 from p2pfl.config.privacy_schema import DPConfig
 from p2pfl.config.schema import BrokerAddress, TopologyConfig
 from p2pfl.config.topology import neighbours
 from p2pfl.errors import P2PFLError
 from p2pfl.learning.artifacts import ExportError, write_model_artifacts
 from p2pfl.learning.data import DatasetArrays, NodeData, load_node_data
-from p2pfl.learning.defence import Defence
 from p2pfl.learning.layout import describe_layout, layout_difference, parse_layout
 from p2pfl.learning.layout import summary as layout_summary
-from p2pfl.learning.models import SplitModel, build_model
 from p2pfl.metrics import (
     node_log_path,
     node_meta_path,
@@ -68,11 +65,11 @@ from p2pfl.metrics import (
     write_json,
     write_text_atomic,
 )
-from p2pfl.node.asynchronous import AsyncDecentralizedRounds
-from p2pfl.node.centralized import CentralizedRounds
-from p2pfl.node.checkpoint import CheckpointError, checkpoint_path, load_checkpoint
-from p2pfl.node.decentralized import DecentralizedRounds
-from p2pfl.node.services import NodeServices, RoundDriver
+from p2pfl.rounds.gossip.asynchronous import AsyncDecentralizedRounds
+from p2pfl.rounds.gossip.decentralized import DecentralizedRounds
+from p2pfl.rounds.rotation.centralized import CentralizedRounds
+from p2pfl.services.bundle import NodeServices, RoundDriver
+from p2pfl.services.checkpoint import CheckpointError, checkpoint_path, load_checkpoint
 from p2pfl.wire import direct
 from p2pfl.wire.direct import local_address
 from p2pfl.wire.emulation import LinkEmulator
@@ -81,12 +78,11 @@ from p2pfl.wire.shaping import shape_uplink
 from p2pfl.wire.transport import BrokerLostError, Transport, TransportError
 
 if TYPE_CHECKING:  # Opacus is imported only by a node that trains under privacy.dp
-    from p2pfl.node.privacy import NodePrivacy
-    from p2pfl.node.update_privacy import NodeUpdatePrivacy
+    from p2pfl.services.privacy import NodePrivacy
+    from p2pfl.services.update_privacy import NodeUpdatePrivacy
 
 log = logging.getLogger(__name__)
 
-_MODEL_INIT_LOCK = threading.Lock()  # torch's global RNG is shared by co-hosted nodes
 # the round driver of each kind of method (``Method.kind``)
 # (``decentralized-async``: a decentralized method under ``timing.mode: async``)
 DRIVERS: dict[str, type[DecentralizedRounds] | type[CentralizedRounds]] = {
@@ -98,77 +94,6 @@ DRIVERS: dict[str, type[DecentralizedRounds] | type[CentralizedRounds]] = {
 
 class RecordsLostError(P2PFLError, OSError):
     """Round records that could not be written to the run directory (a disk full to the end)."""
-
-
-def node_seed(seed: int, node_id: str) -> list[int]:
-    """A per-node seed sequence that is stable across processes (no ``hash()``)."""
-    return [seed, zlib.crc32(node_id.encode())]
-
-
-def build_node_model(
-    cls: type[Method],
-    cfg: TopologyConfig,
-    num_classes: int,
-    input_shape: tuple[int, ...],
-    replaced: list[str] | None = None,
-) -> SplitModel:
-    """The swarm's common initial model for method ``cls``: ``model`` built with torch's RNG
-    seeded with ``cfg.seed`` (under a lock shared by co-hosted nodes), then adapted by the
-    method (e.g. pFedC's heads). Every node, and :func:`p2pfl.load_model`, builds the same.
-    Under ``privacy.dp`` (either level) the layers DP-SGD cannot train are then replaced
-    (:func:`~p2pfl.learning.dp_train.fix_model`: BatchNorm → GroupNorm; at ``level:
-    update`` for BatchNorm's running statistics, which the noise would turn into negative
-    variances); their names are appended to ``replaced`` when given."""
-    with _MODEL_INIT_LOCK:  # the same initial model on every node of the swarm
-        torch.manual_seed(cfg.seed)
-        model = build_model(cfg.model, num_classes, input_shape)
-        params = cls.Params.model_validate(cfg.algorithm.params)
-        model = cls.adapt_model(model, params, num_classes)
-        if cfg.dp is None:
-            return model
-        from p2pfl.learning.dp_train import fix_model  # Opacus: only under privacy.dp
-
-        model, names = fix_model(model)
-        if replaced is not None:
-            replaced.extend(names)
-        return model
-
-
-def build_method(
-    cls: type[Method],
-    cfg: TopologyConfig,
-    node_id: str,
-    data: NodeData,
-    rng: np.random.Generator,
-    device: torch.device,
-) -> Method:
-    """Node ``node_id``'s method instance over the swarm's common initial model
-    (:func:`build_node_model`), on ``device``, told its epochs, the run's rounds and its
-    training labels. Under ``privacy.dp`` it logs, once, the layers replaced for DP."""
-    replaced: list[str] = []
-    model = build_node_model(cls, cfg, data.num_classes, tuple(data.input_shape), replaced)
-    if cfg.dp is not None:
-        log.info(
-            "%s: privacy.dp: layers replaced for DP: %s",
-            node_id,
-            "; ".join(replaced) or "none",
-        )
-    model.to(device)
-    ctx = AlgorithmContext(
-        node_id=node_id,
-        model=model,
-        num_samples=len(data.train_y),
-        num_classes=data.num_classes,
-        input_shape=tuple(data.input_shape),
-        rng=rng,
-        device=device,
-        defence=Defence(cfg.defence, cfg.rounds),
-    )
-    method = cls(cfg.algorithm.params, ctx)
-    method.local_epochs = cfg.training.epochs
-    method.total_rounds = cfg.rounds  # e.g. DisPFL's annealing horizon
-    method.set_labels(data.train_y)
-    return method
 
 
 @dataclass
@@ -232,7 +157,7 @@ class Node:
             shape_of: NodeData | DatasetArrays = self.data
         else:
             shape_of = check_dataset(ds, self.cfg.seed, source, self.opts.cache_dir)
-        with _MODEL_INIT_LOCK:  # it builds a model: torch's RNG is shared by co-hosted nodes
+        with MODEL_INIT_LOCK:  # it builds a model: torch's RNG is shared by co-hosted nodes
             check_model(self.cfg, shape_of.num_classes, tuple(shape_of.input_shape), source)
         if not ds.own_data:
             try:
@@ -261,10 +186,10 @@ class Node:
 
         try:
             if dp.level == "update":
-                from p2pfl.node.update_privacy import NodeUpdatePrivacy  # dp-accounting
+                from p2pfl.services.update_privacy import NodeUpdatePrivacy  # dp-accounting
 
                 return NodeUpdatePrivacy.plan(self.cfg, self.id)
-            from p2pfl.node.privacy import NodePrivacy  # Opacus: only under privacy.dp
+            from p2pfl.services.privacy import NodePrivacy  # Opacus: only under privacy.dp
 
             return NodePrivacy.plan(self.cfg, self.id, n_samples)
         except PrivacyError as exc:

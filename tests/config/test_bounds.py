@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from p2pfl.check.load import ConfigError, load_topology, load_yaml
 from p2pfl.config import bounds as B
-from p2pfl.config.load import ConfigError, load_topology, load_yaml
 
 
 def test_expanded_size_counts_shared_references_again_and_stops_at_the_limit():
@@ -54,7 +54,7 @@ def test_synthetic_data_is_bounded_in_values():
 
 
 def test_a_file_above_the_size_bound_is_refused_unread(tmp_path, monkeypatch):
-    monkeypatch.setattr("p2pfl.config.load.MAX_FILE_BYTES", 1024)
+    monkeypatch.setattr("p2pfl.check.load.MAX_FILE_BYTES", 1024)
     path = tmp_path / "big.yaml"
     path.write_text("name: x\nnodes: 2\n" + "# padding\n" * 200)
     with pytest.raises(ConfigError, match="larger than"):

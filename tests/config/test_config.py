@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from p2pfl.config.load import (
+from p2pfl.check.load import (
     ConfigError,
     apply_overrides,
     load_node_overrides,
@@ -124,7 +124,7 @@ def test_node_overrides_file(tmp_path):
 
 
 def test_attack_and_defence_sections_are_checked_by_field():
-    from p2pfl.config.load import ConfigError, load_topology
+    from p2pfl.check.load import ConfigError, load_topology
 
     cases = [
         ("attacks=[{kind: nan, nodes: [zz]}]", "attacks[0].nodes: unknown node ids ['zz']"),

@@ -7,8 +7,8 @@ import zipfile
 import pytest
 from imagefolder_zip import make_imagefolder_zip
 
-from p2pfl.config.load import ConfigError, load_topology
-from p2pfl.config.preflight import check_inputs
+from p2pfl.check.load import ConfigError, load_topology
+from p2pfl.check.preflight import check_inputs
 
 
 def _cfg(overrides):

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from p2pfl.config.load import ConfigError, dump_topology, load_topology
-from p2pfl.config.preflight import check_inputs
-from p2pfl.node.checkpoint import config_fingerprint
+from p2pfl.check.load import ConfigError, dump_topology, load_topology
+from p2pfl.check.preflight import check_inputs
+from p2pfl.services.checkpoint import config_fingerprint
 
 TOPOLOGY = "topologies/synthetic.yaml"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from p2pfl.config.load import ConfigError, load_topology
-from p2pfl.config.preflight import check_inputs
+from p2pfl.check.load import ConfigError, load_topology
+from p2pfl.check.preflight import check_inputs
 
 TOPOLOGY = "topologies/synthetic.yaml"
 SECAGG = ["privacy.secagg=true", "defence.rule=mean"]
@@ -87,7 +87,7 @@ def test_preflight_passes_the_sum_based_methods(method):
 
 
 def test_without_secagg_the_dump_is_as_before(tmp_path):
-    from p2pfl.config.load import dump_topology
+    from p2pfl.check.load import dump_topology
 
     assert "secagg" not in dump_topology(_cfg(["privacy.dp.noise_multiplier=1"]))
     cfg = _cfg(["privacy.secagg=true", "privacy.secagg_neighbours=4"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from p2pfl.config.load import ConfigError, topology_from_dict
+from p2pfl.check.load import ConfigError, topology_from_dict
 from p2pfl.config.topology import build_graph, graph_warnings, neighbours
 
 

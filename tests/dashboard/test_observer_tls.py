@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from waiting import wait_until
 
-from p2pfl.config.load import dump_topology, load_topology
+from p2pfl.check.load import dump_topology, load_topology
 from p2pfl.dashboard.observer import observer_tls_context
 from p2pfl.dashboard.server import Dashboard
 from p2pfl.launch.broker import BrokerTLS, MosquittoBroker

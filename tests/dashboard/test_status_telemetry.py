@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import torch
 
-from p2pfl.config.load import load_topology
+from p2pfl.check.load import load_topology
 from p2pfl.learning.defence import Defence
-from p2pfl.node.services import NodeServices
+from p2pfl.services.bundle import NodeServices
 from p2pfl.wire.transport import Transport, TransportError
 
 
@@ -45,7 +45,7 @@ def _services(transport) -> NodeServices:
 async def test_a_failing_publish_never_reaches_the_round(caplog):
     transport = _FailingTransport()
     svc = _services(transport)
-    with caplog.at_level(logging.DEBUG, logger="p2pfl.node.services"):
+    with caplog.at_level(logging.DEBUG, logger="p2pfl.services.bundle"):
         svc.publish_status(1, "training")  # returns at once: the publish runs in the background
         svc.publish_status(1, pull=("b", "g", 64))
         svc.publish_status(1, "sleeping")  # a caller's bug: logged, not raised

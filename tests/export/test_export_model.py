@@ -16,11 +16,12 @@ from safetensors.torch import load_file
 
 import p2pfl
 from p2pfl.algorithms import get_algorithm
+from p2pfl.algorithms.build import build_node_model
 from p2pfl.cli import main
 from p2pfl.export import ExportError, export_model, load_model, nodes_with_models
 from p2pfl.learning.artifacts import read_model_info, write_model_artifacts
 from p2pfl.learning.data import load_node_data
-from p2pfl.node.daemon import Node, NodeOptions, build_node_model
+from p2pfl.node.daemon import Node, NodeOptions
 
 
 @pytest.fixture
@@ -213,8 +214,8 @@ def test_cli_export_errors_are_messages(mlp_run, tmp_path, capsys):
 def test_the_daemon_writes_the_trained_model(tmp_path, caplog):
     import numpy as np
 
+    from p2pfl.algorithms.build import build_method
     from p2pfl.learning.data import load_node_data
-    from p2pfl.node.daemon import build_method
 
     cfg = make_run(tmp_path, nodes=()).cfg
     run = tmp_path / "daemon-run"

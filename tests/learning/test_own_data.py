@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from p2pfl.config.load import ConfigError
-from p2pfl.config.preflight import check_inputs, check_node_data
+from p2pfl.check.load import ConfigError
+from p2pfl.check.preflight import check_inputs, check_node_data
 from p2pfl.config.schema import DatasetConfig, TopologyConfig, TrainingConfig
 from p2pfl.learning import data as D
 from p2pfl.learning.models import build_model

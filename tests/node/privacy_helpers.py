@@ -4,10 +4,10 @@ by the tests of both DP levels (test_privacy_node.py, test_update_privacy_node.p
 
 from __future__ import annotations
 
-from p2pfl.config.load import load_topology
+from p2pfl.check.load import load_topology
 from p2pfl.config.schema import TopologyConfig
 from p2pfl.node.daemon import Node, NodeOptions
-from p2pfl.node.services import NodeServices, RoundMeter
+from p2pfl.services.bundle import NodeServices, RoundMeter
 from p2pfl.wire.transport import Transport
 
 

@@ -7,10 +7,10 @@ import numpy as np
 import torch
 
 from p2pfl.algorithms import get_algorithm
+from p2pfl.algorithms.build import build_method
 from p2pfl.config.schema import TopologyConfig
 from p2pfl.learning.data import load_node_data
-from p2pfl.node.daemon import build_method
-from p2pfl.node.services import NodeServices
+from p2pfl.services.bundle import NodeServices
 from p2pfl.wire.transport import Transport
 
 

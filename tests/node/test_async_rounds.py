@@ -11,9 +11,9 @@ import pytest
 from swarm_helpers import check_run_dir
 
 from p2pfl.algorithms import get_algorithm
-from p2pfl.config.load import load_topology
+from p2pfl.check.load import load_topology
 from p2pfl.launch.swarm import run_swarm
-from p2pfl.node.asynchronous import fresh_peers, staleness_weight
+from p2pfl.rounds.gossip.asynchronous import fresh_peers, staleness_weight
 
 pytestmark = pytest.mark.integration
 

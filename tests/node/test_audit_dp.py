@@ -1,6 +1,6 @@
 """The DP noise allowance in an audited round: the announcement's ``noise_spread`` is
-checked as untrusted input (p2pfl/node/plans.py), an auditor bounds it by its own
-(p2pfl/node/audit.py::spread_problem), and the recomputation measures with it."""
+checked as untrusted input (p2pfl/rounds/rotation/plans.py), an auditor bounds it by its own
+(p2pfl/rounds/rotation/audit.py::spread_problem), and the recomputation measures with it."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from p2pfl.node.audit import SPREAD_TOLERANCE, spread_problem
-from p2pfl.node.plans import check_announcement
+from p2pfl.rounds.rotation.audit import SPREAD_TOLERANCE, spread_problem
+from p2pfl.rounds.rotation.plans import check_announcement
 
 MEMBERS = {"a", "b", "c"}
 OK = {"roster": ["a", "b", "c"], "participants": ["a", "b", "c"], "server": {}}

@@ -31,10 +31,10 @@ from netns_helpers import (
     wait_all,
 )
 
-from p2pfl.config.load import load_topology
+from p2pfl.check.load import load_topology
 from p2pfl.launch.broker import find_mosquitto
 from p2pfl.metrics import read_records
-from p2pfl.node.election import aggregator_for
+from p2pfl.rounds.rotation.election import aggregator_for
 from p2pfl.security.certs import make_swarm_certs
 
 pytestmark = pytest.mark.integration

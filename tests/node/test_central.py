@@ -11,11 +11,11 @@ import pytest
 import torch
 from services_helpers import offline_services
 
-from p2pfl.config.load import load_topology
+from p2pfl.check.load import load_topology
 from p2pfl.learning.state import layout_mismatch
-from p2pfl.node.centralized import HEADS, check_announcement
 from p2pfl.node.daemon import Node, NodeOptions
-from p2pfl.node.election import succession
+from p2pfl.rounds.rotation.centralized import HEADS, check_announcement
+from p2pfl.rounds.rotation.election import succession
 
 pytestmark = pytest.mark.integration
 
@@ -200,7 +200,7 @@ def test_layout_mismatch_checks_keys_shapes_and_dtypes():
 def _driver(node_id="b", ids=("a", "b", "c")):
     """A driver over real node services: a real (unconnected) transport and a real FedAvg,
     for its handlers."""
-    from p2pfl.node.centralized import CentralizedRounds
+    from p2pfl.rounds.rotation.centralized import CentralizedRounds
 
     cfg = _cfg(SimpleNamespace(host="127.0.0.1", port=1), list(ids))
     return CentralizedRounds(offline_services(cfg, node_id))

@@ -19,7 +19,7 @@ from swarm_helpers import start_nodes, wait_round
 
 from p2pfl.launch.swarm import spawn_worker, stop_workers
 from p2pfl.metrics import read_records
-from p2pfl.node.services import LAG_ROUNDS
+from p2pfl.services.bundle import LAG_ROUNDS
 
 pytestmark = pytest.mark.integration
 
@@ -257,7 +257,7 @@ def test_aggregator_killed_right_after_its_announce(tmp_path, broker):
     round in under 3 s (``round_timeout_s`` is 10 s, ``aggregator_timeout_s`` 30 s)."""
     import paho.mqtt.client as mqtt
 
-    from p2pfl.node.election import aggregator_for
+    from p2pfl.rounds.rotation.election import aggregator_for
     from p2pfl.wire.envelope import Envelope
 
     rounds = 3

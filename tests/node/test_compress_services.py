@@ -9,9 +9,9 @@ import pytest
 import torch
 from services_helpers import offline_services
 
-from p2pfl.config.load import load_topology
-from p2pfl.node.decentralized import DecentralizedRounds
-from p2pfl.node.services import NodeServices
+from p2pfl.check.load import load_topology
+from p2pfl.rounds.gossip.decentralized import DecentralizedRounds
+from p2pfl.services.bundle import NodeServices
 from p2pfl.wire.codec import buffer_to_state, encode, state_nbytes
 from p2pfl.wire.compress import HEADER, TopKReceiver, encode_state, is_compressed
 from p2pfl.wire.digest import hexdigest
@@ -198,7 +198,7 @@ async def test_a_hostile_base_is_dropped_and_refused_never_raised(base):
 
 async def test_topk_uploads_and_results_are_streams_of_the_aggregator_role():
     from p2pfl.algorithms.base import Aggregate
-    from p2pfl.node.aggregator import AggregatorRole
+    from p2pfl.rounds.rotation.aggregator import AggregatorRole
 
     cfg = load_topology(
         "topologies/synthetic.yaml",

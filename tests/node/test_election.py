@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from p2pfl.node.election import aggregator_for, succession
+from p2pfl.rounds.rotation.election import aggregator_for, succession
 
 
 def test_same_answer_whatever_the_order_of_members():

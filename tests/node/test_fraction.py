@@ -19,10 +19,10 @@ from p2pfl.algorithms.base import (
     drawn_count,
 )
 from p2pfl.algorithms.fedavg import FedAvg
-from p2pfl.config.load import ConfigError, load_topology
-from p2pfl.config.preflight import check_defence
+from p2pfl.check.load import ConfigError, load_topology
+from p2pfl.check.preflight import check_defence
 from p2pfl.node.daemon import Node, NodeOptions
-from p2pfl.node.plans import announced_plan, draw_plan
+from p2pfl.rounds.rotation.plans import announced_plan, draw_plan
 
 CENTRALIZED = ("fedavg", "fedper", "criticalfl", "diversifed", "pfedc", "fedsa")
 ROSTER = [f"n{i:02d}" for i in range(20)]

@@ -10,8 +10,8 @@ import time
 import pytest
 from swarm_helpers import check_run_dir, start_nodes, wait_round
 
+from p2pfl.check.load import load_topology
 from p2pfl.cli import main as cli_main
-from p2pfl.config.load import load_topology
 from p2pfl.launch.swarm import run_swarm, stop_workers
 from p2pfl.metrics import read_records
 

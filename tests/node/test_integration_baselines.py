@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from swarm_helpers import check_run_dir
 
-from p2pfl.config.load import load_topology
+from p2pfl.check.load import load_topology
 from p2pfl.launch.swarm import run_swarm
 from p2pfl.learning.models import build_model
 

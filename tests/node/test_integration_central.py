@@ -12,12 +12,12 @@ import pytest
 import torch
 from swarm_helpers import check_run_dir, start_nodes
 
-from p2pfl.config.load import load_topology
+from p2pfl.check.load import load_topology
 from p2pfl.launch.swarm import run_swarm, stop_workers
 from p2pfl.learning.models import build_model
 from p2pfl.learning.state import part_keys
 from p2pfl.metrics import read_records
-from p2pfl.node.election import aggregator_for
+from p2pfl.rounds.rotation.election import aggregator_for
 from p2pfl.wire.codec import state_nbytes
 
 pytestmark = pytest.mark.integration

@@ -11,7 +11,7 @@ import math
 import pytest
 from swarm_helpers import check_run_dir
 
-from p2pfl.config.load import load_topology
+from p2pfl.check.load import load_topology
 from p2pfl.launch.broker import have_mosquitto
 from p2pfl.launch.swarm import run_swarm
 

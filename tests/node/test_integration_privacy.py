@@ -11,7 +11,7 @@ import json
 import pytest
 from swarm_helpers import check_run_dir
 
-from p2pfl.config.load import load_topology
+from p2pfl.check.load import load_topology
 from p2pfl.launch.swarm import run_swarm
 from p2pfl.privacy.update_accountant import update_epsilon
 

@@ -8,7 +8,7 @@ import math
 import pytest
 from swarm_helpers import check_run_dir, start_nodes, wait_round
 
-from p2pfl.config.load import load_topology
+from p2pfl.check.load import load_topology
 from p2pfl.launch.swarm import run_swarm, spawn_worker, stop_workers
 from p2pfl.metrics import read_records
 

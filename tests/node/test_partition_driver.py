@@ -9,8 +9,8 @@ import asyncio
 
 from services_helpers import offline_services
 
-from p2pfl.config.load import load_topology
-from p2pfl.node.centralized import ROUNDS_KEPT, CentralizedRounds
+from p2pfl.check.load import load_topology
+from p2pfl.rounds.rotation.centralized import ROUNDS_KEPT, CentralizedRounds
 from p2pfl.wire.envelope import Envelope
 
 ANN = {"roster": ["a", "b", "c"], "participants": ["a", "b", "c"], "server": {}}

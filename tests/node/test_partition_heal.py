@@ -41,7 +41,7 @@ from netns_helpers import (
     wait_all,
 )
 
-from p2pfl.config.load import load_topology
+from p2pfl.check.load import load_topology
 from p2pfl.launch.broker import find_mosquitto
 from p2pfl.security.certs import make_swarm_certs
 

@@ -1,6 +1,6 @@
 """The pure rules of partitions (docs/wire.md, "Partitions"): who a member can reach
-(:mod:`p2pfl.node.reach`) and which model lineage a result follows
-(:mod:`p2pfl.node.lineage`); and the transport's part: a direct-lane probe against a real
+(:mod:`p2pfl.rounds.rotation.reach`) and which model lineage a result follows
+(:mod:`p2pfl.rounds.rotation.lineage`); and the transport's part: a direct-lane probe against a real
 listener and the broker's bridge state."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import socket
 
 import pytest
 
-from p2pfl.node.lineage import (
+from p2pfl.rounds.rotation.lineage import (
     ROOT,
     Lineage,
     check_lineage,
@@ -18,8 +18,8 @@ from p2pfl.node.lineage import (
     result_lineage,
     winner,
 )
-from p2pfl.node.plans import check_announcement
-from p2pfl.node.reach import OFFLINE, UNREACHABLE, Reachability, verdict
+from p2pfl.rounds.rotation.plans import check_announcement
+from p2pfl.rounds.rotation.reach import OFFLINE, UNREACHABLE, Reachability, verdict
 from p2pfl.wire import direct
 from p2pfl.wire.transport import Transport
 
@@ -76,7 +76,7 @@ async def test_reachability_follows_probes_and_wakes_waits(monkeypatch):
     assert await reach.check("a") is None and "a" in reach.answered
     peers.lane["a"] = False
     assert await reach.check("a") is None  # the probe is fresh: not repeated
-    monkeypatch.setattr("p2pfl.node.reach.PROBE_TTL_S", 0.0)
+    monkeypatch.setattr("p2pfl.rounds.rotation.reach.PROBE_TTL_S", 0.0)
     assert await reach.check("a") == UNREACHABLE
     assert peers.changes == 1 and reach.cut_lately("a")
     peers.lane["a"] = True  # healed
@@ -90,7 +90,7 @@ async def test_reachability_follows_probes_and_wakes_waits(monkeypatch):
 
 
 async def test_reachability_never_answered_counts_only_with_a_bridge_down(monkeypatch):
-    monkeypatch.setattr("p2pfl.node.reach.PROBE_TTL_S", 0.0)
+    monkeypatch.setattr("p2pfl.rounds.rotation.reach.PROBE_TTL_S", 0.0)
     peers = _Peers()
     peers.lane["b"] = False
     reach = peers.reach()
@@ -100,8 +100,8 @@ async def test_reachability_never_answered_counts_only_with_a_bridge_down(monkey
 
 
 async def test_watching_reprobes_until_left(monkeypatch):
-    monkeypatch.setattr("p2pfl.node.reach.RECHECK_S", 0.01)
-    monkeypatch.setattr("p2pfl.node.reach.PROBE_TTL_S", 0.0)
+    monkeypatch.setattr("p2pfl.rounds.rotation.reach.RECHECK_S", 0.01)
+    monkeypatch.setattr("p2pfl.rounds.rotation.reach.PROBE_TTL_S", 0.0)
     peers = _Peers()
     reach = peers.reach()
     async with reach.watching(lambda: ["a"]):
@@ -217,12 +217,12 @@ def test_announcement_lineage_is_checked():
 
 
 async def test_a_failed_probe_stops_counting_once_old(monkeypatch):
-    monkeypatch.setattr("p2pfl.node.reach.PROBE_TTL_S", 0.0)
+    monkeypatch.setattr("p2pfl.rounds.rotation.reach.PROBE_TTL_S", 0.0)
     peers = _Peers()
     reach = peers.reach()
     assert await reach.check("a") is None
     peers.lane["a"] = False
     assert await reach.check("a") == UNREACHABLE
-    monkeypatch.setattr("p2pfl.node.reach.PROBE_KEPT_S", 0.0)
+    monkeypatch.setattr("p2pfl.rounds.rotation.reach.PROBE_KEPT_S", 0.0)
     await asyncio.sleep(0.01)
     assert reach.cut_off("a") is None  # the link may have healed: probe again to know

@@ -9,8 +9,8 @@ import asyncio
 import pytest
 from privacy_helpers import loaded_node, node_services, round_record, synthetic_cfg
 
-from p2pfl.node.checkpoint import Checkpoint, CheckpointError, checkpoint_path, load_checkpoint
 from p2pfl.privacy.accountant import compose_epsilon
+from p2pfl.services.checkpoint import Checkpoint, CheckpointError, checkpoint_path, load_checkpoint
 
 
 def test_rounds_are_accounted_and_recorded(tmp_path):

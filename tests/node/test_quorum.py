@@ -16,21 +16,21 @@ from services_helpers import offline_services
 
 from p2pfl.algorithms.base import Upload
 from p2pfl.algorithms.fedavg import fedavg_aggregate
-from p2pfl.config.load import load_topology
+from p2pfl.check.load import load_topology
 from p2pfl.learning.state import weighted_mean
-from p2pfl.node.aggregator import AggregatorRole
-from p2pfl.node.audit import recompute
-from p2pfl.node.centralized import CentralizedRounds
 from p2pfl.node.daemon import Node, NodeOptions
-from p2pfl.node.plans import RoundPlan, check_announcement
-from p2pfl.node.quorum import (
+from p2pfl.rounds.rotation.aggregator import AggregatorRole
+from p2pfl.rounds.rotation.audit import recompute
+from p2pfl.rounds.rotation.centralized import CentralizedRounds
+from p2pfl.rounds.rotation.plans import RoundPlan, check_announcement
+from p2pfl.rounds.rotation.quorum import (
     MIN_DEADLINE_S,
     close_deadline,
     close_reason,
     quorum_count,
     staleness_weight,
 )
-from p2pfl.node.services import NodeServices
+from p2pfl.services.bundle import NodeServices
 
 # ----------------------------------------------------------------------------- pure rules
 
@@ -249,7 +249,7 @@ async def test_the_aggregator_closes_at_its_quorum_or_at_the_adapted_deadline(mo
     and c itself: 2 of 4): with one report in besides its own upload it closes at once; with
     none, at the deadline the announced latencies give (2 · median 0.2 s → the 1 s floor),
     long before ``round_timeout_s``."""
-    import p2pfl.node.aggregator as aggregator_module
+    import p2pfl.rounds.rotation.aggregator as aggregator_module
 
     monkeypatch.setattr(aggregator_module, "waits_on", lambda _svc, _p, _r: True)  # all live
     d = _driver("c")

@@ -9,8 +9,8 @@ import math
 import torch
 from services_helpers import offline_services
 
-from p2pfl.config.load import load_topology
-from p2pfl.node.services import NodeServices
+from p2pfl.check.load import load_topology
+from p2pfl.services.bundle import NodeServices
 
 
 def services(overrides: list[str] | None = None, node_id: str = "a") -> NodeServices:

@@ -13,9 +13,9 @@ from test_robust_services import services
 
 from p2pfl.learning.train import TrainResult, round_lr
 from p2pfl.metrics import ROUND_FIELDS, method_facts
-from p2pfl.node.decentralized import DecentralizedRounds
-from p2pfl.node.local_training import TrainOutcome
-from p2pfl.node.services import RECORD_FIELDS
+from p2pfl.rounds.gossip.decentralized import DecentralizedRounds
+from p2pfl.services.bundle import RECORD_FIELDS
+from p2pfl.services.training import TrainOutcome
 
 # what a careless (or hostile) method could return: the names of the record's own fields
 IMPOSTOR = {

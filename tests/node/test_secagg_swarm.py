@@ -15,9 +15,9 @@ from swarm_helpers import start_nodes
 
 from p2pfl.launch.swarm import stop_workers
 from p2pfl.metrics import read_records
-from p2pfl.node.checkpoint import checkpoint_path, load_checkpoint
-from p2pfl.node.election import aggregator_for
 from p2pfl.privacy.secagg import decode, tolerance
+from p2pfl.rounds.rotation.election import aggregator_for
+from p2pfl.services.checkpoint import checkpoint_path, load_checkpoint
 from p2pfl.wire.codec import buffer_to_state
 from p2pfl.wire.envelope import Envelope
 
@@ -233,7 +233,7 @@ def test_secagg_in_a_signed_tls_swarm(tmp_path):
     """The launcher's TLS-only broker with the per-node ACL, every message signed (the
     audit off, as secure aggregation requires): the sa_* messages and the masked pulls pass
     the ACL and the signature checks, nothing is dropped, and every member took part."""
-    from p2pfl.config.load import load_topology
+    from p2pfl.check.load import load_topology
     from p2pfl.launch.swarm import run_swarm
 
     cfg = load_topology(

@@ -12,8 +12,9 @@ import torch
 from services_helpers import offline_services
 
 from p2pfl.algorithms.base import Upload
-from p2pfl.config.load import load_topology
-from p2pfl.node.secure_round import (
+from p2pfl.check.load import load_topology
+from p2pfl.privacy.secagg import RoundContext, SecAggMember, SecAggServer, encode, tolerance
+from p2pfl.rounds.rotation.secure_round import (
     PART,
     flatten,
     masked_of,
@@ -21,7 +22,6 @@ from p2pfl.node.secure_round import (
     unflatten,
     vector_length,
 )
-from p2pfl.privacy.secagg import RoundContext, SecAggMember, SecAggServer, encode, tolerance
 from p2pfl.wire.envelope import Envelope
 
 
@@ -122,7 +122,7 @@ def _env(sender, kind, rnd, attempt, body):
 
 
 def _driver(node_id, overrides=("privacy.secagg=true", "defence.rule=mean")):
-    from p2pfl.node.centralized import CentralizedRounds
+    from p2pfl.rounds.rotation.centralized import CentralizedRounds
 
     cfg = load_topology(
         "topologies/synthetic.yaml",

@@ -10,7 +10,7 @@ import time
 import pytest
 from services_helpers import offline_services
 
-from p2pfl.config.load import load_topology
+from p2pfl.check.load import load_topology
 
 TIMEOUT_S = 60.0  # what a lost cancellation would cost: the test never waits this long
 

@@ -13,10 +13,10 @@ import torch
 from privacy_helpers import loaded_node, node_services, round_record, synthetic_cfg
 
 from p2pfl.learning.train import round_lr, train_local
-from p2pfl.node.checkpoint import Checkpoint, CheckpointError, checkpoint_path
 from p2pfl.node.daemon import Node
 from p2pfl.privacy.update_accountant import plan_update_noise, update_epsilon
 from p2pfl.privacy.update_dp import NOISE_STREAM, release
+from p2pfl.services.checkpoint import Checkpoint, CheckpointError, checkpoint_path
 
 
 def _update(dp: str, *overrides: str):

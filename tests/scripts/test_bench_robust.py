@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from p2pfl.config.load import load_topology
+from p2pfl.check.load import load_topology
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from p2pfl.config.load import load_topology
+from p2pfl.check.load import load_topology
 from p2pfl.launch.swarm import run_swarm
 from p2pfl.metrics import read_run
 

@@ -149,7 +149,7 @@ def test_cli_discover_prints_the_swarm(capsys, monkeypatch):
 
 @pytest.mark.integration
 async def test_nodes_with_broker_mdns_find_the_announced_broker(broker, tmp_path, monkeypatch):
-    from p2pfl.config.load import load_topology
+    from p2pfl.check.load import load_topology
     from p2pfl.node.daemon import NodeOptions, run_nodes
 
     monkeypatch.setenv("P2PFL_MDNS_INTERFACES", "127.0.0.1")

@@ -10,8 +10,8 @@ docs/wire.md, "Rotating aggregator").
 - :func:`check_announcement`: an untrusted ``announce`` body, checked before it is used;
 - :func:`waits_on`: whether a wait of a round should go on waiting for a peer.
 
-The round driver (:mod:`p2pfl.node.centralized`) and the aggregator's role
-(:mod:`p2pfl.node.aggregator`) both use them.
+The round driver (:mod:`p2pfl.rounds.rotation.centralized`) and the aggregator's role
+(:mod:`p2pfl.rounds.rotation.aggregator`) both use them.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from p2pfl.algorithms.base import CentralizedAlgorithm, draw_members
-from p2pfl.node.lineage import check_lineage
-from p2pfl.node.services import NodeServices
+from p2pfl.rounds.rotation.lineage import check_lineage
+from p2pfl.services.bundle import NodeServices
 
 
 @dataclass

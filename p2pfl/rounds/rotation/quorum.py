@@ -13,8 +13,8 @@ how much a late upload weighs.
   ``n · (1 + s)^-a`` with ``s = c − t`` and ``a`` = ``timing.staleness_exponent``
   (:func:`staleness_weight`, FedBuff's polynomial discount).
 
-The round driver (:mod:`p2pfl.node.centralized`) and the aggregator's role
-(:mod:`p2pfl.node.aggregator`) apply them; the audit (:mod:`p2pfl.node.audit`) recomputes
+The round driver (:mod:`p2pfl.rounds.rotation.centralized`) and the aggregator's role
+(:mod:`p2pfl.rounds.rotation.aggregator`) apply them; the audit (:mod:`p2pfl.rounds.rotation.audit`) recomputes
 the weights with :func:`staleness_weight`.
 """
 

@@ -33,8 +33,8 @@ from typing import Any
 
 from p2pfl.algorithms.base import DecentralizedAlgorithm
 from p2pfl.learning.state import PARTS, State
-from p2pfl.node.local_training import TrainOutcome
-from p2pfl.node.services import NodeServices
+from p2pfl.services.bundle import NodeServices
+from p2pfl.services.training import TrainOutcome
 from p2pfl.wire.envelope import Envelope
 from p2pfl.wire.transfers import PreparedState
 from p2pfl.wire.transport import TransportError
@@ -313,7 +313,7 @@ class DecentralizedRounds:
     async def run(self) -> None:
         """Every round from the one this node joins at to the last: the round after the
         latest one its neighbours report (or its checkpoint holds, when resuming); a node
-        that finds itself :data:`~p2pfl.node.services.LAG_ROUNDS` behind its neighbours
+        that finds itself :data:`~p2pfl.services.bundle.LAG_ROUNDS` behind its neighbours
         catches up to their round (docs/wire.md, "Rounds and catch-up"). A method that does
         not keep in step (:attr:`DecentralizedAlgorithm.keeps_in_step` False: Local) does
         neither: it starts at round 1 (or after its checkpoint) and runs every round."""

@@ -2,8 +2,8 @@
 
 The daemon (:mod:`p2pfl.node.daemon`) owns the lifecycle: it loads the data and the method,
 connects the transport and builds one :class:`NodeServices`. It then hands the services to
-the round driver the method's kind asks for — :mod:`p2pfl.node.decentralized` or
-:mod:`p2pfl.node.centralized` — and routes the transport's callbacks to the driver's
+the round driver the method's kind asks for — :mod:`p2pfl.rounds.gossip.decentralized` or
+:mod:`p2pfl.rounds.rotation.centralized` — and routes the transport's callbacks to the driver's
 :class:`RoundDriver` interface. A driver decides *what* happens in a round; the services do
 the parts every round has (docs/architecture.md, "Node services"):
 
@@ -14,7 +14,7 @@ the parts every round has (docs/architecture.md, "Node services"):
 - **transfers**: packing a state for peers on a shared thread pool, pulling several parts at
   once, refusing a pull, counting a dropped message;
 - **learning**: one round of local training and one evaluation, in worker threads
-  (:mod:`p2pfl.node.local_training`);
+  (:mod:`p2pfl.services.training`);
 - **records**: the byte, time and outage meter of a round, the round's record (the fields
   both drivers share filled in one place, :meth:`NodeServices.round_record`, the method's
   own facts under its ``method`` key) and writing it with the node's checkpoint
@@ -45,9 +45,9 @@ from p2pfl.learning.data import NodeData
 from p2pfl.learning.defence import Defence
 from p2pfl.learning.state import State
 from p2pfl.metrics import METHOD_KEY, RecordLog, node_log_path
-from p2pfl.node.checkpoint import Checkpoint, checkpoint_path, save_checkpoint
-from p2pfl.node.device import EmulatedDevice
-from p2pfl.node.local_training import LocalTraining, TrainOutcome
+from p2pfl.services.checkpoint import Checkpoint, checkpoint_path, save_checkpoint
+from p2pfl.services.device import EmulatedDevice
+from p2pfl.services.training import LocalTraining, TrainOutcome
 from p2pfl.wire.codec import state_nbytes
 from p2pfl.wire.compress import CompressError, decode_state, is_compressed, parse_base, parse_spec
 from p2pfl.wire.envelope import Envelope
@@ -57,8 +57,8 @@ from p2pfl.wire.transfers import PreparedState
 from p2pfl.wire.transport import Transport, TransportError
 
 if TYPE_CHECKING:  # Opacus is imported only by a node that trains under privacy.dp
-    from p2pfl.node.privacy import NodePrivacy
-    from p2pfl.node.update_privacy import NodeUpdatePrivacy
+    from p2pfl.services.privacy import NodePrivacy
+    from p2pfl.services.update_privacy import NodeUpdatePrivacy
 
 log = logging.getLogger(__name__)
 
@@ -682,7 +682,7 @@ class NodeServices:
     async def finish_round(self, record: dict[str, Any], summary: str) -> None:
         """Keep the round's record, append it to the node's log in the run directory (whole
         or not at all; kept in memory and retried when the disk is full), log a one-line
-        ``summary`` and write the node's checkpoint (:mod:`p2pfl.node.checkpoint`; a disk
+        ``summary`` and write the node's checkpoint (:mod:`p2pfl.services.checkpoint`; a disk
         that refuses it is logged, and the previous checkpoint stays)."""
         self.records.append(record)
         if self.record_log is not None:

@@ -17,25 +17,25 @@ One round, seen from member ``i``:
 1. a participant trains locally, keeps its upload (the method's ``upload_part``) for pulls
    and notes a small report;
 2. attempt ``a = 0, 1, …``: the aggregator is ``succession(r, roster)[a]``
-   (:mod:`p2pfl.node.election`) — the same for every member, without a vote;
+   (:mod:`p2pfl.rounds.rotation.election`) — the same for every member, without a vote;
 3. a client sends its ``report`` tagged ``(r, a)`` to that aggregator and waits for its
    ``announce``; the aggregator waits (``round_timeout_s`` at most) for the participants'
    reports, pulls their uploads, runs the pure server rule
    (:meth:`~p2pfl.algorithms.base.CentralizedAlgorithm.aggregate`), computes the next plan
    from the live membership, and announces ``(r, a)`` on its gossip topic (the
-   aggregator's role: :class:`~p2pfl.node.aggregator.AggregatorRole`, which also serves
+   aggregator's role: :class:`~p2pfl.rounds.rotation.aggregator.AggregatorRole`, which also serves
    this node's uploads and results);
 4. on the announcement a client pulls what it receives (``result``) — only its own part:
    FedPer's ``g``, DiversiFed's ``z_i``, pFedC's shared layers and its own heads;
 5. **failover**: when the aggregator goes offline (Last Will), cannot be reached (a
-   partition: :mod:`p2pfl.node.reach`; docs/wire.md, "Partitions"), misses the deadline
+   partition: :mod:`p2pfl.rounds.rotation.reach`; docs/wire.md, "Partitions"), misses the deadline
    (``aggregator_timeout``), or a later attempt is announced or requested, or its result is
    refused (admission; docs/design.md, "Robust aggregation") or caught by the audit, the
    member moves to attempt ``a + 1`` — the next peer in order — and reports again. In a
    signed swarm every member waits for the round's audit verdict before applying
-   (:class:`~p2pfl.node.auditor.AuditRole`; docs/design.md, "Auditing the aggregator"),
+   (:class:`~p2pfl.rounds.rotation.auditor.AuditRole`; docs/design.md, "Auditing the aggregator"),
    and a convicted aggregator is skipped from then on;
-6. the member applies the result, follows its model lineage (:mod:`p2pfl.node.lineage`:
+6. the member applies the result, follows its model lineage (:mod:`p2pfl.rounds.rotation.lineage`:
    the record's ``lineage``), evaluates, records (:meth:`NodeServices.round_record`: the
    method's ``apply`` facts, and on the aggregator its server-rule facts prefixed
    ``agg_``, under the record's ``method`` key), and starts round ``r + 1``.
@@ -57,7 +57,7 @@ and ``closed_without``, and the late member's ``offered_late``.
 
 **Secure aggregation** (``privacy.secagg``; docs/design.md, "Secure aggregation"): while a
 participant waits for an attempt's announcement, its side of SecAgg+ runs
-(:class:`~p2pfl.node.secure_round.SecureRounds`, a task per attempt); records carry
+(:class:`~p2pfl.rounds.rotation.secure_round.SecureRounds`, a task per attempt); records carry
 ``secagg``.
 
 A member that starts while the swarm is past round 1 (its peers' presence says so), or that
@@ -76,7 +76,7 @@ Each change of hearing waits (:data:`FRESH_S` at most) for the retained presence
 peers newly heard, so the view a member decides on is live.
 
 The plan and the announcement that carries the next one (:class:`RoundPlan`,
-:func:`check_announcement`) are in :mod:`p2pfl.node.plans`, shared with the aggregator's role.
+:func:`check_announcement`) are in :mod:`p2pfl.rounds.rotation.plans`, shared with the aggregator's role.
 
 Each step is told to observers (:meth:`NodeServices.publish_status`): ``training``,
 ``waiting`` (for an aggregator or an announcement), ``aggregating`` (the aggregator's side),
@@ -94,14 +94,13 @@ from typing import Any
 from p2pfl.algorithms.base import CentralizedAlgorithm
 from p2pfl.learning.state import State
 from p2pfl.learning.train import round_lr
-from p2pfl.node.aggregator import AggregatorRole
-from p2pfl.node.audit import audit_active, auditor_of
-from p2pfl.node.auditor import AuditRole
-from p2pfl.node.election import succession
-from p2pfl.node.lineage import Lineage
-from p2pfl.node.local_training import TrainOutcome
-from p2pfl.node.partition import follow_bridges, member_reach
-from p2pfl.node.plans import (
+from p2pfl.rounds.rotation.aggregator import AggregatorRole
+from p2pfl.rounds.rotation.audit import audit_active, auditor_of
+from p2pfl.rounds.rotation.auditor import AuditRole
+from p2pfl.rounds.rotation.election import succession
+from p2pfl.rounds.rotation.lineage import Lineage
+from p2pfl.rounds.rotation.partition import follow_bridges, member_reach
+from p2pfl.rounds.rotation.plans import (
     RoundPlan,
     announced_plan,
     check_announcement,
@@ -110,9 +109,10 @@ from p2pfl.node.plans import (
     live_members,
     waits_on,
 )
-from p2pfl.node.secure_round import KINDS as SECURE_KINDS
-from p2pfl.node.secure_round import SecureRounds
-from p2pfl.node.services import NodeServices
+from p2pfl.rounds.rotation.secure_round import KINDS as SECURE_KINDS
+from p2pfl.rounds.rotation.secure_round import SecureRounds
+from p2pfl.services.bundle import NodeServices
+from p2pfl.services.training import TrainOutcome
 from p2pfl.wire.codec import state_nbytes
 from p2pfl.wire.envelope import Envelope
 from p2pfl.wire.transport import TransportError
@@ -138,7 +138,7 @@ class _Behind(Exception):  # noqa: N818 (control flow, never leaves this module)
 class CentralizedRounds:
     """Runs a :class:`CentralizedAlgorithm` for one node: the client side every round, and
     the succession that says in which rounds (and attempts) it is elected; its
-    :class:`~p2pfl.node.aggregator.AggregatorRole` (:attr:`role`) does the aggregator's side
+    :class:`~p2pfl.rounds.rotation.aggregator.AggregatorRole` (:attr:`role`) does the aggregator's side
     and serves its uploads and results."""
 
     def __init__(self, services: NodeServices):
@@ -242,7 +242,7 @@ class CentralizedRounds:
 
     def _behind(self, round_no: int) -> int | None:
         """The latest round the swarm reports finished when this node, at ``round_no``, has
-        fallen :data:`~p2pfl.node.services.LAG_ROUNDS` behind it; None when in step."""
+        fallen :data:`~p2pfl.services.bundle.LAG_ROUNDS` behind it; None when in step."""
         return self.services.behind(round_no, sorted(self.members - {self.id}))
 
     def _check_behind(self, round_no: int) -> None:
@@ -794,7 +794,7 @@ class CentralizedRounds:
 
     async def run(self) -> None:
         """Every round from round 1, or, when the swarm is under way (or this node resumes,
-        or falls :data:`~p2pfl.node.services.LAG_ROUNDS` behind), from the next announcement
+        or falls :data:`~p2pfl.services.bundle.LAG_ROUNDS` behind), from the next announcement
         on (observing first)."""
         svc, cfg = self.services, self.cfg
         await follow_bridges(svc)

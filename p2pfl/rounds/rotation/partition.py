@@ -1,17 +1,17 @@
 """A centralized member's view of a partition, wired to its node (docs/wire.md,
-"Partitions"): the :class:`~p2pfl.node.reach.Reachability` of its peers over this node's
+"Partitions"): the :class:`~p2pfl.rounds.rotation.reach.Reachability` of its peers over this node's
 presence, direct lane and broker bridges, the bridges' state followed from the broker, and
 the lineage an aggregator names its result after. The rules are pure and live in
-:mod:`p2pfl.node.reach` and :mod:`p2pfl.node.lineage`."""
+:mod:`p2pfl.rounds.rotation.reach` and :mod:`p2pfl.rounds.rotation.lineage`."""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
-from p2pfl.node.lineage import Lineage, result_lineage
-from p2pfl.node.reach import UNREACHABLE, Reachability
-from p2pfl.node.services import NodeServices
+from p2pfl.rounds.rotation.lineage import Lineage, result_lineage
+from p2pfl.rounds.rotation.reach import UNREACHABLE, Reachability
+from p2pfl.services.bundle import NodeServices
 from p2pfl.wire.transport import TransportError
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def name_result(
     node_id: str,
 ) -> list[str]:
     """Name the lineage of an aggregator's result in its ``announcement`` (``lineage``;
-    :func:`~p2pfl.node.lineage.result_lineage`) from the lineage of each aggregated report
+    :func:`~p2pfl.rounds.rotation.lineage.result_lineage`) from the lineage of each aggregated report
     (``reports``: member → kept report) and this node's own; returns the other lineages the
     result merged. Nothing without a lineage to follow (``lineage`` None)."""
     if lineage is None:

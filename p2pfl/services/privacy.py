@@ -1,6 +1,6 @@
 """One node's differential privacy under ``privacy.dp`` at ``level: sample`` (docs/algorithms.md,
 "Differential privacy"): its DP-SGD settings, its accountant and its budget (``level:
-update``: :mod:`p2pfl.node.update_privacy`).
+update``: :mod:`p2pfl.services.update_privacy`).
 
 Contract:
 
@@ -26,7 +26,6 @@ from typing import Any, ClassVar
 from p2pfl.config.privacy_schema import DPConfig
 from p2pfl.config.schema import TopologyConfig, TrainingConfig
 from p2pfl.learning.train import round_lr
-from p2pfl.node.dp_budget import DPBudget
 from p2pfl.privacy.accountant import (
     Accountant,
     plan_noise,
@@ -34,6 +33,7 @@ from p2pfl.privacy.accountant import (
     steps_per_epoch,
 )
 from p2pfl.privacy.noise_spread import dp_sgd_spread
+from p2pfl.services.dp_budget import DPBudget
 
 STATE_KEYS = frozenset({"accountant", "noise_multiplier", "exhausted"})
 

@@ -2,7 +2,7 @@
 "Asynchronous rounds").
 
 Each node runs its own round counter and never waits for a neighbour. Round ``r`` of node
-``i`` is the synchronous round (:mod:`p2pfl.node.decentralized`) with one step changed: the
+``i`` is the synchronous round (:mod:`p2pfl.rounds.gossip.decentralized`) with one step changed: the
 node hears no gossip of round ``r``; it takes, for each neighbour, the latest gossip that
 neighbour sent (whatever its round ``r_j``), and pulls the state that neighbour served for
 that round (or a newer one, when the neighbour no longer keeps it).
@@ -15,7 +15,7 @@ that round (or a newer one, when the neighbour no longer keeps it).
 - Candidates are the neighbours whose presence is ``online`` or ``done`` (a node that
   finished its rounds keeps serving its last snapshot while it lingers) and that this node
   trusts.
-- A node that falls :data:`~p2pfl.node.services.LAG_ROUNDS` behind its neighbours catches up
+- A node that falls :data:`~p2pfl.services.bundle.LAG_ROUNDS` behind its neighbours catches up
   as in synchronous rounds; a slow node's states still reach its neighbours, with its
   staleness.
 """
@@ -24,14 +24,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from p2pfl.node import quorum
-from p2pfl.node.decentralized import DecentralizedRounds, cap_gossiped_counts
+from p2pfl.rounds.gossip.decentralized import DecentralizedRounds, cap_gossiped_counts
+from p2pfl.rounds.rotation import quorum
 from p2pfl.wire.envelope import Envelope
 
 
 def staleness_weight(tau: int, exponent: float) -> float:
     """``(1 + τ)^-a``: the weight multiplier of a peer ``τ`` rounds stale (1 at τ = 0); the
-    quorum rounds' discount (:func:`~p2pfl.node.quorum.staleness_weight`) of a unit weight."""
+    quorum rounds' discount (:func:`~p2pfl.rounds.rotation.quorum.staleness_weight`) of a unit weight."""
     return float(quorum.staleness_weight(1.0, tau, exponent))
 
 

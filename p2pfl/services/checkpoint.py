@@ -6,7 +6,7 @@ never sees half a file): its method's :meth:`~p2pfl.algorithms.base.Method.check
 (the model and what the method keeps between rounds), the state of the node's random
 generator, the round, and a fingerprint of the configuration that shaped them. A daemon
 started again on the same run directory restores it and rejoins the swarm's current round
-(:mod:`p2pfl.node.decentralized`, :mod:`p2pfl.node.centralized`). A checkpoint of another
+(:mod:`p2pfl.rounds.gossip.decentralized`, :mod:`p2pfl.rounds.rotation.centralized`). A checkpoint of another
 node, swarm or configuration is refused with a message, never loaded.
 
 The file is the wire's own codec (msgpack and raw tensors, :mod:`p2pfl.wire.codec`): no

@@ -1,7 +1,7 @@
 """The aggregator's role under the rotating aggregator (docs/design.md, "Rotating aggregator";
 the messages: docs/wire.md, "Rotating aggregator").
 
-The round driver (:class:`~p2pfl.node.centralized.CentralizedRounds`) owns one
+The round driver (:class:`~p2pfl.rounds.rotation.centralized.CentralizedRounds`) owns one
 :class:`AggregatorRole` and decides when this node is the aggregator of an attempt; the
 role does the work of that attempt and serves what this node holds for its peers:
 
@@ -23,13 +23,13 @@ role does the work of that attempt and serves what this node holds for its peers
    packed once, however many peers ask.
 
 **Secure aggregation** (``privacy.secagg``): step 2 pulls no upload; the driver's
-:class:`~p2pfl.node.secure_round.SecureRounds` runs SecAgg+ with the reporters and hands
+:class:`~p2pfl.rounds.rotation.secure_round.SecureRounds` runs SecAgg+ with the reporters and hands
 back the method's :meth:`~p2pfl.algorithms.base.CentralizedAlgorithm.aggregate_sum` of the
 masked sum; part ``masked`` (a member's masked vector) is served to the attempt's
 aggregator only.
 
 **Semi-asynchronous rounds** (``timing.quorum`` set; docs/algorithms.md, "Semi-asynchronous
-rounds"; the rules: :mod:`p2pfl.node.quorum`): the collection closes at a quorum of the live
+rounds"; the rules: :mod:`p2pfl.rounds.rotation.quorum`): the collection closes at a quorum of the live
 expected uploaders or at a deadline adapted from the report latencies recent announcements
 carried; a member whose report missed the close offers its upload to a later round as a
 ``late`` report (``{n, report, late: t}``, ``t`` the round it trained for), and the
@@ -51,10 +51,10 @@ from typing import Any
 
 from p2pfl.algorithms.base import Aggregate, CentralizedAlgorithm, Upload
 from p2pfl.learning.state import State
-from p2pfl.node.lineage import Lineage, check_lineage
-from p2pfl.node.partition import name_result
-from p2pfl.node.plans import RoundPlan, draw_plan, live_members, waits_on
-from p2pfl.node.quorum import (
+from p2pfl.rounds.rotation.lineage import Lineage, check_lineage
+from p2pfl.rounds.rotation.partition import name_result
+from p2pfl.rounds.rotation.plans import RoundPlan, draw_plan, live_members, waits_on
+from p2pfl.rounds.rotation.quorum import (
     LATENCY_WINDOW,
     close_deadline,
     close_reason,
@@ -62,10 +62,10 @@ from p2pfl.node.quorum import (
     quorum_count,
     staleness_weight,
 )
-from p2pfl.node.reach import Reachability
-from p2pfl.node.secure_round import PART as MASKED
-from p2pfl.node.secure_round import SecureRounds
-from p2pfl.node.services import NodeServices
+from p2pfl.rounds.rotation.reach import Reachability
+from p2pfl.rounds.rotation.secure_round import PART as MASKED
+from p2pfl.rounds.rotation.secure_round import SecureRounds
+from p2pfl.services.bundle import NodeServices
 from p2pfl.wire.envelope import Envelope
 from p2pfl.wire.transfers import PreparedState
 from p2pfl.wire.transport import TransportError
@@ -557,7 +557,7 @@ class AggregatorRole:
         t0: float,
         expected: list[str],
     ) -> dict[str, Any]:
-        """Wait until :func:`~p2pfl.node.quorum.close_reason` closes attempt ``attempt``:
+        """Wait until :func:`~p2pfl.rounds.rotation.quorum.close_reason` closes attempt ``attempt``:
         every live expected uploader reported, or ``ceil(quorum · live)`` of them (this node
         counts when it trained), or the deadline adapted from :attr:`latencies`, measured
         from this node's start of the round, passed (never later than ``round_timeout_s``

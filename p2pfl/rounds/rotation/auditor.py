@@ -2,8 +2,8 @@
 aggregator"): as the round's auditor, pull the announced uploads, recompute, compare and
 gossip the verdict; as any other member, check its own entry of the announcement and wait
 (bounded) for the verdict; and keep the verdicts heard and the aggregators convicted. The
-pure parts (who audits, the recomputation, the comparison) are :mod:`p2pfl.node.audit`'s;
-the round driver (:mod:`p2pfl.node.centralized`) owns one :class:`AuditRole`.
+pure parts (who audits, the recomputation, the comparison) are :mod:`p2pfl.rounds.rotation.audit`'s;
+the round driver (:mod:`p2pfl.rounds.rotation.centralized`) owns one :class:`AuditRole`.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Any
 
 from p2pfl.algorithms.base import CentralizedAlgorithm
 from p2pfl.learning.state import State
-from p2pfl.node.audit import check_own_entry, check_verdict, compare, spread_problem
-from p2pfl.node.audit import recompute as recompute_aggregate
-from p2pfl.node.plans import RoundPlan, waits_on
-from p2pfl.node.reach import Reachability
-from p2pfl.node.services import NodeServices
+from p2pfl.rounds.rotation.audit import check_own_entry, check_verdict, compare, spread_problem
+from p2pfl.rounds.rotation.audit import recompute as recompute_aggregate
+from p2pfl.rounds.rotation.plans import RoundPlan, waits_on
+from p2pfl.rounds.rotation.reach import Reachability
+from p2pfl.services.bundle import NodeServices
 from p2pfl.wire.codec import state_nbytes
 from p2pfl.wire.envelope import Envelope
 from p2pfl.wire.transport import TransportError

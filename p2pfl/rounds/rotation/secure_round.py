@@ -58,10 +58,10 @@ import torch
 
 from p2pfl.algorithms.base import Aggregate, CentralizedAlgorithm, Upload
 from p2pfl.learning.state import State
-from p2pfl.node.plans import RoundPlan, waits_on
-from p2pfl.node.services import NodeServices
 from p2pfl.privacy.secagg import RoundContext, SecAggError, SecAggMember, SecAggServer
 from p2pfl.privacy.secagg.messages import id_list, parse_keys
+from p2pfl.rounds.rotation.plans import RoundPlan, waits_on
+from p2pfl.services.bundle import NodeServices
 from p2pfl.wire.envelope import Envelope
 from p2pfl.wire.transport import TransportError
 

@@ -6,7 +6,7 @@ then released (clipped and noised) at ``level: update`` (docs/algorithms.md, "Di
 privacy"); an attacking node's labels are its adversary's, an emulated slower device waits
 out the rest of its time, and a non-finite loss rolls the method back to its last good
 state. Everything heavy runs in worker threads. The round drivers reach it through
-:class:`~p2pfl.node.services.NodeServices`.
+:class:`~p2pfl.services.bundle.NodeServices`.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ from p2pfl.config.schema import TopologyConfig
 from p2pfl.learning.data import NodeData
 from p2pfl.learning.state import State
 from p2pfl.learning.train import TrainResult, evaluate, round_lr, train_local
-from p2pfl.node.device import EmulatedDevice
+from p2pfl.services.device import EmulatedDevice
 
 if TYPE_CHECKING:  # Opacus is imported only by a node that trains under privacy.dp
-    from p2pfl.node.privacy import NodePrivacy
-    from p2pfl.node.update_privacy import NodeUpdatePrivacy
     from p2pfl.privacy.update_dp import Released
+    from p2pfl.services.privacy import NodePrivacy
+    from p2pfl.services.update_privacy import NodeUpdatePrivacy
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Check a topology's inputs before anything trains: the data opens, the partition fits it,
 the model takes its inputs (``p2pfl validate``, and every node as it starts).
 
-Each problem is a :class:`~p2pfl.config.load.ConfigError` naming the topology file and the
+Each problem is a :class:`~p2pfl.check.load.ConfigError` naming the topology file and the
 field to fix (``dataset.root``, ``dataset.partition``, ``model.name``), with the message of
 what failed: the missing folder, the zip and its corrupt member, the partition argument out
 of range, the shape the model could not take. With ``dataset.partition: none`` each node's
@@ -18,9 +18,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from p2pfl.algorithms import AlgorithmContext, DecentralizedAlgorithm, get_algorithm
+from p2pfl.algorithms import DecentralizedAlgorithm, get_algorithm
 from p2pfl.algorithms.base import Method, drawn_count
-from p2pfl.config.load import ConfigError
+from p2pfl.algorithms.build import adapt_for, method_over
+from p2pfl.check.load import ConfigError
 from p2pfl.config.schema import DatasetConfig, TopologyConfig, is_import_path
 from p2pfl.config.topology import build_graph
 from p2pfl.learning.data import DatasetArrays, DatasetError, NodeData, load_arrays, load_node_data
@@ -232,22 +233,20 @@ def check_method(
     cls = get_algorithm(cfg.algorithm.name)
     try:
         with torch.random.fork_rng(devices=[]):
-            params = cls.Params.model_validate(cfg.algorithm.params)
-            model = cls.adapt_model(model, params, num_classes)
-            if cfg.dp is not None:  # as every node builds it (node.daemon.build_node_model)
-                model = check_dp_model(cfg, model, source)
-            ctx = AlgorithmContext(
+            model = adapt_for(cls, cfg, model, num_classes)  # as every node builds it
+            if cfg.dp is not None:
+                check_dp_model(cfg, model, source)
+            method = method_over(
+                cls,
+                cfg,
+                model,
                 node_id="preflight",
-                model=model,
                 num_samples=1,
                 num_classes=num_classes,
                 input_shape=tuple(shape),
+                labels=torch.zeros(1, dtype=torch.long),
                 rng=np.random.default_rng(0),
             )
-            method = cls(cfg.algorithm.params, ctx)
-            method.local_epochs = cfg.training.epochs
-            method.total_rounds = cfg.rounds
-            method.set_labels(torch.zeros(1, dtype=torch.long))
             method.snapshot()
             if isinstance(method, DecentralizedAlgorithm):
                 method.gossip()
@@ -484,18 +483,15 @@ def _epsilon_floor(level: str, delta: float, accountant: str) -> float:
     return epsilon_floor(delta, accountant)
 
 
-def check_dp_model(cfg: TopologyConfig, model: SplitModel, source: str = "topology") -> SplitModel:
-    """``model`` as a node under ``privacy.dp`` trains it (BatchNorm → GroupNorm:
-    :func:`~p2pfl.learning.dp_train.fix_model`), or, at ``level: sample``, a
-    :class:`ConfigError` on ``privacy.dp`` naming the layers Opacus still cannot train per
-    sample."""
-    from p2pfl.learning.dp_train import dp_problems, fix_model  # Opacus: only under privacy.dp
+def check_dp_model(cfg: TopologyConfig, model: SplitModel, source: str = "topology") -> None:
+    """At ``privacy.dp.level: sample``, a :class:`ConfigError` on ``privacy.dp`` naming the
+    layers of ``model`` (as a node under ``privacy.dp`` trains it:
+    :func:`~p2pfl.algorithms.build.adapt_for`) that Opacus still cannot train per sample."""
+    from p2pfl.learning.dp_train import dp_problems  # Opacus: only under privacy.dp
 
-    fixed, _ = fix_model(model)
     if cfg.dp is not None and cfg.dp.level == "update":  # trained as usual: no per-sample need
-        return fixed
-    problems = dp_problems(fixed)
+        return
+    problems = dp_problems(model)
     if problems:
         why = f"model {cfg.model.name!r} has layers DP-SGD cannot train: {'; '.join(problems)}"
         raise ConfigError(source, [("privacy.dp", why)])
-    return fixed

@@ -34,10 +34,10 @@ import torch
 
 from p2pfl.config.privacy_schema import DPConfig
 from p2pfl.config.schema import TopologyConfig, TrainingConfig
-from p2pfl.node.dp_budget import DPBudget
 from p2pfl.privacy.noise_spread import update_spread
 from p2pfl.privacy.update_accountant import UpdateAccountant, plan_update_noise
 from p2pfl.privacy.update_dp import NOISE_STREAM, Released, State, release
+from p2pfl.services.dp_budget import DPBudget
 
 STATE_KEYS = frozenset({"level", "accountant", "noise_multiplier", "exhausted"})
 

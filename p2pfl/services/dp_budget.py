@@ -2,8 +2,8 @@
 privacy"): ε read for free, the budget rule, the round record's fields and the checks of a
 checkpoint's privacy state.
 
-Contract (:class:`DPBudget`, a base of :class:`~p2pfl.node.privacy.NodePrivacy` and
-:class:`~p2pfl.node.update_privacy.NodeUpdatePrivacy`):
+Contract (:class:`DPBudget`, a base of :class:`~p2pfl.services.privacy.NodePrivacy` and
+:class:`~p2pfl.services.update_privacy.NodeUpdatePrivacy`):
 
 - ``epsilon`` is the accountant's ε for ``dp.delta``, recomputed by the level when its
   accountant changes (a PRV composition takes seconds), so reading it is free;

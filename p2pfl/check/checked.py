@@ -1,6 +1,6 @@
 """The one way every command reads a topology: the file, the schema and its bounds, the
 graph, the device, and (unless asked not to) the data and the model, all before anything
-starts, each problem a :class:`~p2pfl.config.load.ConfigError` naming the user's file and
+starts, each problem a :class:`~p2pfl.check.load.ConfigError` naming the user's file and
 the field (docs/design.md, "Configuration").
 
 ``p2pfl validate`` runs it and reports; ``p2pfl swarm`` runs it before the broker and the
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from p2pfl.config.load import ConfigError, load_topology
+from p2pfl.check.load import ConfigError, load_topology
 from p2pfl.config.schema import TopologyConfig
 from p2pfl.config.topology import build_graph, graph_warnings
 
@@ -89,7 +89,7 @@ def check_topology(
     ``source`` and the field. The graph builds; the torch device (``device``, else
     ``training.device``; reported on ``device_field``) is one torch knows, and where the run
     happens on this machine (``runs_here``) one this machine has (elsewhere, a warning).
-    With ``inputs``, :func:`p2pfl.config.preflight.check_inputs`: the data (at
+    With ``inputs``, :func:`p2pfl.check.preflight.check_inputs`: the data (at
     ``data_root`` when given) opens, the partition fits it, the model takes it and the
     method works with the model. ``node_ids``: under ``dataset.partition: none``, only
     these nodes' own data is checked (the ones this device hosts; default every node).
@@ -109,7 +109,7 @@ def check_topology(
         warnings.append(f"{device_field}: {why}")
     model = None
     if inputs:
-        from p2pfl.config.preflight import check_inputs  # torch models and the datasets
+        from p2pfl.check.preflight import check_inputs  # torch models and the datasets
 
         model = check_inputs(
             cfg, source=source, data_root=data_root, node_ids=node_ids, cache_dir=cache_dir

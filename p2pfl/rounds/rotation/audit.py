@@ -30,8 +30,8 @@ from p2pfl.algorithms.base import Aggregate, CentralizedAlgorithm, Upload
 from p2pfl.config.schema import TopologyConfig
 from p2pfl.learning.defence import Defence
 from p2pfl.learning.state import State
-from p2pfl.node.plans import RoundPlan
-from p2pfl.node.quorum import staleness_weight
+from p2pfl.rounds.rotation.plans import RoundPlan
+from p2pfl.rounds.rotation.quorum import staleness_weight
 from p2pfl.wire.codec import encode
 
 VERDICTS = ("ok", "mismatch", "incomplete")
@@ -106,7 +106,7 @@ def recompute(
     of a copy of ``alg`` that is the aggregator (its id, a fresh defence at that round
     measuring from ``reference``, the state the aggregator serves as its upload) over
     ``uploads`` with the announced weights (a late upload's claim discounted by its
-    announced staleness, :func:`~p2pfl.node.quorum.staleness_weight`) and reports. ``alg``
+    announced staleness, :func:`~p2pfl.rounds.rotation.quorum.staleness_weight`) and reports. ``alg``
     itself is not changed."""
     defence = Defence(cfg.defence, cfg.rounds)
     defence.begin_round(plan.round)

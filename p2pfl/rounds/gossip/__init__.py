@@ -1,0 +1,2 @@
+"""The gossip protocol of decentralized methods: synchronous rounds
+(``decentralized``) and the asynchronous mode (``asynchronous``, ``timing.mode: async``)."""
