@@ -232,7 +232,7 @@ class DecentralizedAlgorithm(Method):
 
     ``keeps_in_step`` says whether the node keeps in step with its neighbours (docs/wire.md,
     "Rounds and catch-up"): True (default) joins a swarm under way at its round and skips
-    ahead when :data:`~p2pfl.services.bundle.LAG_ROUNDS` behind, so a slow node does not hold
+    ahead when :data:`~p2pfl.services.peers.LAG_ROUNDS` behind, so a slow node does not hold
     its neighbours back; False (a method with no swarm to keep in step with: Local) runs every
     one of its rounds, from round 1 (or its checkpoint) to the last, whatever its neighbours'
     rounds, so its training budget never depends on the machine's load."""

@@ -43,21 +43,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from p2pfl import PROTOCOL_VERSION
 from p2pfl.algorithms import get_algorithm
 from p2pfl.algorithms.base import Method
 from p2pfl.algorithms.build import MODEL_INIT_LOCK, build_method, node_seed
 from p2pfl.check.load import ConfigError, dump_topology
 from p2pfl.check.preflight import check_dataset, check_model, check_node_data
-from p2pfl.config.emulation import access_links
 from p2pfl.config.privacy_schema import DPConfig
 from p2pfl.config.schema import BrokerAddress, TopologyConfig
-from p2pfl.config.topology import neighbours
 from p2pfl.errors import P2PFLError
 from p2pfl.learning.artifacts import ExportError, write_model_artifacts
 from p2pfl.learning.data import DatasetArrays, NodeData, load_node_data
-from p2pfl.learning.layout import describe_layout, layout_difference, parse_layout
-from p2pfl.learning.layout import summary as layout_summary
+from p2pfl.learning.layout import describe_layout
 from p2pfl.metrics import (
     node_log_path,
     node_meta_path,
@@ -65,16 +61,11 @@ from p2pfl.metrics import (
     write_json,
     write_text_atomic,
 )
-from p2pfl.rounds.gossip.asynchronous import AsyncDecentralizedRounds
-from p2pfl.rounds.gossip.decentralized import DecentralizedRounds
-from p2pfl.rounds.rotation.centralized import CentralizedRounds
-from p2pfl.services.bundle import NodeServices, RoundDriver
+from p2pfl.node.wiring import announce, build_transport, load_security
+from p2pfl.rounds.driver import RoundDriver, driver_for
+from p2pfl.services.bundle import NodeServices
 from p2pfl.services.checkpoint import CheckpointError, checkpoint_path, load_checkpoint
-from p2pfl.wire import direct
-from p2pfl.wire.direct import local_address
-from p2pfl.wire.emulation import LinkEmulator
 from p2pfl.wire.loop import quiet_closed_socket_races
-from p2pfl.wire.shaping import shape_uplink
 from p2pfl.wire.transport import BrokerLostError, Transport, TransportError
 
 if TYPE_CHECKING:  # Opacus is imported only by a node that trains under privacy.dp
@@ -82,14 +73,6 @@ if TYPE_CHECKING:  # Opacus is imported only by a node that trains under privacy
     from p2pfl.services.update_privacy import NodeUpdatePrivacy
 
 log = logging.getLogger(__name__)
-
-# the round driver of each kind of method (``Method.kind``)
-# (``decentralized-async``: a decentralized method under ``timing.mode: async``)
-DRIVERS: dict[str, type[DecentralizedRounds] | type[CentralizedRounds]] = {
-    "decentralized": DecentralizedRounds,
-    "decentralized-async": AsyncDecentralizedRounds,
-    "centralized": CentralizedRounds,
-}
 
 
 class RecordsLostError(P2PFLError, OSError):
@@ -125,10 +108,8 @@ class Node:
         self.device = torch.device(self.opts.device or cfg.training.device)
         self.out_dir = Path(self.opts.out_dir) if self.opts.out_dir else None
         self.method_cls = get_algorithm(cfg.algorithm.name)
-        if self.method_cls.kind == "centralized":  # every member talks to the aggregator
-            self.neighbours = [n for n in cfg.node_ids if n != node_id]
-        else:
-            self.neighbours = neighbours(cfg, node_id)
+        self.driver_cls = driver_for(self.method_cls, cfg)  # its round protocol
+        self.neighbours = self.driver_cls.peers_of(cfg, node_id)
         self.rng = np.random.default_rng(node_seed(cfg.seed, node_id))
         self.method: Method | None = None
         self.data: NodeData | None = None
@@ -248,141 +229,31 @@ class Node:
             },
         )
 
-    def security_context(self):
-        """(message security, TLS context) from ``security`` and this device's certs dir;
-        built once (loading keys and checking certificates), so a caller may check it early
-        and :meth:`run` reuses it."""
+    def security_context(self) -> tuple[Any, Any]:
+        """(message security, TLS context) from ``security`` and this device's certs dir
+        (``--certs`` / its node config, else ``security.certs``); built once (loading keys
+        and checking certificates), so a caller may check it early and :meth:`run` reuses
+        it."""
         if self._security_ctx is None:
-            self._security_ctx = self._load_security()
+            certs = self.opts.certs or self.cfg.security.certs
+            self._security_ctx = load_security(self.cfg, self.id, certs, self.opts.source)
         return self._security_ctx
 
-    @property
-    def _certs_dir(self) -> str | None:
-        """This device's certificate directory: ``--certs`` / its node config, else
-        ``security.certs``."""
-        return self.opts.certs or self.cfg.security.certs
-
-    def _load_security(self):
-        sec = self.cfg.security
-        if not sec.enabled:
-            return None, None
-        certs = self._certs_dir
-        if not certs:
-            raise ConfigError(
-                self.opts.source,
-                [
-                    (
-                        "security.certs",
-                        "security.tls/sign need the swarm's certificate directory "
-                        "(security.certs, certs: in the node config, or --certs)",
-                    )
-                ],
-            )
-        from p2pfl.security.signing import MessageSecurity, tls_context
-
-        signing = (
-            MessageSecurity.from_certs(certs, self.id, self.cfg.node_ids, sec.max_age_s)
-            if sec.sign
-            else None
-        )
-        return signing, (tls_context(certs, self.id) if sec.tls else None)
-
-    async def _announce(self, stack: contextlib.AsyncExitStack) -> None:
-        """Announce this node by mDNS (``p2pfl discover``) for as long as it runs, when it
-        talks to a broker on the LAN, with its direct lane's port; nodes of a local swarm
-        (loopback broker) do not."""
-        from p2pfl.wire.discovery import Announcer
-
-        address = local_address(self.broker.host, self.broker.port)
-        if address.startswith("127."):
-            return
-        served = self.transport.direct_address if self.transport is not None else None
-        port = direct.parse_address(served)[1] if served else 0
-        try:
-            await stack.enter_async_context(
-                Announcer.node(self.id, self.cfg.name, self.cfg.algorithm.name, address, port)
-            )
-        except (OSError, ValueError) as exc:  # discovery is a convenience: never fatal
-            log.warning("%s: not announced by mDNS: %s", self.id, exc)
-
-    def _direct_lane(self) -> direct.DirectLane | None:
-        """The direct lane this node serves and uses (docs/wire.md, "Direct lane"), or None
-        with ``transfer.direct: false``. Under TLS it needs a node certificate that may act
-        as a server; one issued before the direct lane existed is logged and the node
-        serves and pulls over MQTT only."""
-        transfer = self.cfg.transfer
-        if not transfer.direct:
-            return None
-        host = transfer.direct_host or local_address(self.broker.host, self.broker.port)
-        server_tls = client_tls = None
-        if self.cfg.security.tls:
-            from p2pfl.security.certs import CertError
-            from p2pfl.security.signing import direct_tls_contexts
-
-            try:
-                server_tls, client_tls = direct_tls_contexts(self._certs_dir, self.id)
-            except CertError as exc:
-                log.warning("%s: no direct lane: %s", self.id, exc)
-                return None
-        return direct.DirectLane(
-            bind=host,
-            advertise=host,
-            port=transfer.direct_port,
-            server_tls=server_tls,
-            client_tls=client_tls,
-        )
-
-    def _links(self) -> LinkEmulator | None:
-        """The emulated links into this node (``network:``; docs/wire.md, "Emulated
-        links"), or None. Under ``network.kernel`` this node first shapes its uplink in the
-        kernel; where it cannot, it says so, and its uplink's bandwidth is not emulated."""
-        cfg, net = self.cfg, self.cfg.network
-        own = access_links(net, cfg.seed, cfg.node_hosts).get(self.id) if net.active else None
-        if net.kernel and own is not None and own.bandwidth_mbps is not None:
-            why = shape_uplink(self.broker.host, own)
-            if why is None:
-                log.info(
-                    "%s: uplink shaped to %g Mbit/s by the kernel", self.id, own.bandwidth_mbps
-                )
-            else:
-                log.warning("%s: network.kernel: uplink not shaped (%s)", self.id, why)
-        links = LinkEmulator.from_topology(cfg, self.id)
-        if links is not None:
-            log.info("%s: emulating the links from %d peers", self.id, len(links.links))
-        return links
-
-    def _connect(self, signing: Any, tls: Any) -> Transport:
-        """The node's transport (not connected yet), wired to the round driver."""
-        cfg = self.cfg
+    def _connect(self) -> Transport:
+        """The node's transport (not connected yet), its services and its round driver,
+        wired together."""
         assert self.method is not None and self.data is not None
-        transport = Transport(
-            cfg.name,
+        transport = build_transport(
+            self.cfg,
             self.id,
-            self.broker.host,
-            self.broker.port,
-            presence={
-                "node": self.id,
-                "swarm": cfg.name,
-                "algorithm": cfg.algorithm.name,
-                "protocol": PROTOCOL_VERSION,
-                "layout": self.layout,
-            },
-            max_message_bytes=int(cfg.max_message_mb * 2**20),
-            max_transfer_bytes=int(cfg.max_transfer_mb * 2**20),
-            broker_timeout=cfg.timing.broker_timeout_s,
-            # a broker slow to start is retried for as long as the node waits for its peers
-            startup_timeout=cfg.timing.startup_timeout_s,
-            # a publish waits for a lost connection within the bound of an outage (30 s at most)
-            connect_timeout=min(30.0, cfg.timing.broker_timeout_s),
-            security=signing,
-            tls_context=tls,
-            direct_lane=self._direct_lane(),
-            # a decentralized node hears its neighbours only; a centralized member hears all
-            listen_to=None if self.method_cls.kind == "centralized" else self.neighbours,
-            links=self._links(),
+            self.broker,
+            layout=self.layout,
+            security=self.security_context(),
+            certs=self.opts.certs or self.cfg.security.certs,
+            listen_to=self.driver_cls.listens_to(self.neighbours),
         )
         self.services = NodeServices(
-            cfg=cfg,
+            cfg=self.cfg,
             node_id=self.id,
             neighbours=self.neighbours,
             method=self.method,
@@ -393,12 +264,9 @@ class Node:
             out_dir=self.out_dir,
             records=self.records,
             privacy=self.privacy,
+            resumed_round=self.resumed_round,
         )
-        self.services.resumed_round = self.resumed_round
-        kind = self.method_cls.kind
-        if kind == "decentralized" and self.cfg.timing.mode == "async":
-            kind = "decentralized-async"
-        driver = self.driver = DRIVERS[kind](self.services)
+        driver = self.driver = self.driver_cls(self.services)
         transport.on_presence = self._on_presence
         transport.on_gossip = driver.on_gossip
         transport.on_inbox = driver.on_inbox
@@ -409,12 +277,12 @@ class Node:
         """A pull goes to the round driver unless its sender is refused (a layout unlike
         this node's): no weight moves to a node that could not use it."""
         assert self.services is not None and self.driver is not None
-        why = self.services.refused.get(env.sender)
+        why = self.services.peers.refusal(env.sender)
         if why is not None:
-            await self.services.refuse_pull(env, f"refused: {why}"[:300])
+            await self.services.exchange.refuse_pull(env, f"refused: {why}"[:300])
             return
-        if self.services.off_network:  # an emulated offline window: as if unreachable
-            await self.services.refuse_pull(env, "offline")
+        if self.services.device.off_network:  # an emulated offline window: as if unreachable
+            await self.services.exchange.refuse_pull(env, "offline")
             return
         await self.driver.serve_pull(env)
 
@@ -422,42 +290,16 @@ class Node:
     def _on_presence(self, peer: str, info: dict[str, Any]) -> None:
         online = info.get("status") == "online"
         assert self.services is not None and self.driver is not None
-        if online and peer in self.neighbours and not self._layout_fits(peer, info):
-            online = False  # refused: never a round's peer, never served
+        peers = self.services.peers
+        if online and peer in self.neighbours and self.layout is not None:
+            online = peers.check_layout(peer, info, self.layout)  # refused: never a peer
         if online and peer not in self._online and peer in self.neighbours:
             self.driver.on_peer_online(peer)  # a neighbour (re)joined
         if online:
             self._online.add(peer)
         else:
             self._online.discard(peer)
-        self.services.notify()
-
-    def _layout_fits(self, peer: str, info: dict[str, Any]) -> bool:
-        """Whether ``peer``'s announced model layout is this node's; a neighbour whose
-        layout differs is refused (:attr:`NodeServices.refused`) before any weight moves,
-        and the error names both layouts and their first difference. A presence without a
-        layout (a node of an older release) is taken on trust: every state it sends still
-        passes the layout check of its pull."""
-        assert self.services is not None and self.layout is not None
-        if "layout" not in info:
-            return True
-        theirs = parse_layout(info.get("layout"))
-        if theirs is None:
-            why = "its presence announces a malformed layout"
-        else:
-            diff = layout_difference(self.layout, theirs)
-            if diff is None:
-                self.services.refused.pop(peer, None)
-                return True
-            why = (
-                f"its model layout {layout_summary(theirs)} differs from this node's "
-                f"{layout_summary(self.layout)}: {diff}"
-            )
-        if self.services.refused.get(peer) != why:
-            self.services.refused[peer] = why
-            self.services.transport.dropped["layout_mismatch"] += 1
-            log.error("%s: refusing neighbour %s: %s", self.id, peer, why)
-        return False
+        peers.notify()
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> list[dict[str, Any]]:
@@ -467,7 +309,7 @@ class Node:
 
     async def _run(self, stack: contextlib.AsyncExitStack) -> list[dict[str, Any]]:
         t_start = time.monotonic()
-        signing, tls = self.security_context()  # a missing or bad certificate fails before loading
+        self.security_context()  # a missing or bad certificate fails before loading
         await asyncio.to_thread(self._load)
         cfg = self.cfg
         if self.broker.mdns:  # browse for a broker announced for this swarm
@@ -476,24 +318,18 @@ class Node:
             self.broker = await find_broker(cfg.name, cfg.timing.startup_timeout_s)
             log.info("%s: broker %s found by mDNS", self.id, self.broker)
         self._write_run_files()
-        self.transport = self._connect(signing, tls)
+        self.transport = self._connect()
         svc, driver = self.services, self.driver
         assert svc is not None and driver is not None
-        # the peers whose presence the startup barrier waits for: the neighbours, or for a
-        # centralized member the ones it hears until its first round (round 1's aggregators)
-        awaited = self.neighbours
-        if isinstance(driver, CentralizedRounds):
-            heard = driver.hearing_at_start()
-            await self.transport.hear_presence(heard, fresh_within=0)  # before it connects
-            awaited = self.neighbours if heard is None else heard
+        awaited = await driver.start()  # whom the startup barrier waits for
         async with self.transport:
-            await self._announce(stack)
-            present = await svc.wait_for(
-                lambda: all(svc.status(p) in ("online", "done", "refused") for p in awaited),
+            await announce(stack, cfg, self.id, self.broker, self.transport)
+            present = await svc.peers.wait_for(
+                lambda: all(svc.peers.status(p) in ("online", "done", "refused") for p in awaited),
                 time.monotonic() + cfg.timing.startup_timeout_s,
             )
             if not present:
-                absent = [p for p in awaited if svc.status(p) not in ("online", "done")]
+                absent = [p for p in awaited if svc.peers.status(p) not in ("online", "done")]
                 log.warning("%s: starting without neighbours %s", self.id, absent)
             log.info(
                 "%s: ready after %.1f s; neighbours %s",
@@ -510,9 +346,9 @@ class Node:
             # linger while a peer it hears may still pull from it (of a peer it no longer
             # hears, a centralized member's view is stale: that peer needs nothing from it)
             transport = self.transport
-            await svc.wait_for(
+            await svc.peers.wait_for(
                 lambda: all(
-                    svc.status(p) != "online"
+                    svc.peers.status(p) != "online"
                     for p in self.neighbours
                     if transport.hears_presence(p)
                 ),
@@ -569,7 +405,7 @@ class Node:
     async def _flush_records(self, timeout: float = 60.0) -> None:
         """Write the records a full disk held back, retrying for ``timeout`` seconds at
         most; what still cannot be written is reported (the node fails)."""
-        rlog = self.services.record_log if self.services else None
+        rlog = self.services.ledger.record_log if self.services else None
         if rlog is None or rlog.flush():
             return
         deadline = time.monotonic() + timeout

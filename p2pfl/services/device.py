@@ -11,11 +11,21 @@ machine can stand in for a slower one.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
+
+import torch
 
 from p2pfl.config.emulation import device_of
 from p2pfl.config.schema import TopologyConfig
+from p2pfl.wire.errors import TransportError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -46,3 +56,41 @@ class EmulatedDevice:
             if a <= t < b:
                 return b - t
         return 0.0
+
+
+class NodeDevice:
+    """The device port: the torch device node ``node_id`` computes on, its emulated speed
+    and offline windows (:class:`EmulatedDevice`), and whether it is off the network now.
+    ``set_status`` updates the node's presence (``offline``, then ``online``)."""
+
+    def __init__(
+        self,
+        node_id: str,
+        torch_device: torch.device,
+        emulated: EmulatedDevice,
+        set_status: Callable[..., Awaitable[Any]],
+    ):
+        self.id = node_id
+        self.torch = torch_device
+        self.emulated = emulated
+        self._set_status = set_status
+        self.off_network = False  # inside an emulated offline window: no pull is served
+
+    async def sit_out_offline(self, round_no: int) -> float:
+        """Inside an emulated offline window (``devices[].offline``): leave the network
+        until it ends (presence ``offline``, no pull served, no round run), then come back
+        ``online``; returns the seconds spent off (0: online)."""
+        left = self.emulated.offline_left()
+        if left <= 0:
+            return 0.0
+        log.info("%s: emulated device offline for %.1f s before round %d", self.id, left, round_no)
+        self.off_network = True
+        try:
+            with contextlib.suppress(TransportError):
+                await self._set_status("offline")
+            await asyncio.sleep(left)
+        finally:
+            self.off_network = False
+        with contextlib.suppress(TransportError):
+            await self._set_status("online")
+        return left

@@ -16,7 +16,6 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, cast
 
@@ -54,9 +53,9 @@ class TrainOutcome:
 
 
 class LocalTraining:
-    """One node's training and evaluation of its method's model. ``merged_from()`` names
+    """One node's training and evaluation of its method's model. :attr:`merged_from` names
     the peers whose states went into the model the next training starts from (the
-    driver's account, logged when that training diverges). ``last_good`` is ``(round,
+    driver's account, :meth:`merged`, logged when that training diverges). ``last_good`` is ``(round,
     the method's checkpoint)`` after the latest round whose loss was finite (None before
     one), what a diverged round rolls back to (the initial checkpoint before that)."""
 
@@ -72,7 +71,6 @@ class LocalTraining:
         privacy: NodePrivacy | NodeUpdatePrivacy | None,
         adversary: Adversary | None,
         emulated: EmulatedDevice,
-        merged_from: Callable[[], list[str]],
     ):
         self.cfg = cfg
         self.id = node_id
@@ -83,9 +81,14 @@ class LocalTraining:
         self.privacy = privacy
         self.adversary = adversary
         self.emulated = emulated
-        self.merged_from = merged_from
+        self.merged_from: list[str] = []
         self.last_good: tuple[int, dict[str, Any]] | None = None
         self._initial = method.checkpoint()  # what a node whose first round diverges keeps
+
+    def merged(self, peers: list[str]) -> None:
+        """The model the next training starts from merges the states of ``peers`` (at a
+        decentralized merge, or a centralized result's apply)."""
+        self.merged_from = list(peers)
 
     async def train(self, round_no: int) -> TrainOutcome:
         """One round of local training of the method's model (the method's loss and hooks,
@@ -95,7 +98,7 @@ class LocalTraining:
         When the loss turns non-finite the node does not go on from a broken model: it
         rolls back to the method's state after its last finite round (model and what the
         method keeps), logs the peers whose states it merged this round
-        (``merged_from()``), and says so in :attr:`TrainOutcome.diverged`.
+        (:attr:`merged_from`), and says so in :attr:`TrainOutcome.diverged`.
 
         Under ``privacy.dp`` at ``level: sample`` the round trains with DP-SGD instead
         (:meth:`_train_private`); at ``level: update`` it trains as here and the node adopts
@@ -237,7 +240,7 @@ class LocalTraining:
         return TrainOutcome(result, lr, facts or {})
 
     def _roll_back(self, round_no: int, loss: float, lr: float) -> dict[str, Any]:
-        merged = sorted(self.merged_from())
+        merged = sorted(self.merged_from)
         if self.last_good is None:
             good_round, ckpt = 0, self._initial
         else:

@@ -1,5 +1,5 @@
 """Publishing status telemetry (docs/wire.md, "Status telemetry") never breaks or delays a
-round: ``NodeServices.publish_status`` swallows every failure, and the transport skips the
+round: ``Ledger.publish_status`` swallows every failure, and the transport skips the
 publish while it has no broker instead of waiting for one."""
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from types import SimpleNamespace
 import torch
 
 from p2pfl.check.load import load_topology
-from p2pfl.learning.defence import Defence
-from p2pfl.services.bundle import NodeServices
+from p2pfl.services.ledger import Ledger
 from p2pfl.wire.transport import Transport, TransportError
 
 
@@ -27,37 +26,35 @@ class _FailingTransport:
         raise TransportError("broker gone")
 
 
-def _services(transport) -> NodeServices:
-    return NodeServices(
+def _ledger(transport) -> Ledger:
+    return Ledger(
         cfg=load_topology("topologies/synthetic.yaml"),
         node_id="a",
-        neighbours=["b", "d"],
-        method=SimpleNamespace(
-            model=torch.nn.Linear(2, 2), ctx=SimpleNamespace(defence=Defence()), checkpoint=dict
-        ),
-        data=SimpleNamespace(num_classes=2),
         transport=transport,
-        rng=None,
-        device=torch.device("cpu"),
+        robust=None,  # type: ignore[arg-type]  (telemetry never reads the round's facts)
+        method=SimpleNamespace(model=torch.nn.Linear(2, 2)),  # type: ignore[arg-type]
+        rng=None,  # type: ignore[arg-type]
     )
 
 
 async def test_a_failing_publish_never_reaches_the_round(caplog):
     transport = _FailingTransport()
-    svc = _services(transport)
-    with caplog.at_level(logging.DEBUG, logger="p2pfl.services.bundle"):
-        svc.publish_status(1, "training")  # returns at once: the publish runs in the background
-        svc.publish_status(1, pull=("b", "g", 64))
-        svc.publish_status(1, "sleeping")  # a caller's bug: logged, not raised
-        svc.publish_status(1, pull=("x" * 100, "g", 1))  # an id too long for the body
-        svc.publish_status(1)  # nothing to say
+    svc = SimpleNamespace(ledger=_ledger(transport))
+    with caplog.at_level(logging.DEBUG, logger="p2pfl.services.ledger"):
+        svc.ledger.publish_status(
+            1, "training"
+        )  # returns at once: the publish runs in the background
+        svc.ledger.publish_status(1, pull=("b", "g", 64))
+        svc.ledger.publish_status(1, "sleeping")  # a caller's bug: logged, not raised
+        svc.ledger.publish_status(1, pull=("x" * 100, "g", 1))  # an id too long for the body
+        svc.ledger.publish_status(1)  # nothing to say
         for _ in range(5):
             await asyncio.sleep(0)
     assert transport.calls == [
         (1, {"event": "phase", "phase": "training"}),
         (1, {"event": "pull", "peer": "b", "part": "g", "bytes": 64}),
     ]
-    assert not svc._status_tasks  # every task finished and was forgotten
+    assert not svc.ledger._status_tasks  # every task finished and was forgotten
     assert "broker gone" in caplog.text and "sleeping" in caplog.text
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 from p2pfl.check.load import load_topology
 from p2pfl.config.schema import TopologyConfig
 from p2pfl.node.daemon import Node, NodeOptions
-from p2pfl.services.bundle import NodeServices, RoundMeter
+from p2pfl.services.bundle import NodeServices
+from p2pfl.services.ledger import RoundMeter
 from p2pfl.wire.transport import Transport
 
 
@@ -42,9 +43,9 @@ def node_services(node: Node) -> NodeServices:
 
 def round_record(svc: NodeServices, round_no: int, trained) -> dict:
     """The record of round ``round_no`` after ``trained``, with fixed evaluation values."""
-    return svc.round_record(
+    return svc.ledger.round_record(
         round_no,
-        meter=RoundMeter(svc.transport),
+        meter=RoundMeter(svc.exchange.transport),
         evaluated=(0.5, 1.0),
         lr=0.05,
         trained=trained,

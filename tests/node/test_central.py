@@ -217,7 +217,7 @@ ANN = {"roster": ["a", "b", "c"], "participants": ["a", "b", "c"], "server": {}}
 
 async def test_handlers_drop_stale_misdirected_and_forged_messages():
     d = _driver("b")
-    dropped = d.services.transport.dropped
+    dropped = d.services.exchange.transport.dropped
     d.rosters[3] = ["a", "b", "c"]  # round 3: attempt 0 → sorted[3 % 3] = a, attempt 1 → b
     d.current, d.applied = (3, 0), 2
     d.on_gossip(_env("c", "announce", 3, 0, ANN))  # c is not attempt 0's aggregator

@@ -19,7 +19,7 @@ from swarm_helpers import start_nodes, wait_round
 
 from p2pfl.launch.swarm import spawn_worker, stop_workers
 from p2pfl.metrics import read_records
-from p2pfl.services.bundle import LAG_ROUNDS
+from p2pfl.services.peers import LAG_ROUNDS
 
 pytestmark = pytest.mark.integration
 

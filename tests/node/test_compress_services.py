@@ -41,8 +41,8 @@ def arrived(prepared: PreparedState) -> dict[str, torch.Tensor]:
 
 async def test_what_is_served_is_the_compressed_form_and_its_digest():
     state = own_state(services("none"))
-    plain = await services("none").prepare(state)
-    packed = await services("int8").prepare(state)
+    plain = await services("none").exchange.prepare(state)
+    packed = await services("int8").exchange.prepare(state)
     assert plain.buf == PreparedState.from_state(state, plain.digest_name).buf
     assert not is_compressed(arrived(plain))
     assert is_compressed(arrived(packed))
@@ -75,9 +75,9 @@ async def test_pulled_states_are_decoded_before_admission_whatever_the_codec():
     async def pull(peer, round_no, part, timeout, *, attempt=0, max_bytes=None):
         return arrived(served[peer])
 
-    svc.transport.pull = pull
-    svc.begin_round(1)
-    pulled, failed = await svc.pull_many(
+    svc.exchange.transport.pull = pull
+    svc.robust.begin_round(1)
+    pulled, failed = await svc.exchange.pull_many(
         dict.fromkeys(served, "all"), 1, 5.0, reference=lambda _part: mine
     )
     assert sorted(pulled) == ["b", "c"]
@@ -86,21 +86,21 @@ async def test_pulled_states_are_decoded_before_admission_whatever_the_codec():
         for k, v in mine.items():
             assert pulled[peer][k].dtype == v.dtype and pulled[peer][k].shape == v.shape
             assert float((pulled[peer][k].double() - near[k].double()).abs().max()) < 0.02
-    assert "non-finite" in svc.rejected["d"]  # admission saw the decoded NaN
-    assert "unknown codec 'zstd'" in failed["e"] and "e" not in svc.rejected
-    assert svc.transport.dropped["bad_transfer"] == 1
+    assert "non-finite" in svc.robust.rejected["d"]  # admission saw the decoded NaN
+    assert "unknown codec 'zstd'" in failed["e"] and "e" not in svc.robust.rejected
+    assert svc.exchange.transport.dropped["bad_transfer"] == 1
 
 
 async def test_a_decoded_state_over_the_pull_limit_fails_its_pull():
     svc = services("int8")
-    svc.pull_limit = 1000  # far below the synthetic CNN's decoded size
+    svc.exchange.pull_limit = 1000  # far below the synthetic CNN's decoded size
     wire = PreparedState.from_state(encode_state(own_state(svc), "int8"))
 
     async def pull(peer, round_no, part, timeout, *, attempt=0, max_bytes=None):
         return arrived(wire)
 
-    svc.transport.pull = pull
-    pulled, failed = await svc.pull_many({"b": "all"}, 1, 5.0)
+    svc.exchange.transport.pull = pull
+    pulled, failed = await svc.exchange.pull_many({"b": "all"}, 1, 5.0)
     assert pulled == {} and "exceeds the limit of 1000" in failed["b"]
 
 
@@ -121,8 +121,8 @@ class Wire:
             assert kind == "pull_error"
             self.refusals.append(body)
 
-        svc.transport.send_state = send_state
-        svc.transport.send = send
+        svc.exchange.transport.send_state = send_state
+        svc.exchange.transport.send = send
 
 
 def pull_env(sender: str, round_no: int, body: dict, attempt: int = 0) -> Envelope:
@@ -163,7 +163,7 @@ async def test_topk_snapshots_are_served_from_the_base_the_pull_names():
         await rounds.serve_pull(pull_env("c", 3, {"part": "all", "base": base}))
         assert len(wire.states[-1].buf) >= dense, base
         assert same(TopKReceiver().apply(arrived(wire.states[-1]), max_bytes=LIMIT), got)
-    assert wire.refusals == [] and sum(svc.transport.dropped.values()) == 0
+    assert wire.refusals == [] and sum(svc.exchange.transport.dropped.values()) == 0
 
 
 @pytest.mark.parametrize(
@@ -190,10 +190,10 @@ async def test_a_hostile_base_is_dropped_and_refused_never_raised(base):
     await rounds.serve_pull(pull_env("b", 1, {"part": "g", "base": base}))
     assert wire.states == [] and len(wire.refusals) == 1
     assert "malformed base" in wire.refusals[0]["reason"]
-    assert svc.transport.dropped["malformed"] == 1
+    assert svc.exchange.transport.dropped["malformed"] == 1
     # the stream is untouched: an honest pull right after gets its dense first answer
     await rounds.serve_pull(pull_env("c", 1, {"part": "g"}))
-    assert len(wire.states) == 1 and svc.streams.sender("g").seq == 1
+    assert len(wire.states) == 1 and svc.exchange.streams.sender("g").seq == 1
 
 
 async def test_topk_uploads_and_results_are_streams_of_the_aggregator_role():
@@ -217,11 +217,14 @@ async def test_topk_uploads_and_results_are_streams_of_the_aggregator_role():
     assert len(wire.states[-1].buf) < 0.3 * len(wire.states[0].buf)
     assert same(
         rx.apply(arrived(wire.states[-1]), max_bytes=LIMIT),
-        svc.streams.sender(("upload",)).estimate,
+        svc.exchange.streams.sender(("upload",)).estimate,
     )
     # results: the common one is a stream, a member's own result another
     role._results[(1, 0)] = Aggregate(results={"c": drift(own, 7)}, common=drift(own, 8))
     await role.serve_pull(pull_env("c", 1, {"part": "result"}))
     await role.serve_pull(pull_env("d", 1, {"part": "result"}))
-    assert svc.streams.sender(("result", "c")).epoch != svc.streams.sender(("result", "")).epoch
+    assert (
+        svc.exchange.streams.sender(("result", "c")).epoch
+        != svc.exchange.streams.sender(("result", "")).epoch
+    )
     assert wire.refusals == []

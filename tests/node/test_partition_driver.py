@@ -43,7 +43,10 @@ def test_reports_carry_a_checked_lineage():
     d.on_inbox(_env("a", "report", 3, 1, {"n": 5, "report": {}, "lineage": "2.1.c"}))
     assert d.role._reports[(3, 1)]["a"]["lineage"] == "2.1.c"
     d.on_inbox(_env("c", "report", 3, 1, {"n": 5, "report": {}, "lineage": "a b"}))
-    assert d.services.transport.dropped["malformed"] == 1 and "c" not in d.role._reports[(3, 1)]
+    assert (
+        d.services.exchange.transport.dropped["malformed"] == 1
+        and "c" not in d.role._reports[(3, 1)]
+    )
 
 
 async def test_a_report_to_an_announced_attempt_gets_the_announcement_again():
@@ -53,7 +56,7 @@ async def test_a_report_to_an_announced_attempt_gets_the_announcement_again():
     async def gossip(round_no, body, kind, attempt):
         sent.append((round_no, attempt, kind, body))
 
-    d.services.transport.gossip = gossip
+    d.services.exchange.transport.gossip = gossip
     d.rosters[3] = ["a", "b", "c"]
     d.current, d.applied = (3, 1), 2
     d.on_inbox(_env("a", "report", 3, 1, {"n": 5, "report": {}}))
@@ -71,11 +74,11 @@ async def test_a_report_to_an_announced_attempt_gets_the_announcement_again():
 def test_the_newest_far_announcement_is_kept_for_a_catch_up():
     d = _driver("b")
     d.current, d.applied = (4, 0), 3
-    peers = d.services.transport.peers
+    peers = d.services.exchange.transport.peers
     far = 4 + ROUNDS_KEPT + 1
     peers["a"] = {"status": "online", "round": far - 1}  # the swarm finished far - 1
     d.on_gossip(_env("a", "announce", far, 0, ANN))
-    assert d.services.transport.dropped["future_round"] == 1 and far not in d._announced
+    assert d.services.exchange.transport.dropped["future_round"] == 1 and far not in d._announced
     assert d._newest is not None and d._newest[:3] == (far, 0, "a")
     d.on_gossip(_env("c", "announce", far + 5, 0, ANN))  # beyond what presence reports: no
     assert d._newest[0] == far
@@ -98,7 +101,7 @@ def test_the_member_s_lineage_is_in_its_report_and_follows_what_it_applies():
 
 def test_a_member_without_a_direct_lane_is_never_cut_off_by_probes():
     d = _driver("b")
-    d.services.transport.peers["a"] = {"status": "online"}  # no direct address announced
+    d.services.exchange.transport.peers["a"] = {"status": "online"}  # no direct address announced
     assert asyncio.run(d.reach.check("a")) is None
-    d.services.transport.peers["a"]["status"] = "offline"
+    d.services.exchange.transport.peers["a"]["status"] = "offline"
     assert d.reach.cut_off("a") == "offline"

@@ -22,7 +22,7 @@ def test_rounds_are_accounted_and_recorded(tmp_path):
     svc = node_services(node)
     eps = []
     for r in (1, 2):
-        trained = asyncio.run(svc.train(r))
+        trained = asyncio.run(svc.training.train(r))
         assert trained.result.steps == privacy.round_steps
         rec = round_record(svc, r, trained)
         eps.append(rec["epsilon"])
@@ -36,15 +36,15 @@ def test_a_spent_budget_stops_the_steps_and_says_so(caplog):
     node = loaded_node(synthetic_cfg("privacy={dp: {target_epsilon: 1.0, rounds: 1}}"))
     svc = node_services(node)
     before = {k: v.clone() for k, v in node.method.model.state_dict().items()}
-    first = asyncio.run(svc.train(1))
+    first = asyncio.run(svc.training.train(1))
     assert first.result.steps > 0
     rec1 = round_record(svc, 1, first)
     assert rec1["epsilon"] <= 1.0 and "dp_exhausted" not in rec1
     trained_state = {k: v.clone() for k, v in node.method.model.state_dict().items()}
     assert any(not before[k].equal(trained_state[k]) for k in before)
     with caplog.at_level("WARNING"):
-        second = asyncio.run(svc.train(2))
-        third = asyncio.run(svc.train(3))
+        second = asyncio.run(svc.training.train(2))
+        third = asyncio.run(svc.training.train(3))
     assert second.result.steps == third.result.steps == 0
     assert sum("privacy budget spent" in r.getMessage() for r in caplog.records) == 1
     after = node.method.model.state_dict()
@@ -58,8 +58,8 @@ def test_the_accountant_survives_a_restart(tmp_path):
     cfg = synthetic_cfg("privacy.dp.noise_multiplier=1.0")
     node = loaded_node(cfg, tmp_path)
     svc = node_services(node)
-    asyncio.run(svc.train(1))
-    svc._save_checkpoint(1)
+    asyncio.run(svc.training.train(1))
+    svc.ledger.save_checkpoint(1)
     spent = node.privacy.epsilon
     ckpt = load_checkpoint(checkpoint_path(tmp_path, "a"))
     assert ckpt is not None and ckpt.privacy is not None
@@ -69,7 +69,7 @@ def test_the_accountant_survives_a_restart(tmp_path):
     assert again.privacy.accountant.history == node.privacy.accountant.history
     assert again.privacy.epsilon == spent > 0
     svc2 = node_services(again)
-    asyncio.run(svc2.train(2))  # ε composes over the restart, as one run would
+    asyncio.run(svc2.training.train(2))  # ε composes over the restart, as one run would
     whole = compose_epsilon([(1.0, node.privacy.q, 2 * node.privacy.round_steps)], 1e-5)
     assert again.privacy.epsilon == pytest.approx(whole, rel=1e-12)
 
@@ -87,10 +87,10 @@ def test_without_privacy_nothing_changes(tmp_path):
     node = loaded_node(synthetic_cfg(), tmp_path)
     assert node.privacy is None
     svc = node_services(node)
-    trained = asyncio.run(svc.train(1))
+    trained = asyncio.run(svc.training.train(1))
     rec = round_record(svc, 1, trained)
     assert "epsilon" not in rec and "dp_exhausted" not in rec
-    svc._save_checkpoint(1)
+    svc.ledger.save_checkpoint(1)
     raw = checkpoint_path(tmp_path, "a").read_bytes()
     assert b"privacy" not in raw
     assert load_checkpoint(checkpoint_path(tmp_path, "a")).privacy is None
@@ -102,7 +102,7 @@ def test_noise_is_the_seeds_unless_secret(secret):
     states = []
     for _ in range(2):  # the same node, built twice from the same swarm seed
         node = loaded_node(cfg)
-        asyncio.run(node_services(node).train(1))
+        asyncio.run(node_services(node).training.train(1))
         states.append(node.method.model.state_dict())
     same = all(states[0][k].equal(states[1][k]) for k in states[0])
     assert same is not secret
@@ -130,7 +130,7 @@ def test_every_method_trains_a_dp_round(method):
     keys = list(node.method.model.state_dict())
     before = node.method.checkpoint()
     svc = node_services(node)
-    trained = asyncio.run(svc.train(1))
+    trained = asyncio.run(svc.training.train(1))
     assert trained.result.steps == node.privacy.round_steps and trained.diverged is None
     assert list(node.method.model.state_dict()) == keys
     assert node.privacy.epsilon > 0

@@ -174,7 +174,7 @@ def test_late_reports_are_checked_and_kept_apart_from_fresh_ones():
     d = _driver("c")  # round 2: attempt 0 → sorted(a, b, c, d)[2] = c
     d.rosters[2] = ["a", "b", "c", "d"]
     d.current, d.applied = (2, 0), 1
-    dropped = d.services.transport.dropped
+    dropped = d.services.exchange.transport.dropped
     role = d.role
     assert role.max_late == 2  # min(timing.max_staleness 4, ROUNDS_KEPT - 1)
     d.on_inbox(_report("a", 2, {"n": 5, "report": {}, "late": 1}))
@@ -195,7 +195,9 @@ def test_late_reports_are_checked_and_kept_apart_from_fresh_ones():
     plain = _driver("c", ())
     plain.rosters[2], plain.current, plain.applied = ["a", "b", "c", "d"], (2, 0), 1
     plain.on_inbox(_report("a", 2, {"n": 5, "report": {}, "late": 1}))
-    assert plain.services.transport.dropped["malformed"] == 1 and not plain.role._late_reports
+    assert (
+        plain.services.exchange.transport.dropped["malformed"] == 1 and not plain.role._late_reports
+    )
 
 
 def test_an_upload_is_counted_at_most_once():
@@ -225,7 +227,7 @@ async def test_a_late_upload_goes_to_the_round_after_the_newest_rightful_announc
         async def send(peer, kind, rnd, msg, attempt=0):
             sent.append((peer, kind, rnd, attempt, msg))
 
-        d.services.transport.send = send
+        d.services.exchange.transport.send = send
         return d
 
     d = driver()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from p2pfl.services.bundle import RoundMeter
+from p2pfl.services.ledger import RoundMeter
 from p2pfl.wire import transport as transport_mod
 from p2pfl.wire.transport import Transport
 

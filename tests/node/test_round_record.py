@@ -14,7 +14,7 @@ from test_robust_services import services
 from p2pfl.learning.train import TrainResult, round_lr
 from p2pfl.metrics import ROUND_FIELDS, method_facts
 from p2pfl.rounds.gossip.decentralized import DecentralizedRounds
-from p2pfl.services.bundle import RECORD_FIELDS
+from p2pfl.services.ledger import RECORD_FIELDS
 from p2pfl.services.training import TrainOutcome
 
 # what a careless (or hostile) method could return: the names of the record's own fields
@@ -40,11 +40,11 @@ async def test_a_method_cannot_change_the_drivers_fields_of_a_decentralized_roun
 
     async def refused(parts, round_no, timeout, **_kw):  # admission refuses c's state
         calls.append(f"pull {sorted(parts)}")
-        svc.reject("c", "non-finite values", round_no)
+        svc.robust.reject("c", "non-finite values", round_no)
         return {}, {}
 
-    svc.transport.gossip = no_broker  # type: ignore[method-assign]
-    svc.pull_many = refused  # type: ignore[method-assign]
+    svc.exchange.transport.gossip = no_broker  # type: ignore[method-assign]
+    svc.exchange.pull_many = refused  # type: ignore[method-assign]
 
     def plan(gossip):
         facts = {**IMPOSTOR, "rejected": {"zz": "a plan fact"}, "dropout": True, "seen": 1}
@@ -89,9 +89,9 @@ async def test_a_method_cannot_change_the_drivers_fields_of_a_decentralized_roun
 
 def test_a_centralized_round_record_nests_server_rule_and_apply_facts():
     svc = services()
-    svc.begin_round(3)
-    meter = svc.meter()
-    rec = svc.round_record(
+    svc.robust.begin_round(3)
+    meter = svc.ledger.meter()
+    rec = svc.ledger.round_record(
         3,
         meter=meter,
         evaluated=(0.75, 0.5),
@@ -117,15 +117,15 @@ def test_a_centralized_round_record_nests_server_rule_and_apply_facts():
 
 def test_trained_facts_come_last_and_a_rollback_is_the_drivers():
     svc = services()
-    svc.begin_round(2)
+    svc.robust.begin_round(2)
     nan = float("nan")
     result = TrainResult(loss=nan, ce_loss=nan, steps=1, seconds=0.123456, grad_sq_sum=nan)
     trained = TrainOutcome(
         result, 0.05, {"dropout": "yes", "x": 2}, {"merged_from": ["b"], "rolled_back_to": 1}
     )
-    rec = svc.round_record(
+    rec = svc.ledger.round_record(
         2,
-        meter=svc.meter(),
+        meter=svc.ledger.meter(),
         evaluated=(0.5, 1.0),
         lr=trained.lr,
         trained=trained,
@@ -142,9 +142,9 @@ def test_trained_facts_come_last_and_a_rollback_is_the_drivers():
 def test_a_driver_field_may_not_be_a_shared_one():
     svc = services()
     with pytest.raises(ValueError, match=r"\['test_acc'\]"):
-        svc.round_record(
+        svc.ledger.round_record(
             1,
-            meter=svc.meter(),
+            meter=svc.ledger.meter(),
             evaluated=(0.5, 1.0),
             lr=0.1,
             trained=None,

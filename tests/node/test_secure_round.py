@@ -134,7 +134,7 @@ def _driver(node_id, overrides=("privacy.secagg=true", "defence.rule=mean")):
 
 def test_hostile_secagg_messages_are_dropped_and_counted():
     d = _driver("b")  # members a, b, c, d
-    dropped = d.services.transport.dropped
+    dropped = d.services.exchange.transport.dropped
     d.rosters[3] = ["a", "b", "c", "d"]  # round 3: attempt 0 → sorted[3 % 4] = d, 1 → a
     d.current, d.applied = (3, 0), 2
     keys = SecAggMember("a", ["a", "b", "c"], 2, RoundContext("s", 3, 0)).advertise()
@@ -165,4 +165,4 @@ def test_hostile_secagg_messages_are_dropped_and_counted():
     assert not d.secure.keys and not d.secure.inbox
     plain = _driver("b", ())
     plain.on_inbox(_env("a", "sa_ready", 1, 0, {}))  # no secagg in this swarm
-    assert plain.services.transport.dropped["unexpected_kind"] == 1
+    assert plain.services.exchange.transport.dropped["unexpected_kind"] == 1

@@ -22,26 +22,26 @@ def _services():
 async def test_a_wait_ends_when_a_notify_makes_its_predicate_true():
     svc = _services()
     state = {"ready": False}
-    wait = asyncio.ensure_future(svc.wait_for(lambda: state["ready"], time.monotonic() + 60))
+    wait = asyncio.ensure_future(svc.peers.wait_for(lambda: state["ready"], time.monotonic() + 60))
     await asyncio.sleep(0.01)
     assert not wait.done()
     state["ready"] = True
-    svc.notify()
+    svc.peers.notify()
     assert await asyncio.wait_for(wait, 10) is True
 
 
 async def test_a_wait_returns_false_at_its_deadline():
     svc = _services()
-    assert await svc.wait_for(lambda: False, time.monotonic() + 0.05) is False
+    assert await svc.peers.wait_for(lambda: False, time.monotonic() + 0.05) is False
 
 
 async def test_a_cancelled_wait_ends_even_as_a_notify_wakes_it():
     """The wait is woken and cancelled in the same turn of the loop: the cancellation wins
     (``asyncio.wait_for`` before Python 3.12 returned normally, and the wait went on)."""
     svc = _services()
-    wait = asyncio.ensure_future(svc.wait_for(lambda: False, time.monotonic() + TIMEOUT_S))
+    wait = asyncio.ensure_future(svc.peers.wait_for(lambda: False, time.monotonic() + TIMEOUT_S))
     await asyncio.sleep(0.01)  # waiting on the event
-    svc.notify()
+    svc.peers.notify()
     wait.cancel()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(wait, TIMEOUT_S / 2)

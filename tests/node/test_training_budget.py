@@ -20,7 +20,7 @@ from p2pfl.algorithms import get_algorithm
 from p2pfl.config.topology import neighbours
 from p2pfl.launch.swarm import finish_run, stop_workers, summary_table
 from p2pfl.metrics import read_run, skipped_note
-from p2pfl.services.bundle import LAG_ROUNDS
+from p2pfl.services.peers import LAG_ROUNDS
 
 pytestmark = [pytest.mark.integration, pytest.mark.one_broker]
 

@@ -62,7 +62,7 @@ def test_what_leaves_the_node_is_the_release_not_the_trained_model(method):
     assert privacy is not None and privacy.level == "update"
     ref, raw, seed = _raw_round(node, 1)
     svc = node_services(node)
-    trained = asyncio.run(svc.train(1))
+    trained = asyncio.run(svc.training.train(1))
     assert trained.diverged is None and trained.result.steps > 0
     gen = torch.Generator().manual_seed(seed ^ NOISE_STREAM)
     expected = release(ref, raw, 0.2, 0.5, gen)
@@ -81,7 +81,7 @@ def test_rounds_are_accounted_and_recorded():
     svc = node_services(node)
     eps = []
     for r in (1, 2, 3):
-        trained = asyncio.run(svc.train(r))
+        trained = asyncio.run(svc.training.train(r))
         rec = round_record(svc, r, trained)
         eps.append(rec["epsilon"])
         assert "dp_exhausted" not in rec and rec["train_loss"] is not None
@@ -96,13 +96,13 @@ def test_a_spent_budget_stops_training_and_releasing(caplog):
     privacy = node.privacy
     assert privacy.noise_multiplier == plan_update_noise(2.0, 1e-5, 1, "rdp")
     svc = node_services(node)
-    first = asyncio.run(svc.train(1))
+    first = asyncio.run(svc.training.train(1))
     rec1 = round_record(svc, 1, first)
     assert first.result.steps > 0 and rec1["epsilon"] <= 2.0 and "dp_exhausted" not in rec1
     released = _state(node.method.model)
     with caplog.at_level("WARNING"):
-        second = asyncio.run(svc.train(2))
-        third = asyncio.run(svc.train(3))
+        second = asyncio.run(svc.training.train(2))
+        third = asyncio.run(svc.training.train(3))
     assert second.result.steps == third.result.steps == 0
     assert sum("privacy budget spent" in r.getMessage() for r in caplog.records) == 1
     after = _state(node.method.model)
@@ -116,15 +116,15 @@ def test_the_accountant_survives_a_restart(tmp_path):
     cfg = _update("noise_multiplier: 1.5")
     node = loaded_node(cfg, tmp_path)
     svc = node_services(node)
-    asyncio.run(svc.train(1))
-    svc._save_checkpoint(1)
+    asyncio.run(svc.training.train(1))
+    svc.ledger.save_checkpoint(1)
     again = loaded_node(cfg, tmp_path)  # a restarted daemon on the same run directory
     assert again.resumed_round == 1
     assert again.privacy.accountant.history == [(1.5, 1)]
     assert again.privacy.epsilon == node.privacy.epsilon > 0
     held = _state(again.method.model)  # the release it adopted, resumed
     assert all(torch.equal(held[k], node.method.model.state_dict()[k]) for k in held)
-    asyncio.run(node_services(again).train(2))  # ε composes over the restart
+    asyncio.run(node_services(again).training.train(2))  # ε composes over the restart
     assert again.privacy.epsilon == update_epsilon([(1.5, 2)], 1e-5)
 
     with pytest.raises(ValueError, match="privacy.level: 'sample'"):
@@ -142,7 +142,7 @@ def test_noise_is_the_seeds_unless_secret(secret):
     states = []
     for _ in range(2):  # the same node, built twice from the same swarm seed
         node = loaded_node(cfg)
-        asyncio.run(node_services(node).train(1))
+        asyncio.run(node_services(node).training.train(1))
         states.append(_state(node.method.model))
     same = all(torch.equal(states[0][k], states[1][k]) for k in states[0])
     assert same is not secret
@@ -167,7 +167,7 @@ def test_every_method_trains_and_releases_a_round(method, params):
     node = loaded_node(cfg)
     keys = list(node.method.model.state_dict())
     before = node.method.checkpoint()
-    trained = asyncio.run(node_services(node).train(1))
+    trained = asyncio.run(node_services(node).training.train(1))
     assert trained.result.steps > 0 and trained.diverged is None
     assert list(node.method.model.state_dict()) == keys
     assert node.privacy.epsilon == update_epsilon([(1.0, 1)], 1e-5)

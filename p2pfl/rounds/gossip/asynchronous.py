@@ -15,7 +15,7 @@ that round (or a newer one, when the neighbour no longer keeps it).
 - Candidates are the neighbours whose presence is ``online`` or ``done`` (a node that
   finished its rounds keeps serving its last snapshot while it lingers) and that this node
   trusts.
-- A node that falls :data:`~p2pfl.services.bundle.LAG_ROUNDS` behind its neighbours catches up
+- A node that falls :data:`~p2pfl.services.peers.LAG_ROUNDS` behind its neighbours catches up
   as in synchronous rounds; a slow node's states still reach its neighbours, with its
   staleness.
 """
@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from p2pfl.algorithms.base import Method
+from p2pfl.config.schema import TopologyConfig
 from p2pfl.rounds.gossip.decentralized import DecentralizedRounds, cap_gossiped_counts
 from p2pfl.rounds.rotation import quorum
 from p2pfl.wire.envelope import Envelope
@@ -49,6 +51,11 @@ def fresh_peers(latest_rounds: dict[str, int], round_no: int, max_staleness: int
 class AsyncDecentralizedRounds(DecentralizedRounds):
     """:class:`DecentralizedRounds` that uses each neighbour's latest gossip and state."""
 
+    @classmethod
+    def selects(cls, method: type[Method], cfg: TopologyConfig) -> bool:
+        """A decentralized method under ``timing.mode: async``."""
+        return method.kind == "decentralized" and cfg.timing.mode == "async"
+
     def on_gossip(self, env: Envelope) -> None:
         """Keep each neighbour's latest gossip (no round window: rounds are not aligned)."""
         svc = self.services
@@ -57,7 +64,7 @@ class AsyncDecentralizedRounds(DecentralizedRounds):
         latest = self._latest.get(env.sender)
         if latest is None or env.round > latest[0]:
             self._latest[env.sender] = (env.round, env.body)
-            svc.notify()
+            svc.peers.notify()
 
     def served_round(self, requested: int) -> int | None:
         """The requested snapshot, or the newest kept one when it was let go (a neighbour
@@ -78,13 +85,13 @@ class AsyncDecentralizedRounds(DecentralizedRounds):
         live = {
             p: r
             for p, (r, _) in self._latest.items()
-            if svc.status(p) in ("online", "done") and svc.trusted(p, round_no)
+            if svc.peers.status(p) in ("online", "done") and svc.robust.trusted(p, round_no)
         }
         fresh = fresh_peers(live, round_no, timing.max_staleness)
         chosen = self.alg.choose_peers(list(fresh))
         got = cap_gossiped_counts(svc, {p: self._latest[p][1] for p in chosen})
         staleness = {p: fresh[p] for p in chosen}
-        svc.defence.staleness = {
+        svc.robust.defence.staleness = {
             p: staleness_weight(t, timing.staleness_exponent) for p, t in staleness.items() if t
         }
         del t_comm  # nothing is waited on

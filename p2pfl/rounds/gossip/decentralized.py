@@ -31,13 +31,15 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from p2pfl.algorithms.base import DecentralizedAlgorithm
+from p2pfl.algorithms.base import DecentralizedAlgorithm, Method
+from p2pfl.config.schema import TopologyConfig
+from p2pfl.config.topology import neighbours
 from p2pfl.learning.state import PARTS, State
 from p2pfl.services.bundle import NodeServices
+from p2pfl.services.exchange import PreparedState
 from p2pfl.services.training import TrainOutcome
 from p2pfl.wire.envelope import Envelope
-from p2pfl.wire.transfers import PreparedState
-from p2pfl.wire.transport import TransportError
+from p2pfl.wire.errors import TransportError
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +57,7 @@ def cap_gossiped_counts(
     }
     if not claims:
         return gossip
-    capped = svc.cap_claims(claims)
+    capped = svc.robust.cap_claims(claims)
     return {
         p: ({**g, "n": capped[p]} if p in capped and capped[p] != g["n"] else g)
         for p, g in gossip.items()
@@ -83,7 +85,26 @@ class DecentralizedRounds:
         self._snapshots: OrderedDict[int, State] = OrderedDict()
         self._prepared: dict[tuple[int, str], PreparedState] = {}
         self._prepare_locks: dict[tuple[int, str], asyncio.Lock] = {}
-        self._background: set[asyncio.Task] = set()
+
+    # ------------------------------------------------------------------ what it declares
+    @classmethod
+    def selects(cls, method: type[Method], cfg: TopologyConfig) -> bool:
+        """A decentralized method in synchronous rounds."""
+        return method.kind == "decentralized" and cfg.timing.mode != "async"
+
+    @classmethod
+    def peers_of(cls, cfg: TopologyConfig, node_id: str) -> list[str]:
+        """The node's neighbours in the topology's graph."""
+        return neighbours(cfg, node_id)
+
+    @classmethod
+    def listens_to(cls, neighbours: list[str]) -> list[str] | None:
+        """A node hears its neighbours only."""
+        return neighbours
+
+    async def start(self) -> list[str]:
+        """The startup barrier waits for every neighbour."""
+        return self.services.neighbours
 
     # ------------------------------------------------------------------ incoming
     def on_gossip(self, env: Envelope) -> None:
@@ -99,10 +120,10 @@ class DecentralizedRounds:
         if latest is None or env.round > latest[0]:  # what a catching-up node starts from
             self._latest[env.sender] = (env.round, env.body)
         if not lo <= env.round <= hi:
-            svc.transport.dropped["stale_gossip"] += 1
+            svc.ledger.count("stale_gossip")
             return
         self._gossip.setdefault(env.round, {})[env.sender] = env.body
-        svc.notify()
+        svc.peers.notify()
 
     def on_inbox(self, env: Envelope) -> None:
         """Decentralized methods send nothing to a peer's inbox but pulls."""
@@ -112,10 +133,7 @@ class DecentralizedRounds:
         if self._last_gossip is None:
             return
         round_no, message = self._last_gossip
-        task = asyncio.ensure_future(self.services.transport.gossip(round_no, message))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # best effort
+        self.services.exchange.gossip_again(round_no, message)
 
     # ------------------------------------------------------------------ serving pulls
     async def _prepared_part(self, round_no: int, part: str) -> PreparedState | None:
@@ -129,7 +147,7 @@ class DecentralizedRounds:
                 if snap is None:
                     return None
                 state = self.alg.select(snap, part)
-                self._prepared[key] = await self.services.prepare(state, round_no, "model")
+                self._prepared[key] = await self.services.exchange.prepare(state, round_no, "model")
         return self._prepared.get(key)
 
     async def serve_pull(self, env: Envelope) -> None:
@@ -143,18 +161,18 @@ class DecentralizedRounds:
         elif part not in PARTS:
             reason = f"unknown part {part!r}"
         served = self.served_round(env.round)
-        if svc.streams is not None and reason is None and served is not None:
+        if svc.exchange.streams is not None and reason is None and served is not None:
             # top-k: each part is a stream, each snapshot published into it once
             state = self.alg.select(self._snapshots[served], part)
-            await svc.serve_stream(env, part, served, state, served, "model")
+            await svc.exchange.serve_stream(env, part, served, state, served, "model")
             return
         prepared = None if reason or served is None else await self._prepared_part(served, part)
         if reason is None and prepared is None:
             reason = f"no state for round {env.round}"
         if reason is not None or prepared is None:
-            await svc.refuse_pull(env, reason or "")
+            await svc.exchange.refuse_pull(env, reason or "")
             return
-        await svc.send_state(env, prepared)
+        await svc.exchange.send_state(env, prepared)
 
     def served_round(self, requested: int) -> int | None:
         """The snapshot a pull of round ``requested`` is served from (None: not kept)."""
@@ -181,7 +199,9 @@ class DecentralizedRounds:
             return []
         # online, in step and not distrusted (reputation: docs/design.md, "Robust aggregation")
         in_step = [
-            p for p in svc.neighbours if svc.in_step(p, round_no) and svc.trusted(p, round_no)
+            p
+            for p in svc.neighbours
+            if svc.peers.in_step(p, round_no) and svc.robust.trusted(p, round_no)
         ]
         return self.alg.choose_peers(in_step)
 
@@ -191,11 +211,10 @@ class DecentralizedRounds:
         if message is None:
             return False
         svc = self.services
-        if svc.adversary is not None and "n" in message:  # an experiment's inflated claim
-            message = {**message, "n": svc.claimed_samples(message["n"], round_no)}
+        message = svc.exchange.told(message, round_no)  # an experiment's inflated claim
         self._last_gossip = (round_no, message)
         try:
-            await svc.transport.gossip(round_no, message)
+            await svc.exchange.gossip(round_no, message)
         except TransportError as exc:  # broker gone: peers will not hear from us
             log.warning("%s: round %d: gossip not sent: %s", self.id, round_no, exc)
         return True
@@ -214,11 +233,11 @@ class DecentralizedRounds:
             merged = await asyncio.to_thread(self.alg.merge, got, pulled)
         except (ValueError, RuntimeError, ArithmeticError) as exc:
             self.alg.restore(before)
-            svc.drop("bad_merge", f"round {round_no}: {exc}")
+            svc.ledger.drop("bad_merge", f"round {round_no}: {exc}")
             log.warning("%s: round %d: merge failed, own model kept: %s", self.id, round_no, exc)
             return {}, str(exc)
         merged = dict(merged) if isinstance(merged, dict) else {}
-        svc.merged_from = list(merged.get("merged_from", sorted(pulled)))
+        svc.training.merged(list(merged.get("merged_from", sorted(pulled))))
         return merged, None
 
     async def _gather(
@@ -234,34 +253,34 @@ class DecentralizedRounds:
 
         def heard_all() -> bool:
             got = self._gossip.get(round_no, {})
-            return all(p in got or not svc.in_step(p, round_no) for p in chosen)
+            return all(p in got or not svc.peers.in_step(p, round_no) for p in chosen)
 
-        await svc.wait_for(heard_all, deadline)
+        await svc.peers.wait_for(heard_all, deadline)
         heard = self._gossip.get(round_no, {})
         return chosen, cap_gossiped_counts(svc, {p: heard[p] for p in chosen if p in heard}), None
 
     async def run_round(self, round_no: int) -> dict[str, Any]:
         """Run round ``round_no``; return its record."""
         svc, alg = self.services, self.alg
-        meter = svc.meter()
-        svc.begin_round(round_no)
+        meter = svc.ledger.meter()
+        svc.robust.begin_round(round_no)
         self.round = round_no
         for old in [r for r in self._gossip if r < round_no - 1]:
             del self._gossip[old]
         trained: TrainOutcome | None = None
         if alg.exchange_after_training:  # peers pull what this node just trained
-            svc.publish_status(round_no, "training")
-            trained = await svc.train(round_no)
+            svc.ledger.publish_status(round_no, "training")
+            trained = await svc.training.train(round_no)
         t_comm = time.monotonic()
-        svc.publish_status(round_no, "waiting")
+        svc.ledger.publish_status(round_no, "waiting")
         self._keep_snapshot(round_no, alg.snapshot())
         chosen, got, staleness = await self._gather(round_no, t_comm)
         deadline = t_comm + svc.cfg.timing.round_timeout_s
         plan, facts = alg.plan(got)
-        svc.publish_status(round_no, "aggregating")
+        svc.ledger.publish_status(round_no, "aggregating")
         timeout = max(0.1, deadline - time.monotonic())
         own = self._snapshots[round_no]
-        pulled, failed = await svc.pull_many(
+        pulled, failed = await svc.exchange.pull_many(
             plan,
             round_no,
             timeout,
@@ -271,10 +290,10 @@ class DecentralizedRounds:
         comm_s = time.monotonic() - t_comm
         merged, merge_error = await self._merge(round_no, got, pulled)
         if trained is None:
-            svc.publish_status(round_no, "training")
-            trained = await svc.train(round_no)
-        svc.publish_status(round_no, "evaluating")
-        evaluated = await svc.evaluate()
+            svc.ledger.publish_status(round_no, "training")
+            trained = await svc.training.train(round_no)
+        svc.ledger.publish_status(round_no, "evaluating")
+        evaluated = await svc.training.evaluate()
         fields: dict[str, Any] = {
             "chosen": chosen,
             "missing": sorted(set(chosen) - set(got)),
@@ -287,7 +306,7 @@ class DecentralizedRounds:
             fields["merge_error"] = merge_error
         # the states the merge left out are robustness facts: they join ``rejected``
         method_rejected = merged.pop("rejected", None)
-        return svc.round_record(
+        return svc.ledger.round_record(
             round_no,
             meter=meter,
             evaluated=evaluated,
@@ -313,23 +332,23 @@ class DecentralizedRounds:
     async def run(self) -> None:
         """Every round from the one this node joins at to the last: the round after the
         latest one its neighbours report (or its checkpoint holds, when resuming); a node
-        that finds itself :data:`~p2pfl.services.bundle.LAG_ROUNDS` behind its neighbours
+        that finds itself :data:`~p2pfl.services.peers.LAG_ROUNDS` behind its neighbours
         catches up to their round (docs/wire.md, "Rounds and catch-up"). A method that does
         not keep in step (:attr:`DecentralizedAlgorithm.keeps_in_step` False: Local) does
         neither: it starts at round 1 (or after its checkpoint) and runs every round."""
         svc, rounds = self.services, self.services.cfg.rounds
         in_step = self.alg.keeps_in_step
-        swarm = svc.swarm_round(svc.neighbours) if in_step else 0
-        r = max(swarm, svc.resumed_round) + 1
+        swarm = svc.peers.swarm_round(svc.neighbours) if in_step else 0
+        r = max(swarm, svc.ledger.resumed_round) + 1
         skipped_from: int | None = None
         if r > 1:  # neighbours under way, or resuming from a checkpoint
             log.info("%s: joining at round %d", self.id, r)
             self._skip_to(r)
-            await svc.report_round(r - 1, joined=r)
+            await svc.ledger.report_round(r - 1, joined=r)
         self._started = True
         while r <= rounds:
-            await svc.sit_out_offline(r)
-            ahead = svc.behind(r, svc.neighbours) if in_step else None
+            await svc.device.sit_out_offline(r)
+            ahead = svc.peers.behind(r, svc.neighbours) if in_step else None
             if ahead is not None and ahead + 1 <= rounds:
                 log.warning(
                     "%s: neighbours are at round %d, this node at %d: catching up",
@@ -339,12 +358,12 @@ class DecentralizedRounds:
                 )
                 skipped_from, r = r, ahead + 1
                 self._skip_to(r)
-                await svc.report_round(r - 1, joined=r)
+                await svc.ledger.report_round(r - 1, joined=r)
             record = await self.run_round(r)
             if skipped_from is not None:
                 record["caught_up_from"], skipped_from = skipped_from, None
             dropout = " (dropout)" if record.get("dropout") else ""
-            await svc.finish_round(record, f"peers {record['peers']}{dropout}")
+            await svc.ledger.finish_round(record, f"peers {record['peers']}{dropout}")
             if r < rounds:  # peers see where this node is
-                await svc.report_round(r)
+                await svc.ledger.report_round(r)
             r += 1

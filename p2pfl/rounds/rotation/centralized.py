@@ -91,7 +91,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from p2pfl.algorithms.base import CentralizedAlgorithm
+from p2pfl.algorithms.base import CentralizedAlgorithm, Method
+from p2pfl.config.schema import TopologyConfig
 from p2pfl.learning.state import State
 from p2pfl.learning.train import round_lr
 from p2pfl.rounds.rotation.aggregator import AggregatorRole
@@ -185,6 +186,29 @@ class CentralizedRounds:
         self.lineage = Lineage()
         self.role.reach, self.role.lineage, self.audit.reach = self.reach, self.lineage, self.reach
 
+    # ------------------------------------------------------------------ what it declares
+    @classmethod
+    def selects(cls, method: type[Method], cfg: TopologyConfig) -> bool:
+        """A centralized method, under a rotating aggregator."""
+        return method.kind == "centralized"
+
+    @classmethod
+    def peers_of(cls, cfg: TopologyConfig, node_id: str) -> list[str]:
+        """Every other member: any of them may aggregate a round."""
+        return [n for n in cfg.node_ids if n != node_id]
+
+    @classmethod
+    def listens_to(cls, neighbours: list[str]) -> list[str] | None:
+        """A member hears every member."""
+        return None
+
+    async def start(self) -> list[str]:
+        """Hear, from before the node connects, the peers it needs until its first round
+        (:meth:`hearing_at_start`), and wait for them at the startup barrier."""
+        heard = self.hearing_at_start()
+        await self.services.exchange.hear(heard, fresh_within=0)  # before it connects
+        return self.services.neighbours if heard is None else heard
+
     # ------------------------------------------------------------------ small helpers
     @property
     def tr(self):
@@ -242,7 +266,7 @@ class CentralizedRounds:
 
     def _behind(self, round_no: int) -> int | None:
         """The latest round the swarm reports finished when this node, at ``round_no``, has
-        fallen :data:`~p2pfl.services.bundle.LAG_ROUNDS` behind it; None when in step."""
+        fallen :data:`~p2pfl.services.peers.LAG_ROUNDS` behind it; None when in step."""
         return self.services.behind(round_no, sorted(self.members - {self.id}))
 
     def _check_behind(self, round_no: int) -> None:
@@ -794,7 +818,7 @@ class CentralizedRounds:
 
     async def run(self) -> None:
         """Every round from round 1, or, when the swarm is under way (or this node resumes,
-        or falls :data:`~p2pfl.services.bundle.LAG_ROUNDS` behind), from the next announcement
+        or falls :data:`~p2pfl.services.peers.LAG_ROUNDS` behind), from the next announcement
         on (observing first)."""
         svc, cfg = self.services, self.cfg
         await follow_bridges(svc)
