@@ -209,8 +209,11 @@ class Transport:
         # serving (:meth:`prepare`) and of the top-k streams it serves and pulls
         self.compress: Spec = parse_spec(compress)
         rho = self.compress.rho if self.compress.mode == "topk" else None
-        # top-k streams served (None: no top-k), published and packed on ``pack_pool``
-        self.served = None if rho is None else ServedStreams(rho, self.digest_name, pool=pack_pool)
+        # top-k streams served (None: no top-k), published and packed on ``pack_pool``,
+        # digested with the digest this node serves with when it starts
+        self.served: ServedStreams | None = (
+            None if rho is None else ServedStreams(rho, self.digest_name, pool=pack_pool)
+        )
         # top-k streams pulled (None: no top-k): each pull names the base held of the
         # peer's stream, and a top-k answer is decoded with it
         self.streams: ReceivedStreams | None = None if rho is None else ReceivedStreams()
@@ -530,11 +533,8 @@ class Transport:
         return PreparedState.from_state(state, self.digest_name if digest is None else digest, form)
 
     def _limit(self, max_bytes: int | None) -> int:
-        return (
-            self.max_transfer_bytes
-            if max_bytes is None
-            else min(max_bytes, self.max_transfer_bytes)
-        )
+        cap = self.max_transfer_bytes
+        return cap if max_bytes is None else min(max_bytes, cap)
 
     async def _pull(
         self,
