@@ -1,11 +1,19 @@
 """This node's end of the direct lane: the server that answers pulls over TCP and the
 client that makes them (docs/wire.md, "Direct lane").
 
-:class:`DirectEndpoint` moves frames and bytes (:mod:`p2pfl.wire.direct`: framing, the
-zero-copy :class:`~p2pfl.wire.direct.Receiver`) and leaves every check of an envelope to
-the receive pipeline (:mod:`p2pfl.wire.receive`): a request is admitted as a ``pull`` in
-this node's inbox, an answer as an inbox message from the peer asked. Which lane a pull
-takes, and the envelopes it sends, are the transport's (:mod:`p2pfl.wire.transport`).
+:class:`DirectEndpoint` is a :class:`~p2pfl.wire.lane.Lane`, the first a transport tries:
+it pulls from a peer that announces a direct address in its presence, and answers, on
+their own connection, the pulls that came that way. It moves frames and bytes
+(:mod:`p2pfl.wire.direct`: framing, the zero-copy :class:`~p2pfl.wire.direct.Receiver`)
+and leaves every check of an envelope to the receive pipeline (:mod:`p2pfl.wire.receive`):
+a request is admitted as a ``pull`` in this node's inbox, an answer as an inbox message
+from the peer asked. The envelopes it sends are made by the transport
+(:mod:`p2pfl.wire.transport`, ``pack``).
+
+A pull whose peer announces no address, or whose address cannot be connected to (refused,
+timed out, TLS handshake failed), is not this lane's: :meth:`DirectEndpoint.pull` returns
+None and the transport falls back to the next lane. A peer reached that then refuses,
+sends a corrupt state or drops the connection fails the pull.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from p2pfl.wire.codec import CodecError, buffer_to_state
 from p2pfl.wire.digest import new_hasher
 from p2pfl.wire.envelope import Envelope
 from p2pfl.wire.errors import TransportError
+from p2pfl.wire.lane import Answer, Pack, Pull
 from p2pfl.wire.receive import ReceivePipeline
 from p2pfl.wire.stats import TransportStats
 from p2pfl.wire.transfers import State, TransferError, check_meta
@@ -33,7 +42,10 @@ log = logging.getLogger("p2pfl.wire.transport")
 class DirectEndpoint:
     """Serves and makes direct pulls for one node. ``unanswered(env)``: called when the
     node's request handler returned without answering a direct pull (the transport then
-    refuses it over MQTT)."""
+    refuses it). ``pack`` (:data:`~p2pfl.wire.lane.Pack`) makes the envelopes it answers
+    with."""
+
+    name = "direct"
 
     def __init__(
         self,
@@ -43,6 +55,7 @@ class DirectEndpoint:
         stats: TransportStats,
         max_message_bytes: int,
         unanswered: Callable[[Envelope], Awaitable[None]],
+        pack: Pack,
     ):
         self.node_id = node_id
         self.lane = lane
@@ -50,6 +63,7 @@ class DirectEndpoint:
         self.stats = stats
         self.max_message_bytes = max_message_bytes
         self._unanswered = unanswered
+        self._pack = pack
         self.server: asyncio.Server | None = None
         self.replies: dict[str, asyncio.StreamWriter] = {}  # pulls being served, by xfer id
 
@@ -140,8 +154,77 @@ class DirectEndpoint:
                 self.replies.pop(env.id, None)
             writer.close()
 
-    # ------------------------------------------------------------------ pulling
-    async def pull(
+    # ------------------------------------------------------------------ the lane
+    def address(self, peer: str) -> tuple[str, int] | None:
+        """The direct address ``peer``'s latest presence announces, None when none (or not
+        a ``host:port``: presence is untrusted)."""
+        return direct.parse_address(self.inbound.peers.get(peer, {}).get("direct"))
+
+    async def probe(self, peer: str, timeout: float) -> bool | None:
+        """Whether ``peer``'s direct address accepts a TCP connection within ``timeout``
+        (closed at once, before any TLS handshake or request); None when it announces none."""
+        address = self.address(peer)
+        if address is None:
+            return None
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(*address), timeout)
+        except (OSError, asyncio.TimeoutError):
+            return False
+        writer.close()
+        return True
+
+    async def pull(self, pull: Pull) -> State | None:
+        """``pull`` from the address the peer announces, until its deadline and as long as
+        ``pull.arrived`` has not failed (the peer went offline). None when the peer
+        announces no address or cannot be connected to (the transport falls back to the
+        next lane); raises the peer's going offline, this pull's own failure, or
+        :class:`asyncio.TimeoutError`."""
+        address = self.address(pull.peer)
+        if address is None:
+            return None
+        watch = pull.arrived
+        task = asyncio.ensure_future(
+            self.fetch(pull.peer, address, pull.request, pull.xfer, pull.limit)
+        )
+        try:
+            done, _ = await asyncio.wait(
+                {task, watch}, timeout=pull.remaining(), return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            if not task.done():
+                task.cancel()
+        if task not in done:
+            if watch in done:
+                watch.result()  # raises: the peer went offline
+            raise asyncio.TimeoutError
+        try:
+            return task.result()
+        except direct.DirectUnreachable as exc:
+            log.info("%s: %s not reachable directly (%s): over MQTT", self.node_id, pull.peer, exc)
+        if watch.done():
+            watch.result()  # it went offline meanwhile: no pull over another lane either
+        return None
+
+    async def answer(self, answer: Answer) -> bool:
+        """The metadata frame, then the state's raw bytes, on the connection ``answer``'s
+        pull came on; False when it did not come over this lane (or is answered already)."""
+        writer = self.take_reply(answer.xfer)
+        if writer is None:
+            return False
+        head = self._pack(answer.to, "xfer_meta", answer.round_no, answer.meta())
+        await self.write(writer, direct.frame(head), memoryview(answer.prepared.buf))
+        return True
+
+    async def refuse(self, to: str, xfer: str, payload: bytes) -> bool:
+        """``payload`` (a ``pull_error``) as one frame on the connection pull ``xfer`` came
+        on; False when it did not come over this lane."""
+        writer = self.take_reply(xfer)
+        if writer is None:
+            return False
+        await self.write(writer, direct.frame(payload))
+        return True
+
+    async def fetch(
         self,
         peer: str,
         address: tuple[str, int],
@@ -152,8 +235,9 @@ class DirectEndpoint:
         """One pull of transfer ``xfer`` from ``peer`` at ``address``, ``request()`` making
         the packed ``pull`` envelope once connected. Raises
         :class:`~p2pfl.wire.direct.DirectUnreachable` when the connection cannot be opened
-        (the caller falls back to MQTT); else returns the state, whose tensors share one
-        buffer filled and verified against the digest, or raises :class:`TransportError`."""
+        (:meth:`pull` then leaves it to the next lane); else returns the state, whose
+        tensors share one buffer filled and verified against the digest, or raises
+        :class:`TransportError`."""
         tls = self.lane.client_tls
         conn, rx = await direct.connect(*address, tls, self.lane.connect_timeout)
         inbound = self.inbound

@@ -1,12 +1,21 @@
-"""The MQTT lane: one node's connection to the broker (docs/wire.md, "Topics" and
-"Connection").
+"""The MQTT lane: one node's connection to the broker (docs/wire.md, "Topics",
+"Connection" and "Weight transfers").
 
 :class:`MqttLane` keeps an aiomqtt client in a reconnect loop (aiomqtt has none of its
 own): on every (re)connect it registers the Last Will, subscribes
 (:meth:`MqttLane.subscriptions`, one SUBSCRIBE) and announces presence; it publishes, and
 hands every message it receives, raw, to ``on_message`` (the receive pipeline,
-:mod:`p2pfl.wire.receive`). It makes and checks no envelope: the transport
-(:mod:`p2pfl.wire.transport`) gives it the presence and Will payloads, ready to send.
+:mod:`p2pfl.wire.receive`). It checks no envelope and makes none of its own: the transport
+(:mod:`p2pfl.wire.transport`) gives it the presence and Will payloads, ready to send, and
+``pack``, which makes this node's envelopes for a peer's inbox.
+
+It is also a :class:`~p2pfl.wire.lane.Lane`, the one that reaches every peer: a pull is a
+``pull`` message to the peer's inbox, whose answer (``xfer_meta``, then numbered
+``xfer_chunk`` messages) the receive pipeline reassembles
+(:class:`~p2pfl.wire.transfers.IncomingTransfers`); an answer is that metadata and the
+state's buffer cut into chunks of the size it announces, each one QoS-1 message,
+:data:`PUBLISH_WINDOW` of them in flight (a single message would be copied over and over
+by the client, and capped by the broker).
 
 Until the first connection succeeds, a failed attempt (refused, timed out, handshake cut
 short: a broker still starting, or slow) is logged once, as one line, and retried after an
@@ -37,8 +46,10 @@ from typing import Any
 import aiomqtt
 
 from p2pfl.wire.errors import BrokerLostError, TransportError
+from p2pfl.wire.lane import Answer, Pack, Pull, within_limit
 from p2pfl.wire.loop import CLIENT_LOG
 from p2pfl.wire.stats import TransportStats
+from p2pfl.wire.transfers import State
 
 # every line the transport writes goes to one logger, whichever of its modules writes it
 log = logging.getLogger("p2pfl.wire.transport")
@@ -88,7 +99,11 @@ class MqttLane:
     Will once per connection, before it opens); ``on_message(topic, payload)`` receives
     every message and must not raise. ``listen_to``: the peers whose presence and gossip
     this node hears (None: every node); :meth:`hear_presence` changes whose presence it
-    hears while it runs."""
+    hears while it runs. ``pack`` (:data:`~p2pfl.wire.lane.Pack`) makes the envelopes of
+    its transfers, each at most ``max_message_bytes`` but chunks (whose data the transfer's
+    metadata bounds)."""
+
+    name = "mqtt"
 
     def __init__(
         self,
@@ -101,6 +116,8 @@ class MqttLane:
         presence: Callable[[], bytes],
         will: Callable[[], bytes],
         on_message: Callable[[str, Any], None],
+        pack: Pack,
+        max_message_bytes: int,
         listen_to: Sequence[str] | None = None,
         connect_timeout: float = 30.0,
         broker_timeout: float | None = None,
@@ -119,9 +136,13 @@ class MqttLane:
         self.presence_from: list[str] | None = heard
         self.gossip_from: list[str] | None = heard
         self._listening = asyncio.Lock()  # one change of subscriptions at a time
+        self._awaited: set[str] = set()  # newly heard peers whose presence has not come yet
+        self._presence_came = asyncio.Event()
         self._presence = presence
         self._will = will
         self._on_message = on_message
+        self._pack = pack
+        self.max_message_bytes = max_message_bytes
         self._client_factory = client_factory or aiomqtt.Client
         self._client: aiomqtt.Client | None = None
         self._connected = asyncio.Event()
@@ -151,14 +172,50 @@ class MqttLane:
         """Whether this node subscribes to ``peer``'s presence now."""
         return self.presence_from is None or peer in self.presence_from
 
-    async def hear_presence(self, peers: Sequence[str] | None) -> None:
+    async def hear_presence(
+        self,
+        peers: Sequence[str] | None,
+        fresh_within: float = 0.0,
+        members: Sequence[str] = (),
+    ) -> None:
         """Hear the presence of ``peers`` from now on (None: of every node), and no other's.
 
         The change applies to the live connection at once (new filters subscribed before
         old ones are dropped, so a peer heard in both sets is never missed) and to every
         reconnection after; the broker hands the retained presence of each newly heard peer
         over on subscription. A connection lost meanwhile is not an error: the next
-        connection subscribes to the new set."""
+        connection subscribes to the new set.
+
+        With ``fresh_within`` > 0, returns once the presence of every newly heard peer (of
+        ``members``, when ``peers`` is None) has arrived (:meth:`presence_arrived`), or
+        after ``fresh_within`` seconds (a peer that never connected has no retained
+        presence)."""
+        candidates = set(members if peers is None else peers) - {self.node_id}
+        added = {p for p in candidates if not self.hears_presence(p)}
+        if fresh_within > 0:  # before subscribing: a retained copy may come before SUBACK
+            self._awaited |= added
+        await self._listen_presence(peers)
+        if not added or fresh_within <= 0:
+            return
+        deadline = time.monotonic() + fresh_within
+        while self._awaited & added:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._presence_came.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._presence_came.wait(), left)
+        self._awaited -= added
+
+    def presence_arrived(self, peer: str) -> None:
+        """The receive pipeline admitted a presence of ``peer``: a wait in
+        :meth:`hear_presence` for it is over."""
+        if peer in self._awaited:
+            self._awaited.discard(peer)
+            self._presence_came.set()
+
+    async def _listen_presence(self, peers: Sequence[str] | None) -> None:
+        """The subscription change of :meth:`hear_presence`."""
         wanted = None if peers is None else sorted(set(peers) - {self.node_id})
         async with self._listening:
             before = self.presence_from
@@ -422,3 +479,47 @@ class MqttLane:
             raise TransportError(f"{self.node_id}: publish to {topic} failed: {exc}") from exc
         self.stats.bytes_sent += len(payload)
         self.stats.messages_sent += 1
+
+    # ------------------------------------------------------------------ the lane
+    async def pull(self, pull: Pull) -> State:
+        """Send ``pull``'s request to the peer's inbox and wait for the state (reassembled
+        by the receive pipeline on ``pull.arrived``) until its deadline. Never None: the
+        broker reaches every peer."""
+        topic = self.topics.of("inbox", pull.peer)
+        await self.publish(topic, within_limit("pull", pull.request(), self.max_message_bytes))
+        return await asyncio.wait_for(pull.arrived, pull.remaining())
+
+    async def answer(self, answer: Answer) -> bool:
+        """The metadata, then numbered chunks (QoS 1, :data:`PUBLISH_WINDOW` in flight), to
+        the puller's inbox. Always True: any pull can be answered through the broker."""
+        meta = answer.meta()
+        to, round_no, chunk = answer.to, answer.round_no, answer.chunk
+        topic = self.topics.of("inbox", to)
+        payload = self._pack(to, "xfer_meta", round_no, meta)
+        await self.publish(topic, within_limit("xfer_meta", payload, self.max_message_bytes))
+        view = memoryview(answer.prepared.buf)
+        pending: set[asyncio.Task] = set()
+        try:
+            for seq in range(meta["nchunks"]):
+                data = view[seq * chunk : (seq + 1) * chunk]
+                # a chunk's header is signed; its bytes are covered by the metadata's digest
+                body = {"xfer": answer.xfer, "seq": seq}
+                payload = self._pack(to, "xfer_chunk", round_no, body, data=data)
+                pending.add(asyncio.create_task(self.publish(topic, payload)))
+                if len(pending) >= PUBLISH_WINDOW:
+                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    for t in done:
+                        t.result()
+            if pending:
+                for t in await asyncio.gather(*pending, return_exceptions=True):
+                    if isinstance(t, Exception):
+                        raise t
+        finally:
+            for t in pending:
+                t.cancel()
+        return True
+
+    async def refuse(self, to: str, xfer: str, payload: bytes) -> bool:
+        """``payload`` to ``to``'s inbox. Always True."""
+        await self.publish(self.topics.of("inbox", to), payload)
+        return True

@@ -1,8 +1,8 @@
 """Top-k streams between nodes (docs/wire.md, "Compression"): ``transfer.compress: topk(rho)``
 wired into the pull protocol, on either lane.
 
-The pure codec is :class:`~p2pfl.wire.compress.TopKSender` /
-:class:`~p2pfl.wire.compress.TopKReceiver`; this module keeps them per stream:
+The pure codec is :class:`~p2pfl.wire.topk.TopKSender` /
+:class:`~p2pfl.wire.topk.TopKReceiver`; this module keeps them per stream:
 
 - **Serving** (:class:`ServedStreams`): a *stream* is what peers pull from this node round
   after round under one key (a decentralized node's part ``g``, ``h`` or ``all``; a
@@ -35,7 +35,8 @@ from typing import Any
 
 import torch
 
-from p2pfl.wire.compress import TopKReceiver, TopKSender, codec_of
+from p2pfl.wire.compress import codec_of
+from p2pfl.wire.topk import TopKReceiver, TopKSender
 from p2pfl.wire.transfers import PreparedState
 
 __all__ = ["TAGS_KEPT", "ReceivedStreams", "ServedStreams"]

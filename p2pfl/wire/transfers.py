@@ -22,7 +22,7 @@ import numpy as np
 
 from p2pfl.errors import P2PFLError
 from p2pfl.wire.codec import CodecError, buffer_to_state, state_to_buffer
-from p2pfl.wire.compress import encode_state
+from p2pfl.wire.compress import Spec, encode_state, parse_spec
 from p2pfl.wire.digest import (
     AUTHENTICATING,
     DEFAULT_DIGEST,
@@ -52,12 +52,12 @@ class PreparedState:
 
     @classmethod
     def from_state(
-        cls, state: State, digest: str = DEFAULT_DIGEST, compress: str = "none"
+        cls, state: State, digest: str = DEFAULT_DIGEST, compress: str | Spec = "none"
     ) -> PreparedState:
-        """``state`` in its wire form under ``compress`` (``transfer.compress``;
-        :mod:`p2pfl.wire.compress`), packed and digested: the digest, and so a signature,
-        covers the bytes that travel. ``none`` packs ``state`` itself."""
-        wire = state if compress == "none" else encode_state(state, compress)
+        """``state`` in its wire form under ``compress`` (``transfer.compress``, as given or
+        parsed; :mod:`p2pfl.wire.compress`), packed and digested: the digest, and so a
+        signature, covers the bytes that travel. ``none`` packs ``state`` itself."""
+        wire = state if parse_spec(compress).mode == "none" else encode_state(state, compress)
         index, buf = state_to_buffer(wire)
         return cls(index=index, buf=buf, digest_name=digest, hexdigest=hexdigest(buf, digest))
 

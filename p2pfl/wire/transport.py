@@ -1,20 +1,14 @@
 """The transport: the one object a node sends and receives through (docs/wire.md).
 
-Topics live under ``p2pfl/<swarm>/`` (docs/wire.md, "Topics"):
-
-- ``presence/<id>``: retained ``{status, ...}``; the MQTT Last Will sets ``offline``;
-- ``gossip/<id>``: small per-round messages (representations) for the neighbours;
-- ``inbox/<id>``: requests (``pull``) and replies (``xfer_meta``, ``xfer_chunk``,
-  ``pull_error``) addressed to one node;
-- ``status/<id>``: live telemetry for observers (:meth:`Transport.publish_status`), which
-  no node subscribes to.
-
-Every message is an :class:`~p2pfl.wire.envelope.Envelope` — swarm, sender, round, kind, id,
-body — packed with :mod:`p2pfl.wire.codec`. :class:`Transport` is a facade over one module
-per job:
+Topics live under ``p2pfl/<swarm>/`` (docs/wire.md, "Topics"): ``presence/<id>`` (retained;
+the MQTT Last Will sets ``offline``), ``gossip/<id>`` (small per-round messages for the
+neighbours), ``inbox/<id>`` (requests and replies addressed to one node) and
+``status/<id>`` (telemetry for observers, :meth:`Transport.publish_status`; no node
+subscribes). Every message is an :class:`~p2pfl.wire.envelope.Envelope`, packed with
+:mod:`p2pfl.wire.codec`. :class:`Transport` is a facade over one module per job:
 
 - :mod:`p2pfl.wire.mqtt_lane`: the broker connection (reconnect loop, subscriptions,
-  presence and Last Will, publishing, outages);
+  presence and Last Will, publishing, outages), and the lane that reaches every peer;
 - :mod:`p2pfl.wire.direct_lane`: pulls straight between peers over TCP (mutual TLS when
   the swarm uses TLS), with :mod:`p2pfl.wire.direct` for framing;
 - :mod:`p2pfl.wire.receive`: the one receive pipeline both lanes feed. Anything
@@ -23,24 +17,25 @@ per job:
   raises into the node.
 
 The transport itself makes this node's envelopes (signed for their topic when the swarm
-signs) and chooses the lane. Weights move on request only (:meth:`Transport.pull`): the
-owner answers with a metadata message (transfer id, total size, digest, tensor index)
-followed by the bytes, verified before use (:mod:`p2pfl.wire.transfers`). A pull first goes
-straight to the serving peer over the direct lane when it announces one; the MQTT lane
-(numbered ~1 MiB chunks through the broker) is the fallback when the peer announces no
-direct address or cannot be reached. :attr:`Transport.pull_lanes` says which lane each
-pull used (the latest :data:`PULL_LANES_KEPT`; :attr:`Transport.pulls` counts them all).
+signs) and holds the lanes, in order (:mod:`p2pfl.wire.lane`): a pull
+(:meth:`Transport.pull`) goes straight to the serving peer over the direct lane when both
+have one and it can be reached, else through the broker; an answer
+(:meth:`Transport.send_state`) goes back the way its pull came. The owner answers with a
+metadata message (transfer id, size, digest, tensor index) and the bytes, verified before
+use (:mod:`p2pfl.wire.transfers`). :attr:`Transport.pull_lanes` says which lane each pull
+used (the latest :data:`PULL_LANES_KEPT`; :attr:`Transport.pulls` counts them all).
 
-A node subscribes to the presence and gossip of every node (``+`` wildcards) unless it is
-given ``listen_to``, the peers it talks to: then it subscribes to their topics only, so in a
-sparse graph the broker delivers each presence and gossip message to a node's neighbours
-instead of to the whole swarm (``N·k`` deliveries a round instead of ``N²``). Whose
-presence it hears can change while it runs (:meth:`Transport.hear_presence`): a centralized
-member hears the round's aggregators only, and every member while it may aggregate.
+It also owns ``transfer.compress`` (``compress``, parsed once; docs/wire.md,
+"Compression"), both ways: what it prepares for serving is in that wire form
+(:meth:`Transport.prepare`; top-k streams: :attr:`Transport.served`), and what it pulls
+is decoded (:meth:`Transport.decoded`, ``pull(decode=True)``; a top-k answer always, with
+the stream it belongs to), whatever codec the peer used.
 
-Given ``links`` (a :class:`~p2pfl.wire.emulation.LinkEmulator`, from the topology's
-``network:``), what this node receives from a peer, on either lane, is held back by the
-emulated path from that peer before it is dispatched; without it nothing is delayed.
+``listen_to`` (the peers a node talks to) narrows the presence and gossip it subscribes to
+(``N·k`` deliveries a round instead of ``N²``); :meth:`Transport.hear_presence` changes
+whose presence it hears while it runs. Given ``links`` (a
+:class:`~p2pfl.wire.emulation.LinkEmulator`), what it receives from a peer, on either
+lane, is held back by the emulated path from that peer first.
 
 Use as ``async with Transport(...) as t:``.
 """
@@ -48,29 +43,31 @@ Use as ``async with Transport(...) as t:``.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import ssl
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import aiomqtt
 
 from p2pfl import PROTOCOL_VERSION
-from p2pfl.wire import direct
-from p2pfl.wire.compress import CompressError
+from p2pfl.wire import bridges, direct
+from p2pfl.wire.compress import CompressError, Spec, decode_state, is_compressed, parse_spec
 from p2pfl.wire.digest import transfer_digest
 from p2pfl.wire.direct_lane import DirectEndpoint
 from p2pfl.wire.emulation import LinkEmulator
 from p2pfl.wire.envelope import GOSSIP_KINDS, Envelope
 from p2pfl.wire.errors import BrokerLostError, TransportError
+from p2pfl.wire.lane import Answer, Lane, Pull, within_limit
 from p2pfl.wire.mqtt_lane import PUBLISH_WINDOW, MqttLane, Topics
 from p2pfl.wire.receive import ReceivePipeline
 from p2pfl.wire.stats import TransportStats
-from p2pfl.wire.streams import ReceivedStreams
+from p2pfl.wire.streams import ReceivedStreams, ServedStreams
 from p2pfl.wire.transfers import CHUNK_BYTES, IncomingTransfers, PreparedState, State, TransferError
 
 if TYPE_CHECKING:
@@ -87,16 +84,17 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-BRIDGE_STATE_PREFIX = "$SYS/broker/connection/"  # Mosquitto's bridge notifications
 PULL_LANES_KEPT = 4096  # lanes of the latest pulls kept (a round's records read them)
 
 
-def _handler(name: str) -> property:
-    """A handler of the receive pipeline, read and set through the transport."""
+def _handler(name: str, owner: str = "inbound", attr: str | None = None) -> property:
+    """A callback of one of the transport's parts (by default, a handler of the receive
+    pipeline), read and set through the transport."""
+    attr = attr or name
     return property(
-        lambda self: getattr(self.inbound, name),
-        lambda self, value: setattr(self.inbound, name, value),
-        doc=f"``{name}``: see :class:`~p2pfl.wire.receive.ReceivePipeline`.",
+        lambda self: getattr(getattr(self, owner), attr),
+        lambda self, value: setattr(getattr(self, owner), attr, value),
+        doc=f"``{name}``: ``{owner}.{attr}``.",
     )
 
 
@@ -118,6 +116,7 @@ class Transport:
     on_request = _handler("on_request")
     on_inbox = _handler("on_inbox")
     on_presence = _handler("on_presence")
+    on_bridge = _handler("on_bridge", "bridge_states", "on_change")
 
     def __init__(
         self,
@@ -139,6 +138,8 @@ class Transport:
         direct_lane: direct.DirectLane | None = None,
         listen_to: Sequence[str] | None = None,
         links: LinkEmulator | None = None,
+        compress: str | Spec = "none",
+        pack_pool: concurrent.futures.Executor | None = None,
     ):
         self.swarm = swarm
         self.node_id = node_id
@@ -164,9 +165,6 @@ class Transport:
         self.dropped: Counter[str] = self.inbound.dropped
         self.peers: dict[str, dict[str, Any]] = self.inbound.peers
         self.transfers: IncomingTransfers = self.inbound.transfers
-        self.inbound.presence_heard = self._presence_heard
-        self._awaited: set[str] = set()  # newly heard peers whose presence has not come yet
-        self._presence_came = asyncio.Event()
         self.inbound.speak_changed = self._speak_changed
         self.mqtt = MqttLane(
             node_id,
@@ -177,12 +175,15 @@ class Transport:
             presence=lambda: self._presence_payload(self.status),
             will=self._will,
             on_message=self._mqtt_message,
+            pack=self._inbox_payload,
+            max_message_bytes=max_message_bytes,
             listen_to=listen_to,
             connect_timeout=connect_timeout,
             broker_timeout=broker_timeout,
             client_factory=client_factory,
             tls_context=tls_context,
         )
+        self.inbound.presence_heard = self.mqtt.presence_arrived
         self.direct_lane = direct_lane  # None: no direct lane (serve and pull over MQTT)
         self.direct = (
             None
@@ -194,20 +195,33 @@ class Transport:
                 self.stats,
                 max_message_bytes,
                 self._refuse_unanswered,
+                self._inbox_payload,
             )
         )
+        # the lanes a pull tries, in order, and an answer goes back on (p2pfl.wire.lane):
+        # straight to the peer when both ends have the direct lane, else through the broker
+        self.lanes: list[Lane] = [self.mqtt] if self.direct is None else [self.direct, self.mqtt]
         # (peer, "direct" | "mqtt") of the latest pulls, oldest first; ``pulls`` counts all
         self.pull_lanes: deque[tuple[str, str]] = deque(maxlen=PULL_LANES_KEPT)
         self.pulls = 0
         self.direct_answered: set[str] = set()  # peers a pull ever reached on the direct lane
-        # top-k streams pulled (``transfer.compress: topk``; None: none): each pull names
-        # the base held of the peer's stream, and a top-k answer is decoded with it
-        self.streams: ReceivedStreams | None = None
+        # ``transfer.compress``, parsed once: the form of the states it prepares for
+        # serving (:meth:`prepare`) and of the top-k streams it serves and pulls
+        self.compress: Spec = parse_spec(compress)
+        rho = self.compress.rho if self.compress.mode == "topk" else None
+        # top-k streams served (None: no top-k), published and packed on ``pack_pool``,
+        # digested with the digest this node serves with when it starts
+        self.served: ServedStreams | None = (
+            None if rho is None else ServedStreams(rho, self.digest_name, pool=pack_pool)
+        )
+        # top-k streams pulled (None: no top-k): each pull names the base held of the
+        # peer's stream, and a top-k answer is decoded with it
+        self.streams: ReceivedStreams | None = None if rho is None else ReceivedStreams()
         # the state of the bridges of this node's broker to other sites' brokers, by
         # connection name (:meth:`follow_bridges`): True up, False down; ``on_bridge``
         # (name, up) is called on each change
-        self.bridges: dict[str, bool] = {}
-        self.on_bridge: Callable[[str, bool], None] | None = None
+        self.bridge_states = bridges.Bridges(node_id, self.drop)
+        self.bridges: dict[str, bool] = self.bridge_states.states
 
     # ------------------------------------------------------------------ lifecycle
     def topic(self, kind: str, node: str) -> str:
@@ -231,78 +245,31 @@ class Transport:
         ``fresh_within`` seconds (a peer that never connected has no retained presence).
         Of a peer not heard, :attr:`peers` keeps the last presence heard: a view that may
         be stale."""
-        candidates = set(members if peers is None else peers) - {self.node_id}
-        added = {p for p in candidates if not self.mqtt.hears_presence(p)}
-        if fresh_within > 0:  # before subscribing: a retained copy may come before SUBACK
-            self._awaited |= added
-        await self.mqtt.hear_presence(peers)
-        if not added or fresh_within <= 0:
-            return
-        deadline = time.monotonic() + fresh_within
-        while self._awaited & added:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            self._presence_came.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._presence_came.wait(), left)
-        self._awaited -= added
-
-    def _presence_heard(self, peer: str) -> None:
-        if peer in self._awaited:
-            self._awaited.discard(peer)
-            self._presence_came.set()
+        await self.mqtt.hear_presence(peers, fresh_within, members)
 
     # ------------------------------------------------------------------ reachability
     def _mqtt_message(self, topic: str, payload: Any) -> None:
         """The broker's bridge state (:meth:`follow_bridges`), else the receive pipeline."""
-        if topic.startswith(BRIDGE_STATE_PREFIX):
-            self._bridge_state(topic, payload)
-            return
-        self.inbound.mqtt_message(topic, payload)
-
-    def _bridge_state(self, topic: str, payload: Any) -> None:
-        parts = topic.split("/")
-        if len(parts) != 5 or parts[4] != "state" or payload not in (b"0", b"1"):
-            self.drop("foreign_topic", topic)
-            return
-        name, up = parts[3], payload == b"1"
-        if self.bridges.get(name) == up:
-            return
-        self.bridges[name] = up
-        log.log(
-            logging.INFO if up else logging.WARNING,
-            "%s: the broker's bridge %s is %s",
-            self.node_id,
-            name,
-            "up" if up else "down",
-        )
-        if self.on_bridge is not None:
-            self.on_bridge(name, up)
+        if topic.startswith(bridges.PREFIX):
+            self.bridge_states.heard(topic, payload)
+        else:
+            self.inbound.mqtt_message(topic, payload)
 
     async def follow_bridges(self) -> None:
         """Hear the state of the broker's bridges to other sites (Mosquitto's retained
         ``$SYS/broker/connection/<name>/state``, ``1`` or ``0``) into :attr:`bridges`."""
-        await self.mqtt.follow_system(BRIDGE_STATE_PREFIX + "+/state")
+        await self.mqtt.follow_system(bridges.FILTER)
 
     @property
     def bridge_down(self) -> bool:
         """Whether a bridge of this node's broker to another site is down now."""
-        return not all(self.bridges.values())
+        return self.bridge_states.down
 
     async def probe(self, peer: str, timeout: float) -> bool | None:
         """Whether ``peer``'s direct lane accepts a TCP connection within ``timeout`` (the
         connection is closed at once, before any TLS handshake or request); None when the
         peer announces no direct address or this node has no direct lane."""
-        address = direct.parse_address(self.peers.get(peer, {}).get("direct"))
-        if address is None or self.direct is None:
-            return None
-        try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection(*address), timeout)
-        except (OSError, asyncio.TimeoutError):
-            return False
-        writer.close()
-        return True
+        return None if self.direct is None else await self.direct.probe(peer, timeout)
 
     @property
     def connected(self) -> bool:
@@ -407,7 +374,13 @@ class Transport:
         return None if sec is None else (lambda header: sec.sign(topic, header))
 
     def _envelope(
-        self, kind: str, round_no: int, body: Any, mid: str | None = None, attempt: int = 0
+        self,
+        kind: str,
+        round_no: int,
+        body: Any,
+        mid: str | None = None,
+        attempt: int = 0,
+        data: memoryview | None = None,
     ) -> Envelope:
         return Envelope(
             self.swarm,
@@ -416,10 +389,27 @@ class Transport:
             kind,
             mid or uuid.uuid4().hex[:16],
             body,
+            data,
             attempt=attempt,
             ts=time.time(),
             v=self.speaks,
         )
+
+    def _inbox_payload(
+        self,
+        to: str,
+        kind: str,
+        round_no: int,
+        body: Any,
+        *,
+        mid: str | None = None,
+        attempt: int = 0,
+        data: memoryview | None = None,
+    ) -> bytes:
+        """One envelope for ``to``'s inbox, packed and signed for that topic (the lanes'
+        :data:`~p2pfl.wire.lane.Pack`)."""
+        env = self._envelope(kind, round_no, body, mid, attempt, data)
+        return env.pack(self._signer(self.topic("inbox", to)))
 
     # ------------------------------------------------------------------ sending
     async def set_status(self, status: str, **info: Any) -> None:
@@ -447,9 +437,7 @@ class Transport:
             raise ValueError(f"{kind!r} is not a gossip kind")
         topic = self.topic("gossip", self.node_id)
         payload = self._envelope(kind, round_no, body, attempt=attempt).pack(self._signer(topic))
-        if len(payload) > self.max_message_bytes:
-            raise TransportError(f"{kind} of {len(payload)} bytes exceeds the message limit")
-        await self.mqtt.publish(topic, payload)
+        await self.mqtt.publish(topic, within_limit(kind, payload, self.max_message_bytes))
 
     async def send(
         self,
@@ -463,16 +451,14 @@ class Transport:
     ) -> None:
         """Send one message to ``to``'s inbox (a ``pull_error`` answering a pull that came
         over the direct lane goes back on that connection)."""
-        topic = self.topic("inbox", to)
-        payload = self._envelope(kind, round_no, body, mid, attempt).pack(self._signer(topic))
-        if len(payload) > self.max_message_bytes:
-            raise TransportError(f"{kind} of {len(payload)} bytes exceeds the message limit")
-        if kind == "pull_error" and isinstance(body, dict) and self.direct is not None:
-            writer = self.direct.take_reply(str(body.get("xfer")))
-            if writer is not None:
-                await self.direct.write(writer, direct.frame(payload))
-                return
-        await self.mqtt.publish(topic, payload)
+        payload = self._inbox_payload(to, kind, round_no, body, mid=mid, attempt=attempt)
+        within_limit(kind, payload, self.max_message_bytes)
+        if kind == "pull_error" and isinstance(body, dict):  # on the lane the pull came by
+            xfer = str(body.get("xfer"))
+            for lane in self.lanes:
+                if await lane.refuse(to, xfer, payload):
+                    return
+        await self.mqtt.publish(self.topic("inbox", to), payload)
 
     async def _refuse_unanswered(self, env: Envelope) -> None:
         """A direct pull the node's handler returned from without answering."""
@@ -490,6 +476,7 @@ class Transport:
         *,
         attempt: int = 0,
         max_bytes: int | None = None,
+        decode: bool = False,
     ) -> State:
         """Ask ``peer`` for ``part`` of its round-``round_no`` state (of that ``attempt``,
         for the rotating aggregator) and wait for it. A transfer larger than ``max_bytes``
@@ -498,34 +485,56 @@ class Transport:
 
         With :attr:`streams` (top-k), the request's body names the base held of ``peer``'s
         stream of ``part`` (``base: [epoch, seq]``) and a top-k answer comes back decoded
-        with it (:class:`~p2pfl.wire.streams.ReceivedStreams`).
+        with it (:class:`~p2pfl.wire.streams.ReceivedStreams`). With ``decode``, any other
+        compressed state comes back decoded too (:meth:`decoded`, at most ``max_bytes``);
+        without it, it comes back as it travelled.
 
-        Raises :class:`TransportError` on refusal, timeout, a corrupt transfer (a top-k
-        answer that does not decode included), or as soon as ``peer``'s presence is (or
-        goes) ``offline``."""
+        Raises :class:`TransportError` on refusal, timeout, a corrupt transfer (a state
+        that does not decode included), or as soon as ``peer``'s presence is (or goes)
+        ``offline``."""
         streams = self.streams
-        if streams is None:
-            return await self._pull(
-                peer, round_no, part, {"part": part}, timeout, attempt, max_bytes
-            )
         body: dict[str, Any] = {"part": part}
-        base = streams.base(peer, part)
+        base = None if streams is None else streams.base(peer, part)
         if base is not None:
             body["base"] = list(base)
         state = await self._pull(peer, round_no, part, body, timeout, attempt, max_bytes)
-        limit = self._limit(max_bytes)
+        if streams is not None:
+            limit = self._limit(max_bytes)
+            try:
+                state = await asyncio.to_thread(streams.decode, peer, part, state, max_bytes=limit)
+            except CompressError as exc:
+                self.drop("bad_transfer", f"state from {peer} rejected: {exc}")
+                raise TransportError(f"{part!r} from {peer} does not decode: {exc}") from None
+        if not decode:
+            return state
+        limit = self.max_transfer_bytes if max_bytes is None else max_bytes
+        return await self.decoded(peer, state, max_bytes=limit)
+
+    async def decoded(self, peer: str, state: State, *, max_bytes: int) -> State:
+        """``state`` as pulled from ``peer``, decoded when it travelled compressed (any
+        codec, whatever this node's own ``transfer.compress``; a top-k delta only with its
+        stream, in :meth:`pull`), at most ``max_bytes`` decoded, checked before anything is
+        allocated. One that does not decode is counted (``bad_transfer``) and raises
+        :class:`TransportError`, as a corrupt transfer does."""
+        if not is_compressed(state):
+            return state
         try:
-            return await asyncio.to_thread(streams.decode, peer, part, state, max_bytes=limit)
+            return await asyncio.to_thread(decode_state, state, max_bytes=max_bytes)
         except CompressError as exc:
             self.drop("bad_transfer", f"state from {peer} rejected: {exc}")
-            raise TransportError(f"{part!r} from {peer} does not decode: {exc}") from None
+            raise TransportError(f"state from {peer} does not decode: {exc}") from None
+
+    def prepare(self, state: State, digest: str | None = None) -> PreparedState:
+        """``state`` packed for serving in this node's wire form (``transfer.compress``:
+        ``fp16`` and ``int8`` encoded; a state outside a top-k stream, as it is: a top-k
+        stream's publishes are :attr:`served`'s) and digested with ``digest`` (None:
+        :attr:`digest_name` now). CPU work: call it in a worker thread."""
+        form = Spec("none") if self.compress.mode == "topk" else self.compress
+        return PreparedState.from_state(state, self.digest_name if digest is None else digest, form)
 
     def _limit(self, max_bytes: int | None) -> int:
-        return (
-            self.max_transfer_bytes
-            if max_bytes is None
-            else min(max_bytes, self.max_transfer_bytes)
-        )
+        cap = self.max_transfer_bytes
+        return cap if max_bytes is None else min(max_bytes, cap)
 
     async def _pull(
         self,
@@ -537,32 +546,26 @@ class Transport:
         attempt: int,
         max_bytes: int | None,
     ) -> State:
-        """:meth:`pull` with the request's ``body``: the transfer, on either lane."""
+        """:meth:`pull` with the request's ``body``: the transfer, on the first of
+        :attr:`lanes` that reaches ``peer`` (:mod:`p2pfl.wire.lane`)."""
         if self.peers.get(peer, {}).get("status") == "offline":
             raise TransportError(f"pull of {part!r} from {peer}: {peer} is offline")
         xfer = uuid.uuid4().hex[:16]
         limit = self._limit(max_bytes)
         deadline = asyncio.get_running_loop().time() + timeout
-        address = direct.parse_address(self.peers.get(peer, {}).get("direct"))
-        # the future fails when the peer goes offline or the transport closes (both lanes)
+
+        def request() -> bytes:  # made when a lane sends it, signed for peer's inbox
+            return self._inbox_payload(peer, "pull", round_no, body, mid=xfer, attempt=attempt)
+
+        # the future fails when the peer goes offline or the transport closes (every lane)
         fut = self.transfers.expect(xfer, peer, limit)
         try:
-            if address is not None and self.direct is not None:
-
-                def request() -> bytes:  # made once connected, signed for peer's inbox
-                    env = self._envelope("pull", round_no, body, xfer, attempt)
-                    return env.pack(self._signer(self.topic("inbox", peer)))
-
-                fetch = self.direct.pull(peer, address, request, xfer, limit)
-                state = await self._race_direct(peer, fetch, fut, deadline)
+            for lane in self.lanes:
+                state = await lane.pull(Pull(peer, xfer, request, limit, deadline, fut))
                 if state is not None:
-                    self._pulled(peer, "direct")
+                    self._pulled(peer, lane.name)
                     return state
-            await self.send(peer, "pull", round_no, body, mid=xfer, attempt=attempt)
-            remaining = max(0.0, deadline - asyncio.get_running_loop().time())
-            state = await asyncio.wait_for(fut, remaining)
-            self._pulled(peer, "mqtt")
-            return state
+            raise TransportError(f"pull of {part!r} from {peer}: no lane reaches it")
         except asyncio.TimeoutError:
             raise TransportError(
                 f"pull of {part!r} from {peer} timed out after {timeout:.1f} s"
@@ -578,85 +581,14 @@ class Transport:
             self.direct_answered.add(peer)
         self.pulls += 1
 
-    async def _race_direct(
-        self, peer: str, fetch: Awaitable[State], watch: asyncio.Future, deadline: float
-    ) -> State | None:
-        """Run a pull's direct attempt ``fetch`` from ``peer`` until the loop-time ``deadline``, against
-        ``watch`` (the pull's future, which fails when the peer goes offline). Returns the
-        state, or None when the peer cannot be reached directly (the caller falls back to
-        MQTT); raises the peer's going offline, the direct pull's own failure, or
-        :class:`asyncio.TimeoutError`."""
-        task = asyncio.ensure_future(fetch)
-        try:
-            remaining = max(0.0, deadline - asyncio.get_running_loop().time())
-            done, _ = await asyncio.wait(
-                {task, watch}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
-            )
-        finally:
-            if not task.done():
-                task.cancel()
-        if task not in done:
-            if watch in done:
-                watch.result()  # raises: the peer went offline
-            raise asyncio.TimeoutError
-        try:
-            return task.result()
-        except direct.DirectUnreachable as exc:
-            log.info("%s: %s not reachable directly (%s): over MQTT", self.node_id, peer, exc)
-        if watch.done():
-            watch.result()  # it went offline meanwhile: no pull over MQTT either
-        return None
-
     async def send_state(self, to: str, xfer: str, round_no: int, prepared: PreparedState) -> None:
-        """Answer a pull: metadata, then the bytes: over the pull's direct connection when
-        it came that way, else numbered chunks on MQTT (QoS 1, a window in flight)."""
-        meta = {
-            "xfer": xfer,
-            "total": len(prepared.buf),
-            "chunk": self.chunk_bytes,
-            "nchunks": prepared.nchunks(self.chunk_bytes),
-            "digest": prepared.digest_name,
-            "hexdigest": prepared.hexdigest,
-            "index": prepared.index,
-        }
-        writer = self.direct.take_reply(xfer) if self.direct is not None else None
-        if writer is not None:
-            assert self.direct is not None
-            topic = self.topic("inbox", to)
-            env = self._envelope("xfer_meta", round_no, meta).pack(self._signer(topic))
-            await self.direct.write(writer, direct.frame(env), memoryview(prepared.buf))
-            return
-        await self.send(to, "xfer_meta", round_no, meta)
-        topic = self.topic("inbox", to)
-        sign = self._signer(topic)  # chunk headers; their bytes are covered by the digest
-        view = memoryview(prepared.buf)
-        pending: set[asyncio.Task] = set()
-        try:
-            for seq in range(meta["nchunks"]):
-                data = view[seq * self.chunk_bytes : (seq + 1) * self.chunk_bytes]
-                payload = Envelope(
-                    self.swarm,
-                    self.node_id,
-                    round_no,
-                    "xfer_chunk",
-                    uuid.uuid4().hex[:16],
-                    {"xfer": xfer, "seq": seq},
-                    data,
-                    ts=time.time(),
-                    v=self.speaks,
-                ).pack(sign)
-                pending.add(asyncio.create_task(self.mqtt.publish(topic, payload)))
-                if len(pending) >= PUBLISH_WINDOW:
-                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                    for t in done:
-                        t.result()
-            if pending:
-                for t in await asyncio.gather(*pending, return_exceptions=True):
-                    if isinstance(t, Exception):
-                        raise t
-        finally:
-            for t in pending:
-                t.cancel()
+        """Answer a pull, metadata then the bytes, on the lane it came by (the first of
+        :attr:`lanes` that takes it: the pull's direct connection, else numbered chunks
+        through the broker)."""
+        answer = Answer(to, xfer, round_no, prepared, self.chunk_bytes)
+        for lane in self.lanes:
+            if await lane.answer(answer):
+                return
 
     # ------------------------------------------------------------------ drops
     def drop(self, reason: str, detail: Any = "") -> None:
