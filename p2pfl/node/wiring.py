@@ -21,6 +21,7 @@ from p2pfl import PROTOCOL_VERSION
 from p2pfl.check.load import ConfigError
 from p2pfl.config.emulation import access_links
 from p2pfl.config.schema import BrokerAddress, TopologyConfig
+from p2pfl.services.exchange import PACK_POOL
 from p2pfl.wire import direct
 from p2pfl.wire.direct import local_address
 from p2pfl.wire.emulation import LinkEmulator
@@ -148,6 +149,8 @@ def build_transport(
         direct_lane=direct_lane(cfg, node_id, broker, certs),
         listen_to=listen_to,
         links=emulated_links(cfg, node_id, broker),
+        compress=cfg.transfer.compress,
+        pack_pool=PACK_POOL,
     )
 
 

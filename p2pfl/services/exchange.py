@@ -28,11 +28,11 @@ from p2pfl.learning.state import State
 from p2pfl.services.ledger import Ledger
 from p2pfl.services.robust import Robustness
 from p2pfl.wire.codec import state_nbytes
-from p2pfl.wire.compress import CompressError, decode_state, is_compressed, parse_base, parse_spec
+from p2pfl.wire.compress import CompressError, parse_base
 from p2pfl.wire.envelope import Envelope
-from p2pfl.wire.streams import ReceivedStreams, ServedStreams
+from p2pfl.wire.streams import ServedStreams
 from p2pfl.wire.transfers import PreparedState
-from p2pfl.wire.transport import Transport, TransportError
+from p2pfl.wire.transport import Transport
 
 log = logging.getLogger(__name__)
 
@@ -66,14 +66,9 @@ class Exchange:
         # heads), never the wire's whole transfer cap; untrusted metadata cannot claim more
         self.pull_limit = PULL_SLACK * model_bytes + (1 << 20)
         self._background: set[asyncio.Task] = set()  # best-effort publishes in flight
-        # ``transfer.compress: topk(rho)``: the streams this node serves, and those it pulls
-        # (the transport names their bases in its pull requests); None otherwise
-        self.streams: ServedStreams | None = None
-        spec = parse_spec(cfg.transfer.compress)
-        if spec.mode == "topk":
-            assert spec.rho is not None
-            self.streams = ServedStreams(spec.rho, transport.digest_name, pool=PACK_POOL)
-            transport.streams = ReceivedStreams()
+        # ``transfer.compress: topk(rho)``: the streams this node serves (the transport's,
+        # built with it; it keeps those it pulls too); None otherwise
+        self.streams: ServedStreams | None = transport.served
 
     @property
     def transport(self) -> Transport:
@@ -92,12 +87,9 @@ class Exchange:
             state = self._adversary.outgoing(state, round_no, what)
         loop = asyncio.get_running_loop()
         digest = self._transport.digest_name  # BLAKE3 when signing, else XXH3 (wire.digest)
-        compress = self.cfg.transfer.compress  # the wire form is what is digested and sent
-        if self.streams is not None:  # top-k is served by stream (serve_stream); this is
-            compress = "none"  # a state outside its stream, which travels as it is
-        return await loop.run_in_executor(
-            PACK_POOL, PreparedState.from_state, state, digest, compress
-        )
+        # the transport's wire form (``transfer.compress``) is what is digested and sent;
+        # under top-k, a state outside its stream (serve_stream) travels as it is
+        return await loop.run_in_executor(PACK_POOL, self._transport.prepare, state, digest)
 
     async def serve_stream(
         self,
@@ -240,13 +232,7 @@ class Exchange:
         "Compression"), at most :attr:`pull_limit` bytes decoded. One that does not decode
         is counted (``bad_transfer``) and raises :class:`TransportError`, as a corrupt
         transfer does."""
-        if not is_compressed(state):
-            return state
-        try:
-            return await asyncio.to_thread(decode_state, state, max_bytes=self.pull_limit)
-        except CompressError as exc:
-            self._ledger.drop("bad_transfer", f"state from {peer} rejected: {exc}")
-            raise TransportError(f"state from {peer} does not decode: {exc}") from None
+        return await self._transport.decoded(peer, state, max_bytes=self.pull_limit)
 
     # ------------------------------------------------------------------ messages
     async def gossip(

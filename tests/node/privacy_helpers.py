@@ -8,6 +8,7 @@ from p2pfl.check.load import load_topology
 from p2pfl.config.schema import TopologyConfig
 from p2pfl.node.daemon import Node, NodeOptions
 from p2pfl.services.bundle import NodeServices
+from p2pfl.services.exchange import PACK_POOL
 from p2pfl.services.ledger import RoundMeter
 from p2pfl.wire.transport import Transport
 
@@ -33,7 +34,9 @@ def node_services(node: Node) -> NodeServices:
         neighbours=node.neighbours,
         method=node.method,
         data=node.data,
-        transport=Transport("s", node.id, "127.0.0.1", 1),
+        transport=Transport(
+            "s", node.id, "127.0.0.1", 1, compress=node.cfg.transfer.compress, pack_pool=PACK_POOL
+        ),
         rng=node.rng,
         device=node.device,
         out_dir=node.out_dir,

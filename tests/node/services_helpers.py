@@ -11,6 +11,7 @@ from p2pfl.algorithms.build import build_method
 from p2pfl.config.schema import TopologyConfig
 from p2pfl.learning.data import load_node_data
 from p2pfl.services.bundle import NodeServices
+from p2pfl.services.exchange import PACK_POOL
 from p2pfl.wire.transport import Transport
 
 
@@ -28,7 +29,9 @@ def offline_services(cfg: TopologyConfig, node_id: str = "a") -> NodeServices:
         neighbours=[n for n in cfg.node_ids if n != node_id],
         method=method,
         data=data,
-        transport=Transport("s", node_id, "127.0.0.1", 1),
+        transport=Transport(
+            "s", node_id, "127.0.0.1", 1, compress=cfg.transfer.compress, pack_pool=PACK_POOL
+        ),
         rng=rng,
         device=torch.device("cpu"),
     )
