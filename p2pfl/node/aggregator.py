@@ -29,13 +29,14 @@ masked sum; part ``masked`` (a member's masked vector) is served to the attempt'
 aggregator only.
 
 **Semi-asynchronous rounds** (``timing.quorum`` set; docs/algorithms.md, "Semi-asynchronous
-rounds"; the rules: :mod:`p2pfl.node.quorum`): the collection closes at a quorum of the live
-expected uploaders or at a deadline adapted from the report latencies recent announcements
-carried; a member whose report missed the close offers its upload to a later round as a
-``late`` report (``{n, report, late: t}``, ``t`` the round it trained for), and the
-aggregator of that round counts it with the weight ``n · (1 + s)^-a``, unless the member's
-fresh upload of the round is in (one upload per member and round: the fresh one), or that
-upload was counted already (``counted``). With ``quorum`` None none of this runs.
+rounds"; the rules: :mod:`p2pfl.node.quorum`, applied by :mod:`p2pfl.node.quorum_close`):
+the collection closes at a quorum of the live expected uploaders or at a deadline adapted
+from the report latencies recent announcements carried; a member whose report missed the
+close offers its upload to a later round as a ``late`` report (``{n, report, late: t}``,
+``t`` the round it trained for), and the aggregator of that round counts it with the weight
+``n · (1 + s)^-a``, unless the member's fresh upload of the round is in (one upload per
+member and round: the fresh one), or that upload was counted already (``counted``). With
+``quorum`` None none of this runs.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -54,14 +55,8 @@ from p2pfl.learning.state import State
 from p2pfl.node.lineage import Lineage, check_lineage
 from p2pfl.node.partition import name_result
 from p2pfl.node.plans import RoundPlan, draw_plan, live_members, waits_on
-from p2pfl.node.quorum import (
-    LATENCY_WINDOW,
-    close_deadline,
-    close_reason,
-    median_latency,
-    quorum_count,
-    staleness_weight,
-)
+from p2pfl.node.quorum import staleness_weight
+from p2pfl.node.quorum_close import Closing, QuorumClose
 from p2pfl.node.reach import Reachability
 from p2pfl.node.secure_round import PART as MASKED
 from p2pfl.node.secure_round import SecureRounds
@@ -88,14 +83,64 @@ class Aggregated:
     t_agg: float  # when it began (``time.monotonic``)
 
 
+@dataclass(frozen=True)
+class AggregatorFacts:
+    """The aggregator's facts of the attempt it announced, for its round's record."""
+
+    aggregated: list[str]  # the uploads counted
+    upload_failed: dict[str, str]  # the uploads that could not be pulled, with why
+    aggregate_s: float
+    collect_s: float
+    serve_s: float
+    lineage_merged: list[str]  # the other lineages the result merged (docs/wire.md, "Partitions")
+    quorum: Closing | None  # how the collection closed (quorum rounds)
+    secagg: dict[str, Any] | None  # the secure sum's facts (privacy.secagg)
+    error: str | None  # why the server rule failed
+
+    def record(self) -> dict[str, Any]:
+        """The record's fields: ``aggregated``, ``upload_failed``, ``aggregate_s``,
+        ``collect_s``, ``serve_s``, and as far as they apply ``lineage_merged``, ``quorum``,
+        ``secagg`` and ``aggregate_error``."""
+        out: dict[str, Any] = {
+            "aggregated": self.aggregated,
+            "upload_failed": self.upload_failed,
+            "aggregate_s": self.aggregate_s,
+            "collect_s": self.collect_s,
+            "serve_s": self.serve_s,
+        }
+        if self.lineage_merged:
+            out["lineage_merged"] = self.lineage_merged
+        if self.quorum is not None:
+            out["quorum"] = self.quorum.record()
+        if self.secagg is not None:
+            out["secagg"] = self.secagg
+        if self.error is not None:
+            out["aggregate_error"] = self.error
+        return out
+
+
+@dataclass(frozen=True)
+class Announced:
+    """An attempt this node aggregated and announced: the announcement, what this node
+    receives of its result, its facts, and the method's server-rule facts (each prefixed
+    ``agg_``)."""
+
+    announcement: dict[str, Any]
+    received: State | None
+    facts: AggregatorFacts
+    server_facts: dict[str, Any]
+
+
 class AggregatorRole:
     """The aggregator's side of a :class:`CentralizedAlgorithm` for one node, and the serving
     of its uploads and results. ``aggregator_of(round, attempt)`` is the driver's answer to
     who aggregates that attempt (None while the round's roster is unknown), and
     ``auditor_of(round, attempt)`` who audits it (None without an audit): an upload is
-    served to those two only. ``counted(peer, t)`` says whether ``peer``'s upload of round
-    ``t`` was counted already (or cannot be told): such an upload offered late is refused;
-    ``max_late`` is the most rounds a late upload may be counted after its own."""
+    served to those two only. ``counted`` and ``max_late``: quorum rounds'
+    (:class:`~p2pfl.node.quorum_close.QuorumClose`). ``secure``: the node's secure
+    aggregation (privacy.secagg; None: off); ``reach`` and ``lineage``: its view of who is
+    reachable (a peer cut off is not waited on) and the lineage it follows (docs/wire.md,
+    "Partitions"; None: neither, as in tests)."""
 
     def __init__(
         self,
@@ -104,6 +149,9 @@ class AggregatorRole:
         auditor_of: Callable[[int, int], str | None] = lambda _r, _a: None,
         counted: Callable[[str, int], bool] = lambda _p, _t: True,
         max_late: int = 0,
+        secure: SecureRounds | None = None,
+        reach: Reachability | None = None,
+        lineage: Lineage | None = None,
     ) -> None:
         assert isinstance(services.method, CentralizedAlgorithm)
         self.services = services
@@ -119,46 +167,35 @@ class AggregatorRole:
         self._prepared: dict[tuple[int, int, str, int], PreparedState] = {}
         self._served: dict[tuple[int, int], set[str]] = {}  # who pulled each result
         self._prepare_lock = asyncio.Lock()
-        # semi-asynchronous rounds (timing.quorum): late offers heard, when each report
-        # arrived and each round began here, and the latencies recent announcements carried
-        self.counted = counted
-        self.max_late = max_late
-        self._late_reports: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
-        self._late_offer: dict[int, tuple[int, dict[str, Any]]] = {}  # round -> (t, report)
-        self._arrived: dict[tuple[int, int], dict[str, float]] = {}
-        self._started: dict[int, float] = {}
-        self._ready: dict[int, float] = {}  # when this node's own upload of a round was kept
-        self.latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
-        # privacy.secagg: the driver's secure aggregation (None: off)
-        self.secure: SecureRounds | None = None
-        # docs/wire.md, "Partitions": the driver's view of who is reachable (a peer cut off
-        # is not waited on) and the lineage this node follows (None: neither, as in tests)
-        self.reach: Reachability | None = None
-        self.lineage: Lineage | None = None
+        self.quorum = QuorumClose(services, counted, max_late)  # timing.quorum
+        self.secure = secure
+        self.reach = reach
+        self.lineage = lineage
         self._announcements: dict[tuple[int, int], dict[str, Any]] = {}  # made by this node
         self._reannounced: dict[tuple[int, int], float] = {}
-        self._tasks: set[asyncio.Future] = set()
+        # the announcements late reports asked for again, sent by :meth:`reannounce`
+        self._again: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
 
     # ------------------------------------------------------------------ what it holds
     def keep_upload(self, round_no: int, state: State) -> None:
         """This node's upload of round ``round_no``, for its aggregators' pulls."""
         self._uploads[round_no] = state
-        self._ready[round_no] = time.monotonic()
+        self.quorum.upload_kept(round_no)
 
     def round_started(self, round_no: int) -> None:
         """This node began round ``round_no`` (its report latencies are measured from now)."""
-        self._started.setdefault(round_no, time.monotonic())
+        self.quorum.round_started(round_no)
 
     def offer_late(self, round_no: int, trained: int, report: dict[str, Any]) -> None:
         """This node offers its upload of round ``trained`` (its ``report`` message, ``{n,
         report, late}``) to round ``round_no``: served there as part ``late``, and counted by
         this node itself when it aggregates that round without a fresh upload."""
-        self._late_offer[round_no] = (trained, report)
+        self.quorum.offer_late(round_no, trained, report)
 
     def late_upload(self, round_no: int) -> State | None:
         """The upload this node offered late to round ``round_no`` (None: none)."""
-        offer = self._late_offer.get(round_no)
-        return None if offer is None else self._uploads.get(offer[0])
+        trained = self.quorum.offered(round_no)
+        return None if trained is None else self._uploads.get(trained)
 
     def upload(self, round_no: int) -> State | None:
         """This node's upload of round ``round_no`` (None when it did not train)."""
@@ -179,21 +216,7 @@ class AggregatorRole:
             return False
         key = (env.round, env.attempt)
         if "late" in body:  # an upload of an earlier round, offered late (quorum rounds)
-            trained = body["late"]
-            if self.cfg.timing.quorum is None:
-                self.services.drop("malformed", f"late report from {env.sender}: no quorum")
-                return False
-            if not isinstance(trained, int) or isinstance(trained, bool):
-                self.services.drop("malformed", f"late report from {env.sender}: bad round")
-                return False
-            if not 1 <= env.round - trained <= self.max_late:
-                self.services.drop(
-                    "stale_upload", f"late report {trained} for {env.round} from {env.sender}"
-                )
-                return False
-            late = {"n": n, "report": report, "trained": trained}
-            self._late_reports.setdefault(key, {})[env.sender] = late
-            return True
+            return self.quorum.keep_late(env, n, report)
         kept: dict[str, Any] = {"n": n, "report": report}
         if "lineage" in body:  # docs/wire.md, "Partitions"
             try:
@@ -202,7 +225,7 @@ class AggregatorRole:
                 self.services.drop("malformed", f"report from {env.sender}: {exc}")
                 return False
         self._reports.setdefault(key, {})[env.sender] = kept
-        self._arrived.setdefault(key, {}).setdefault(env.sender, time.monotonic())
+        self.quorum.arrived_now(key, env.sender)
         return True
 
     def forget(self, floor: int) -> None:
@@ -218,12 +241,10 @@ class AggregatorRole:
             del self._reports[key]
         for key in [k for k in self._served if k[0] <= floor]:
             del self._served[key]
-        for d in (self._late_reports, self._arrived, self._announcements, self._reannounced):
+        for d in (self._announcements, self._reannounced):
             for key in [k for k in d if k[0] <= floor]:
                 del d[key]
-        for d2 in (self._late_offer, self._started, self._ready):
-            for r in [r for r in d2 if r <= floor]:
-                del d2[r]
+        self.quorum.forget(floor)
 
     # ------------------------------------------------------------------ serving
     async def _prepared_for(self, key: tuple[int, int, str], state: State) -> PreparedState:
@@ -244,8 +265,8 @@ class AggregatorRole:
             whose = env.sender if env.sender in agg.results else ""
             return ("result", whose), (env.round, env.attempt)
         if part == "late":
-            offer = self._late_offer.get(env.round)
-            return ("upload",), (offer[0] if offer is not None else env.round)
+            trained = self.quorum.offered(env.round)
+            return ("upload",), (trained if trained is not None else env.round)
         return ("upload",), env.round
 
     async def serve_pull(self, env: Envelope) -> None:
@@ -311,22 +332,18 @@ class AggregatorRole:
         attempt: int,
         own: dict[str, Any] | None,
         superseded: Callable[[], bool],
-    ) -> tuple[dict[str, Any], State | None, dict[str, Any], dict[str, Any]] | None:
+    ) -> Announced | None:
         """Run attempt ``attempt`` of round ``plan.round`` as its aggregator, with ``own``
-        this node's report (None when it did not train); return (announcement, what this
-        node receives, the aggregator's facts, the method's server-rule facts, each
-        prefixed ``agg_``) or None as soon as ``superseded()`` says a later attempt of the
-        round was announced meanwhile (this one is dead: its result is never announced).
-        The aggregator's facts: ``aggregated``, ``upload_failed``, ``aggregate_s``,
-        ``collect_s``, ``serve_s``, and ``aggregate_error`` when the server rule failed;
-        with ``timing.quorum``, ``quorum`` ``{needed, closed_by, deadline_s}``."""
+        this node's report (None when it did not train); None as soon as ``superseded()``
+        says a later attempt of the round was announced meanwhile (this one is dead: its
+        result is never announced)."""
         svc, cfg, r = self.services, self.cfg, plan.round
         t0 = time.monotonic()
         expected = [p for p in plan.participants if p != self.id]
         quorum = cfg.timing.quorum
         log.info("%s: aggregating round %d attempt %d", self.id, r, attempt)
         svc.publish_status(r, "aggregating")
-        closing: dict[str, Any] | None = None
+        closing: Closing | None = None
         if quorum is None:
 
             def ready() -> bool:
@@ -337,7 +354,15 @@ class AggregatorRole:
             async with self._watching(unheard):
                 await svc.wait_for(ready, t0 + cfg.timing.round_timeout_s)
         else:
-            closing = await self._collect_quorum(plan, attempt, own, superseded, t0, expected)
+            closing = await self.quorum.close(
+                plan,
+                attempt,
+                own is not None and r in self._uploads,
+                superseded,
+                t0,
+                expected,
+                lambda: self._reports.get((r, attempt), {}),
+            )
         if superseded():
             return None
         got = self._reports.get((r, attempt), {})
@@ -349,7 +374,13 @@ class AggregatorRole:
         # quorum rounds: the participants the round closed without, and the late offers it
         # counts instead of dropping (a member's fresh upload of the round replaces its late one)
         closed_without = sorted(p for p in expected if p not in got)
-        late = self._late_offers_for(r, attempt, reports, own) if quorum is not None else {}
+        late = (
+            self.quorum.late_offers_for(
+                r, attempt, reports, own is not None and r in self._uploads, self._uploads
+            )
+            if quorum is not None
+            else {}
+        )
         template = self._uploads.get(r)
         if template is None:  # it did not train: its current model's part stands in
             template = await asyncio.to_thread(self.alg.upload)
@@ -399,7 +430,7 @@ class AggregatorRole:
         if quorum is not None:
             announcement["late"] = done.counted_late
             announcement["closed_without"] = closed_without
-            latency = self._latency(r, attempt, reports, own)
+            latency = self.quorum.latency(r, attempt, reports, own)
             if latency is not None:
                 announcement["report_s"] = latency
         self._announcements[(r, attempt)] = announcement
@@ -422,24 +453,22 @@ class AggregatorRole:
                 lambda: all(not self._waits(n, r) for n in unserved()),
                 t_serve + cfg.timing.round_timeout_s,
             )
-        facts: dict[str, Any] = {
-            "aggregated": sorted(uploads),
-            "upload_failed": done.failed,
-            "aggregate_s": round(done.agg_s, 4),
-            "collect_s": round(done.t_agg - t0, 4),
-            "serve_s": round(time.monotonic() - t_serve, 4),
-        }
-        if merged:
-            facts["lineage_merged"] = merged
-        if closing is not None:
-            facts["quorum"] = closing
-        if secagg is not None:
-            facts["secagg"] = secagg
-        if done.error is not None:
-            facts["aggregate_error"] = done.error
+        facts = AggregatorFacts(
+            aggregated=sorted(uploads),
+            upload_failed=done.failed,
+            aggregate_s=round(done.agg_s, 4),
+            collect_s=round(done.t_agg - t0, 4),
+            serve_s=round(time.monotonic() - t_serve, 4),
+            lineage_merged=merged,
+            quorum=closing,
+            secagg=secagg,
+            error=done.error,
+        )
         rule = result.facts if isinstance(result.facts, dict) else {}
         server_facts = {f"agg_{k}": v for k, v in rule.items()}
-        return announcement, result.results.get(self.id, result.common), facts, server_facts
+        return Announced(
+            announcement, result.results.get(self.id, result.common), facts, server_facts
+        )
 
     # ------------------------------------------------------------------ partitions
     async def _gossip_announcement(self, round_no: int, attempt: int) -> None:
@@ -460,9 +489,15 @@ class AggregatorRole:
             return
         self._reannounced[key] = now
         log.info("%s: round %d: a late report; announcing attempt %d again", self.id, *key)
-        task = asyncio.ensure_future(self._gossip_announcement(round_no, attempt))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._again.put_nowait(key)
+
+    async def reannounce(self) -> None:
+        """Announce again each attempt :meth:`late_report` asked for, in turn, for as long
+        as it runs (the driver holds it for its rounds: :func:`~p2pfl.background.background`)."""
+        while True:
+            key = await self._again.get()
+            if key in self._announcements:  # not forgotten meanwhile
+                await self._gossip_announcement(*key)
 
     def _waits(self, peer: str, round_no: int) -> bool:
         """Whether a wait of round ``round_no`` goes on waiting for ``peer``: it is in step
@@ -546,75 +581,3 @@ class AggregatorRole:
         if superseded():
             return None
         return Aggregated(uploads, claims, failed, counted_late, result, error, agg_s, t_agg)
-
-    # ------------------------------------------------------------------ quorum rounds
-    async def _collect_quorum(
-        self,
-        plan: RoundPlan,
-        attempt: int,
-        own: dict[str, Any] | None,
-        superseded: Callable[[], bool],
-        t0: float,
-        expected: list[str],
-    ) -> dict[str, Any]:
-        """Wait until :func:`~p2pfl.node.quorum.close_reason` closes attempt ``attempt``:
-        every live expected uploader reported, or ``ceil(quorum · live)`` of them (this node
-        counts when it trained), or the deadline adapted from :attr:`latencies`, measured
-        from this node's start of the round, passed (never later than ``round_timeout_s``
-        after the collection began). Returns ``{needed, closed_by, deadline_s}``."""
-        svc, cfg, r = self.services, self.cfg, plan.round
-        quorum = float(cfg.timing.quorum or 1.0)
-        deadline_s = close_deadline(list(self.latencies), cfg.timing.round_timeout_s)
-        start = self._started.get(r, t0)
-        close_at = min(start + deadline_s, t0 + cfg.timing.round_timeout_s)
-        mine = [self.id] if own is not None and r in self._uploads else []
-
-        def reason() -> tuple[str | None, int]:
-            got = self._reports.get((r, attempt), {})
-            live = [*mine, *(p for p in expected if waits_on(svc, p, r))]
-            reported = {*mine, *(p for p in expected if p in got)}
-            why = close_reason(live, reported, quorum, time.monotonic(), close_at)
-            return why, quorum_count(quorum, len(live))
-
-        await svc.wait_for(lambda: superseded() or reason()[0] is not None, close_at)
-        why, needed = reason()
-        return {
-            "needed": needed,
-            "closed_by": why or "deadline",
-            "deadline_s": round(deadline_s, 4),
-        }
-
-    def _late_offers_for(
-        self, r: int, attempt: int, reports: dict[str, Any], own: dict[str, Any] | None
-    ) -> dict[str, dict[str, Any]]:
-        """The late offers attempt ``attempt`` of round ``r`` counts: from members whose
-        fresh upload of the round is not in, trusted, whose offered upload was not counted
-        already; this node's own offer when it has no fresh upload of the round."""
-        out: dict[str, dict[str, Any]] = {}
-        for peer, late in sorted(self._late_reports.get((r, attempt), {}).items()):
-            if peer in reports or peer == self.id or not self.services.trusted(peer, r):
-                continue
-            if self.counted(peer, late["trained"]):
-                self.services.drop("stale_upload", f"late {late['trained']} from {peer}: counted")
-                continue
-            out[peer] = late
-        offer = self._late_offer.get(r)
-        if (own is None or r not in self._uploads) and offer is not None:
-            trained, report = offer
-            if trained in self._uploads and not self.counted(self.id, trained):
-                out[self.id] = {"n": report["n"], "report": report["report"], "trained": trained}
-        return out
-
-    def _latency(
-        self, r: int, attempt: int, reports: dict[str, Any], own: dict[str, Any] | None
-    ) -> float | None:
-        """The median latency of the round's counted fresh reports (and of this node's own
-        upload), each from this node's start of the round to its arrival, in seconds."""
-        start = self._started.get(r)
-        if start is None:
-            return None
-        arrived = self._arrived.get((r, attempt), {})
-        times = [arrived[p] for p in reports if p in arrived]
-        if own is not None and r in self._ready:
-            times.append(self._ready[r])
-        return median_latency([max(0.0, t - start) for t in times])

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from p2pfl.algorithms.base import CentralizedAlgorithm
@@ -29,12 +30,24 @@ from p2pfl.wire.transport import TransportError
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class AuditCheck:
+    """The audit of one attempt, as a member saw it: why the round fails over (None: it
+    does not) and the record's ``audit`` (None: the attempt is not audited, or was
+    superseded before its verdict)."""
+
+    failover: str | None
+    record: dict[str, Any] | None
+
+
 class AuditRole:
     """The verdicts of one node's swarm and this node's part in each audit.
     ``aggregator_of`` / ``auditor_of(round, attempt)`` are the driver's answers (None while
     a round's roster is unknown, or without an audit); ``upload_of(round)`` is this node's
     own upload of a round (None when it did not train), ``late_of(round)`` the upload it
-    offered late to a round (quorum rounds; None: none)."""
+    offered late to a round (quorum rounds; None: none); ``reach`` the node's view of who
+    is reachable (docs/wire.md, "Partitions": an auditor cut off is not waited on; None:
+    no view)."""
 
     def __init__(
         self,
@@ -43,6 +56,7 @@ class AuditRole:
         auditor_of: Callable[[int, int], str | None],
         upload_of: Callable[[int], State | None],
         late_of: Callable[[int], State | None] = lambda _r: None,
+        reach: Reachability | None = None,
     ) -> None:
         assert isinstance(services.method, CentralizedAlgorithm)
         self.services = services
@@ -56,8 +70,7 @@ class AuditRole:
         self.verdicts: dict[tuple[int, int], dict[str, Any]] = {}
         # aggregators an auditor caught: every member skips them as aggregators from then on
         self.convicted: set[str] = set()
-        # docs/wire.md, "Partitions": an auditor cut off is not waited on (None: no view)
-        self.reach: Reachability | None = None
+        self.reach = reach
 
     def forget(self, floor: int) -> None:
         """Drop the verdicts of round ``floor`` and before (convictions stay)."""
@@ -104,18 +117,17 @@ class AuditRole:
         received: State | None,
         own: dict[str, Any] | None,
         superseded: Callable[[], bool] = lambda: False,
-    ) -> tuple[str | None, dict[str, Any]]:
+    ) -> AuditCheck:
         """The audit of attempt ``attempt`` of ``plan.round`` (docs/design.md, "Auditing
         the aggregator"): the auditor recomputes and announces its verdict; every other
         member checks its own entry of the announcement and waits (bounded) for the
         verdict, or until ``superseded()`` says a later attempt of the round was announced
         (members that moved on do not audit this one: the round fails over to the later
-        attempt, ``superseded``). Returns (why the round fails over, or None; the record's
-        ``audit``)."""
+        attempt, ``superseded``)."""
         svc, r = self.services, plan.round
         auditor = self.auditor_of(r, attempt)
         if auditor is None:
-            return None, {}
+            return AuditCheck(None, None)
         t0 = time.monotonic()
         record: dict[str, Any] = {"auditor": auditor}
         own_entry = check_own_entry(body, self.id, own)
@@ -140,13 +152,13 @@ class AuditRole:
                 )
             heard = self.verdicts.get((r, attempt))
             if heard is None and superseded():
-                return "superseded", {}
+                return AuditCheck("superseded", None)
             record["verdict"] = heard["verdict"] if heard else None  # None: auditor silent
             if heard and heard["why"]:
                 record["why"] = heard["why"]
         record["audit_s"] = round(time.monotonic() - t0, 4)
         caught = record.get("verdict") == "mismatch"
-        return (f"audit: {record.get('why', 'mismatch')}" if caught else None), {"audit": record}
+        return AuditCheck(f"audit: {record.get('why', 'mismatch')}" if caught else None, record)
 
     async def _recompute_and_announce(
         self,

@@ -13,9 +13,10 @@ from services_helpers import offline_services
 
 from p2pfl.config.load import load_topology
 from p2pfl.learning.state import layout_mismatch
-from p2pfl.node.centralized import HEADS, check_announcement
+from p2pfl.node.centralized import check_announcement
 from p2pfl.node.daemon import Node, NodeOptions
 from p2pfl.node.election import succession
+from p2pfl.node.hearing import HEADS
 
 pytestmark = pytest.mark.integration
 
@@ -67,7 +68,7 @@ async def test_slow_aggregator_is_taken_over_and_its_late_reply_ignored(broker, 
         def aggregate(*args, **kwargs):
             if not stale_sent:  # runs in a worker thread, like every server rule
                 deadline = time.monotonic() + 30
-                while 1 not in slow.driver._announced.get(1, {}):  # c's attempt 1
+                while 1 not in slow.driver.rotation.announced.get(1, {}):  # c's attempt 1
                     assert time.monotonic() < deadline, "nobody took round 1 over"
                     time.sleep(0.05)
                 stale_sent.append(slow.transport.stats.messages_sent)
@@ -221,13 +222,13 @@ async def test_handlers_drop_stale_misdirected_and_forged_messages():
     d.rosters[3] = ["a", "b", "c"]  # round 3: attempt 0 → sorted[3 % 3] = a, attempt 1 → b
     d.current, d.applied = (3, 0), 2
     d.on_gossip(_env("c", "announce", 3, 0, ANN))  # c is not attempt 0's aggregator
-    assert dropped["not_aggregator"] == 1 and 3 not in d._announced
+    assert dropped["not_aggregator"] == 1 and 3 not in d.rotation.announced
     d.on_gossip(_env("a", "announce", 2, 0, ANN))  # round 2 is applied already
     assert dropped["stale_round"] == 1
     d.on_gossip(_env("a", "announce", 3, 0, {**ANN, "roster": ["zz"]}))
     assert dropped["malformed"] == 1
     d.on_gossip(_env("a", "announce", 3, 0, ANN))
-    assert d._announced[3][0][0] == "a"
+    assert d.rotation.announced[3][0].sender == "a"
     d.current = (3, 1)  # this member moved on to attempt 1: attempt 0 is dead
     d.on_gossip(_env("a", "announce", 3, 0, ANN))
     assert dropped["stale_attempt"] == 1
