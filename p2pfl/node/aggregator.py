@@ -52,12 +52,14 @@ from typing import Any
 
 from p2pfl.algorithms.base import Aggregate, CentralizedAlgorithm, Upload
 from p2pfl.learning.state import State
+from p2pfl.node.late import LateOffers
 from p2pfl.node.lineage import Lineage, check_lineage
 from p2pfl.node.partition import name_result
 from p2pfl.node.plans import RoundPlan, draw_plan, live_members, waits_on
 from p2pfl.node.quorum import staleness_weight
 from p2pfl.node.quorum_close import Closing, QuorumClose
 from p2pfl.node.reach import Reachability
+from p2pfl.node.rotation import Rotation
 from p2pfl.node.secure_round import PART as MASKED
 from p2pfl.node.secure_round import SecureRounds
 from p2pfl.node.services import NodeServices
@@ -133,11 +135,10 @@ class Announced:
 
 class AggregatorRole:
     """The aggregator's side of a :class:`CentralizedAlgorithm` for one node, and the serving
-    of its uploads and results. ``aggregator_of(round, attempt)`` is the driver's answer to
-    who aggregates that attempt (None while the round's roster is unknown), and
-    ``auditor_of(round, attempt)`` who audits it (None without an audit): an upload is
-    served to those two only. ``counted`` and ``max_late``: quorum rounds'
-    (:class:`~p2pfl.node.quorum_close.QuorumClose`). ``secure``: the node's secure
+    of its uploads and results. ``rotation`` says who aggregates and who audits an attempt:
+    an upload is served to those two only. ``late``: the node's late offers, which tell
+    quorum rounds (:class:`~p2pfl.node.quorum_close.QuorumClose`) which uploads were counted
+    already (None: none can be told). ``secure``: the node's secure
     aggregation (privacy.secagg; None: off); ``reach`` and ``lineage``: its view of who is
     reachable (a peer cut off is not waited on) and the lineage it follows (docs/wire.md,
     "Partitions"; None: neither, as in tests)."""
@@ -145,10 +146,8 @@ class AggregatorRole:
     def __init__(
         self,
         services: NodeServices,
-        aggregator_of: Callable[[int, int], str | None],
-        auditor_of: Callable[[int, int], str | None] = lambda _r, _a: None,
-        counted: Callable[[str, int], bool] = lambda _p, _t: True,
-        max_late: int = 0,
+        rotation: Rotation,
+        late: LateOffers | None = None,
         secure: SecureRounds | None = None,
         reach: Reachability | None = None,
         lineage: Lineage | None = None,
@@ -159,15 +158,14 @@ class AggregatorRole:
         self.id = services.id
         self.cfg = services.cfg
         self.members = set(services.cfg.node_ids)
-        self.aggregator_of = aggregator_of
-        self.auditor_of = auditor_of  # who may also pull uploads (None: no audit)
+        self.rotation = rotation
         self._reports: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
         self._uploads: OrderedDict[int, State] = OrderedDict()
         self._results: OrderedDict[tuple[int, int], Aggregate] = OrderedDict()
         self._prepared: dict[tuple[int, int, str, int], PreparedState] = {}
         self._served: dict[tuple[int, int], set[str]] = {}  # who pulled each result
         self._prepare_lock = asyncio.Lock()
-        self.quorum = QuorumClose(services, counted, max_late)  # timing.quorum
+        self.quorum = QuorumClose(services, late)  # timing.quorum
         self.secure = secure
         self.reach = reach
         self.lineage = lineage
@@ -278,8 +276,8 @@ class AggregatorRole:
             reason = "not a member"
         elif part == "upload":
             if env.sender not in (
-                self.aggregator_of(env.round, env.attempt),
-                self.auditor_of(env.round, env.attempt),
+                self.rotation.aggregator(env.round, env.attempt),
+                self.rotation.auditor(env.round, env.attempt),
             ):
                 reason = f"not the aggregator or auditor of {env.round}/{env.attempt}"
             elif env.round not in self._uploads:
@@ -288,8 +286,8 @@ class AggregatorRole:
                 state = self._uploads[env.round]
         elif part == "late":
             if env.sender not in (
-                self.aggregator_of(env.round, env.attempt),
-                self.auditor_of(env.round, env.attempt),
+                self.rotation.aggregator(env.round, env.attempt),
+                self.rotation.auditor(env.round, env.attempt),
             ):
                 reason = f"not the aggregator or auditor of {env.round}/{env.attempt}"
             else:

@@ -18,10 +18,12 @@ from typing import Any
 
 from p2pfl.algorithms.base import CentralizedAlgorithm
 from p2pfl.learning.state import State
+from p2pfl.node.aggregator import AggregatorRole
 from p2pfl.node.audit import check_own_entry, check_verdict, compare, spread_problem
 from p2pfl.node.audit import recompute as recompute_aggregate
 from p2pfl.node.plans import RoundPlan, waits_on
 from p2pfl.node.reach import Reachability
+from p2pfl.node.rotation import Rotation
 from p2pfl.node.services import NodeServices
 from p2pfl.wire.codec import state_nbytes
 from p2pfl.wire.envelope import Envelope
@@ -41,21 +43,17 @@ class AuditCheck:
 
 
 class AuditRole:
-    """The verdicts of one node's swarm and this node's part in each audit.
-    ``aggregator_of`` / ``auditor_of(round, attempt)`` are the driver's answers (None while
-    a round's roster is unknown, or without an audit); ``upload_of(round)`` is this node's
-    own upload of a round (None when it did not train), ``late_of(round)`` the upload it
-    offered late to a round (quorum rounds; None: none); ``reach`` the node's view of who
+    """The verdicts of one node's swarm and this node's part in each audit. ``rotation``
+    says who aggregates and who audits an attempt; ``uploads`` holds this node's own
+    uploads and the ones it offered late (quorum rounds); ``reach`` the node's view of who
     is reachable (docs/wire.md, "Partitions": an auditor cut off is not waited on; None:
     no view)."""
 
     def __init__(
         self,
         services: NodeServices,
-        aggregator_of: Callable[[int, int], str | None],
-        auditor_of: Callable[[int, int], str | None],
-        upload_of: Callable[[int], State | None],
-        late_of: Callable[[int], State | None] = lambda _r: None,
+        rotation: Rotation,
+        uploads: AggregatorRole,
         reach: Reachability | None = None,
     ) -> None:
         assert isinstance(services.method, CentralizedAlgorithm)
@@ -63,10 +61,8 @@ class AuditRole:
         self.alg: CentralizedAlgorithm = services.method
         self.id = services.id
         self.cfg = services.cfg
-        self.aggregator_of = aggregator_of
-        self.auditor_of = auditor_of
-        self.upload_of = upload_of
-        self.late_of = late_of
+        self.rotation = rotation
+        self.uploads = uploads
         self.verdicts: dict[tuple[int, int], dict[str, Any]] = {}
         # aggregators an auditor caught: every member skips them as aggregators from then on
         self.convicted: set[str] = set()
@@ -81,7 +77,7 @@ class AuditRole:
         """Keep the verdict of the rightful auditor of ``(round, attempt)``; a ``mismatch``
         convicts the aggregator it names (signed, so every member holds the same proof). The
         driver has dropped stale and far-ahead messages already."""
-        if self.auditor_of(env.round, env.attempt) != env.sender:
+        if self.rotation.auditor(env.round, env.attempt) != env.sender:
             self.services.drop("not_auditor", f"audit {env.round}/{env.attempt} from {env.sender}")
             return
         try:
@@ -89,7 +85,7 @@ class AuditRole:
         except ValueError as exc:
             self.services.drop("malformed", f"audit from {env.sender}: {exc}")
             return
-        if body["aggregator"] != self.aggregator_of(env.round, env.attempt):
+        if body["aggregator"] != self.rotation.aggregator(env.round, env.attempt):
             self.services.drop("malformed", f"audit from {env.sender}: not this attempt's")
             return
         self.note(env.round, env.attempt, body)
@@ -125,7 +121,7 @@ class AuditRole:
         (members that moved on do not audit this one: the round fails over to the later
         attempt, ``superseded``)."""
         svc, r = self.services, plan.round
-        auditor = self.auditor_of(r, attempt)
+        auditor = self.rotation.auditor(r, attempt)
         if auditor is None:
             return AuditCheck(None, None)
         t0 = time.monotonic()
@@ -181,7 +177,7 @@ class AuditRole:
             max(1.0, self.cfg.timing.round_timeout_s),
             attempt=attempt,
         )
-        mine = self.late_of(r) if self.id in late else self.upload_of(r)
+        mine = self.uploads.late_upload(r) if self.id in late else self.uploads.upload(r)
         if self.id in body["aggregated"] and mine is not None:
             pulled[self.id] = mine
         inputs_of = dict(pulled)  # what each aggregated node counted with

@@ -144,31 +144,23 @@ class CentralizedRounds:
         self.lineage = Lineage()
         # semi-asynchronous rounds (timing.quorum): what each applied round counted, and
         # this node's late offers
-        max_late = min(services.cfg.timing.max_staleness, ROUNDS_KEPT - 1)
-        self.late = LateOffers(services, rot, max_late)
+        self.late = LateOffers(
+            services, rot, min(services.cfg.timing.max_staleness, ROUNDS_KEPT - 1)
+        )
         # privacy.secagg: the members' and the aggregator's sides of secure aggregation
         privacy = services.cfg.privacy
         self.secure = SecureRounds(services, rot.aggregator) if privacy and privacy.secagg else None
         # this node's side as an aggregator: reports, uploads, results and their pulls
         self.role = AggregatorRole(
             services,
-            rot.aggregator,
-            rot.auditor,
-            counted=self.late.counted_before,
-            max_late=max_late,
+            rot,
+            self.late,
             secure=self.secure,
             reach=self.reach,
             lineage=self.lineage,
         )
         # the audit of each round's aggregate (signed swarms): its verdicts and convictions
-        self.audit = AuditRole(
-            services,
-            rot.aggregator,
-            rot.auditor,
-            self.role.upload,
-            self.role.late_upload,
-            self.reach,
-        )
+        self.audit = AuditRole(services, rot, self.role, self.reach)
         self.member = Member(services, self.role, self.lineage, self.late)
         self.succession = Succession(
             services, rot, self.hearing, self.member, self.role, self.audit, self.reach, self.secure

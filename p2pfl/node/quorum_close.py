@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from p2pfl.learning.state import State
+from p2pfl.node.late import LateOffers
 from p2pfl.node.plans import RoundPlan, waits_on
 from p2pfl.node.quorum import (
     LATENCY_WINDOW,
@@ -46,22 +47,22 @@ class Closing:
 
 
 class QuorumClose:
-    """One node's quorum rounds as an aggregator. ``counted(peer, t)`` says whether
-    ``peer``'s upload of round ``t`` was counted already (or cannot be told): such an upload
-    offered late is refused; ``max_late`` is the most rounds a late upload may be counted
-    after its own."""
+    """One node's quorum rounds as an aggregator. ``late``: the node's late offers, whose
+    :meth:`~p2pfl.node.late.LateOffers.counted_before` says whether an upload offered late
+    was counted already (or cannot be told: then it is refused; None: nothing can be told),
+    and whose ``max_late`` is the most rounds a late upload may be counted after its own
+    (0 without)."""
 
     def __init__(
         self,
         services: NodeServices,
-        counted: Callable[[str, int], bool] = lambda _p, _t: True,
-        max_late: int = 0,
+        late: LateOffers | None = None,
     ) -> None:
         self.services = services
         self.id = services.id
         self.cfg = services.cfg
-        self.counted = counted
-        self.max_late = max_late
+        self.late = late
+        self.max_late = 0 if late is None else late.max_late
         self.late_reports: dict[Key, dict[str, dict[str, Any]]] = {}
         self.offers: dict[int, tuple[int, dict[str, Any]]] = {}  # round -> (t, report)
         self.arrived: dict[Key, dict[str, float]] = {}
@@ -172,16 +173,19 @@ class QuorumClose:
         for peer, late in sorted(self.late_reports.get((r, attempt), {}).items()):
             if peer in reports or peer == self.id or not self.services.trusted(peer, r):
                 continue
-            if self.counted(peer, late["trained"]):
+            if self._counted(peer, late["trained"]):
                 self.services.drop("stale_upload", f"late {late['trained']} from {peer}: counted")
                 continue
             out[peer] = late
         offer = self.offers.get(r)
         if not fresh and offer is not None:
             trained, report = offer
-            if trained in uploads and not self.counted(self.id, trained):
+            if trained in uploads and not self._counted(self.id, trained):
                 out[self.id] = {"n": report["n"], "report": report["report"], "trained": trained}
         return out
+
+    def _counted(self, peer: str, trained: int) -> bool:
+        return self.late is None or self.late.counted_before(peer, trained)
 
     def latency(
         self, r: int, attempt: int, reports: Mapping[str, Any], own: dict[str, Any] | None

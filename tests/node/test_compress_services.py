@@ -199,6 +199,7 @@ async def test_a_hostile_base_is_dropped_and_refused_never_raised(base):
 async def test_topk_uploads_and_results_are_streams_of_the_aggregator_role():
     from p2pfl.algorithms.base import Aggregate
     from p2pfl.node.aggregator import AggregatorRole
+    from p2pfl.node.rotation import Rotation
 
     cfg = load_topology(
         "topologies/synthetic.yaml",
@@ -206,7 +207,9 @@ async def test_topk_uploads_and_results_are_streams_of_the_aggregator_role():
     )
     svc = offline_services(cfg, "a")
     wire = Wire(svc)
-    role = AggregatorRole(svc, aggregator_of=lambda r, a: "b")
+    rotation = Rotation(svc)
+    rotation.rosters.update({1: ["b"], 2: ["b"]})  # b aggregates both rounds
+    role = AggregatorRole(svc, rotation)
     own = own_state(svc)
     for r in (1, 2):
         role.keep_upload(r, drift(own, r))
