@@ -256,3 +256,44 @@ def test_envelope_carries_the_attempt():
     for bad in (-1, True, "1", 1 << 20):
         with pytest.raises(CodecError):
             Envelope.unpack(encode({**base, "attempt": bad}), 1 << 20)
+
+
+def test_the_record_s_fields_of_a_settled_round_keep_their_order():
+    """The roles' typed results become the record's fields in one place, in the order the
+    records have always had: how the round settled, the aggregator's facts (its
+    ``aggregated`` in its own place), the audit, then secure aggregation's facts."""
+    from p2pfl.node.aggregator import AggregatorFacts
+    from p2pfl.node.late import LateOffer
+    from p2pfl.node.plans import RoundPlan
+    from p2pfl.node.quorum_close import Closing
+    from p2pfl.node.succession import Failover, Settled
+
+    d = _driver("b")
+    plan = RoundPlan(3, ["a", "b", "c"], ["a", "b"], {})
+    facts = AggregatorFacts(
+        ["a", "b"], {"c": "gone"}, 0.5, 0.25, 0.125, [], Closing(2, "quorum", 1.0), {"t": 1}, "x"
+    )
+    settled = Settled(
+        3, "b", 1, ANN, None, [Failover(0, "a", "deadline")], aggregated=facts, audit={"v": 1}
+    )
+    fields = d._fields(plan, settled, True, ["a"], False, {"member": {}, "t": 1})
+    assert list(fields) == [
+        "participated", "aggregated", "observer", "received", "roster", "lineage",
+        "aggregator", "attempt", "failovers", "upload_failed", "aggregate_s", "collect_s",
+        "serve_s", "quorum", "secagg", "aggregate_error", "audit",
+    ]  # fmt: skip
+    assert fields["aggregated"] == ["a", "b"] and fields["secagg"] == {"member": {}, "t": 1}
+    assert fields["failovers"] == [{"attempt": 0, "aggregator": "a", "why": "deadline"}]
+    assert fields["quorum"] == {"needed": 2, "closed_by": "quorum", "deadline_s": 1.0}
+    offer = LateOffer(4, 3, 1, {}, "c")
+    member = Settled(3, "a", 0, ANN, None, offered_late=offer, audit={"v": 1})
+    fields = d._fields(plan, member, True, ["a"], True, {"member": {}})
+    assert list(fields)[6:] == [
+        "aggregator",
+        "attempt",
+        "failovers",
+        "offered_late",
+        "audit",
+        "secagg",
+    ]
+    assert fields["offered_late"] == {"round": 4, "staleness": 1}
