@@ -162,6 +162,11 @@ class Exchange:
             return message
         return {**message, "n": self.claimed_samples(message["n"], round_no)}
 
+    @staticmethod
+    def size_of(state: State) -> int:
+        """Bytes of tensor data in ``state``, as the wire counts a transfer's."""
+        return state_nbytes(state)
+
     # ------------------------------------------------------------------ pulling
     async def pull(
         self,

@@ -19,6 +19,13 @@ from typing import Any
 from p2pfl import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION
 from p2pfl.wire.codec import CodecError, decode, encode
 
+
+def same_body(a: Any, b: Any) -> bool:
+    """Whether two message bodies travel as the same bytes (their :mod:`~p2pfl.wire.codec`
+    encodings are equal: lists and tuples alike, tensors bit for bit)."""
+    return encode(a) == encode(b)
+
+
 KINDS = frozenset(
     {
         "presence",

@@ -14,8 +14,9 @@ from services_helpers import offline_services
 from p2pfl.check.load import load_topology
 from p2pfl.learning.state import layout_mismatch
 from p2pfl.node.daemon import Node, NodeOptions
-from p2pfl.rounds.rotation.centralized import HEADS, check_announcement
+from p2pfl.rounds.rotation.centralized import check_announcement
 from p2pfl.rounds.rotation.election import succession
+from p2pfl.rounds.rotation.hearing import HEADS
 
 pytestmark = pytest.mark.integration
 
@@ -67,7 +68,7 @@ async def test_slow_aggregator_is_taken_over_and_its_late_reply_ignored(broker, 
         def aggregate(*args, **kwargs):
             if not stale_sent:  # runs in a worker thread, like every server rule
                 deadline = time.monotonic() + 30
-                while 1 not in slow.driver._announced.get(1, {}):  # c's attempt 1
+                while 1 not in slow.driver.rotation.announced.get(1, {}):  # c's attempt 1
                     assert time.monotonic() < deadline, "nobody took round 1 over"
                     time.sleep(0.05)
                 stale_sent.append(slow.transport.stats.messages_sent)
@@ -221,13 +222,13 @@ async def test_handlers_drop_stale_misdirected_and_forged_messages():
     d.rosters[3] = ["a", "b", "c"]  # round 3: attempt 0 → sorted[3 % 3] = a, attempt 1 → b
     d.current, d.applied = (3, 0), 2
     d.on_gossip(_env("c", "announce", 3, 0, ANN))  # c is not attempt 0's aggregator
-    assert dropped["not_aggregator"] == 1 and 3 not in d._announced
+    assert dropped["not_aggregator"] == 1 and 3 not in d.rotation.announced
     d.on_gossip(_env("a", "announce", 2, 0, ANN))  # round 2 is applied already
     assert dropped["stale_round"] == 1
     d.on_gossip(_env("a", "announce", 3, 0, {**ANN, "roster": ["zz"]}))
     assert dropped["malformed"] == 1
     d.on_gossip(_env("a", "announce", 3, 0, ANN))
-    assert d._announced[3][0][0] == "a"
+    assert d.rotation.announced[3][0].sender == "a"
     d.current = (3, 1)  # this member moved on to attempt 1: attempt 0 is dead
     d.on_gossip(_env("a", "announce", 3, 0, ANN))
     assert dropped["stale_attempt"] == 1
@@ -255,3 +256,44 @@ def test_envelope_carries_the_attempt():
     for bad in (-1, True, "1", 1 << 20):
         with pytest.raises(CodecError):
             Envelope.unpack(encode({**base, "attempt": bad}), 1 << 20)
+
+
+def test_the_record_s_fields_of_a_settled_round_keep_their_order():
+    """The roles' typed results become the record's fields in one place, in the order the
+    records have always had: how the round settled, the aggregator's facts (its
+    ``aggregated`` in its own place), the audit, then secure aggregation's facts."""
+    from p2pfl.rounds.rotation.aggregator import AggregatorFacts
+    from p2pfl.rounds.rotation.late import LateOffer
+    from p2pfl.rounds.rotation.plans import RoundPlan
+    from p2pfl.rounds.rotation.quorum_close import Closing
+    from p2pfl.rounds.rotation.succession import Failover, Settled
+
+    d = _driver("b")
+    plan = RoundPlan(3, ["a", "b", "c"], ["a", "b"], {})
+    facts = AggregatorFacts(
+        ["a", "b"], {"c": "gone"}, 0.5, 0.25, 0.125, [], Closing(2, "quorum", 1.0), {"t": 1}, "x"
+    )
+    settled = Settled(
+        3, "b", 1, ANN, None, [Failover(0, "a", "deadline")], aggregated=facts, audit={"v": 1}
+    )
+    fields = d._fields(plan, settled, True, ["a"], False, {"member": {}, "t": 1})
+    assert list(fields) == [
+        "participated", "aggregated", "observer", "received", "roster", "lineage",
+        "aggregator", "attempt", "failovers", "upload_failed", "aggregate_s", "collect_s",
+        "serve_s", "quorum", "secagg", "aggregate_error", "audit",
+    ]  # fmt: skip
+    assert fields["aggregated"] == ["a", "b"] and fields["secagg"] == {"member": {}, "t": 1}
+    assert fields["failovers"] == [{"attempt": 0, "aggregator": "a", "why": "deadline"}]
+    assert fields["quorum"] == {"needed": 2, "closed_by": "quorum", "deadline_s": 1.0}
+    offer = LateOffer(4, 3, 1, {}, "c")
+    member = Settled(3, "a", 0, ANN, None, offered_late=offer, audit={"v": 1})
+    fields = d._fields(plan, member, True, ["a"], True, {"member": {}})
+    assert list(fields)[6:] == [
+        "aggregator",
+        "attempt",
+        "failovers",
+        "offered_late",
+        "audit",
+        "secagg",
+    ]
+    assert fields["offered_late"] == {"round": 4, "staleness": 1}

@@ -9,6 +9,7 @@ import asyncio
 
 from services_helpers import offline_services
 
+from p2pfl.background import background
 from p2pfl.check.load import load_topology
 from p2pfl.rounds.rotation.centralized import ROUNDS_KEPT, CentralizedRounds
 from p2pfl.wire.envelope import Envelope
@@ -63,9 +64,10 @@ async def test_a_report_to_an_announced_attempt_gets_the_announcement_again():
     await asyncio.sleep(0)
     assert sent == []  # not announced yet: an ordinary report
     d.role._announcements[(3, 1)] = {**ANN, "lineage": "0"}
-    d.on_inbox(_env("c", "report", 3, 1, {"n": 5, "report": {}}))
-    d.on_inbox(_env("a", "report", 3, 1, {"n": 5, "report": {}}, mid="again"))
-    await asyncio.sleep(0.01)
+    async with background(d.role.reannounce()):  # as the driver's run holds it
+        d.on_inbox(_env("c", "report", 3, 1, {"n": 5, "report": {}}))
+        d.on_inbox(_env("a", "report", 3, 1, {"n": 5, "report": {}}, mid="again"))
+        await asyncio.sleep(0.01)
     assert [(r, a, k) for r, a, k, _ in sent] == [(3, 1, "announce")]  # once a second at most
     d.role.forget(3)
     assert (3, 1) not in d.role._announcements
@@ -78,17 +80,22 @@ def test_the_newest_far_announcement_is_kept_for_a_catch_up():
     far = 4 + ROUNDS_KEPT + 1
     peers["a"] = {"status": "online", "round": far - 1}  # the swarm finished far - 1
     d.on_gossip(_env("a", "announce", far, 0, ANN))
-    assert d.services.exchange.transport.dropped["future_round"] == 1 and far not in d._announced
-    assert d._newest is not None and d._newest[:3] == (far, 0, "a")
+    assert (
+        d.services.exchange.transport.dropped["future_round"] == 1
+        and far not in d.rotation.announced
+    )
+    newest = d.observer.newest
+    assert newest is not None and (newest.round, newest.attempt, newest.sender) == (far, 0, "a")
     d.on_gossip(_env("c", "announce", far + 5, 0, ANN))  # beyond what presence reports: no
-    assert d._newest[0] == far
+    assert d.observer.newest.round == far
     d.on_gossip(_env("c", "announce", far - 1, 0, ANN))  # older than the one kept: no
-    assert d._newest[0] == far
+    assert d.observer.newest.round == far
     peers["a"]["round"] = far
     d.on_gossip(_env("c", "announce", far + 1, 2, {**ANN, "roster": ["zz"]}))  # malformed
-    assert d._newest[0] == far
+    assert d.observer.newest.round == far
     d.on_gossip(_env("c", "announce", far + 1, 2, ANN))
-    assert d._newest[:3] == (far + 1, 2, "c")
+    newest = d.observer.newest
+    assert (newest.round, newest.attempt, newest.sender) == (far + 1, 2, "c")
 
 
 def test_the_member_s_lineage_is_in_its_report_and_follows_what_it_applies():

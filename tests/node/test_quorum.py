@@ -22,6 +22,7 @@ from p2pfl.node.daemon import Node, NodeOptions
 from p2pfl.rounds.rotation.aggregator import AggregatorRole
 from p2pfl.rounds.rotation.audit import recompute
 from p2pfl.rounds.rotation.centralized import CentralizedRounds
+from p2pfl.rounds.rotation.late import Counted
 from p2pfl.rounds.rotation.plans import RoundPlan, check_announcement
 from p2pfl.rounds.rotation.quorum import (
     MIN_DEADLINE_S,
@@ -30,6 +31,7 @@ from p2pfl.rounds.rotation.quorum import (
     quorum_count,
     staleness_weight,
 )
+from p2pfl.rounds.rotation.rotation import Heard
 from p2pfl.services.bundle import NodeServices
 
 # ----------------------------------------------------------------------------- pure rules
@@ -176,10 +178,10 @@ def test_late_reports_are_checked_and_kept_apart_from_fresh_ones():
     d.current, d.applied = (2, 0), 1
     dropped = d.services.exchange.transport.dropped
     role = d.role
-    assert role.max_late == 2  # min(timing.max_staleness 4, ROUNDS_KEPT - 1)
+    assert role.quorum.max_late == 2  # min(timing.max_staleness 4, ROUNDS_KEPT - 1)
     d.on_inbox(_report("a", 2, {"n": 5, "report": {}, "late": 1}))
     d.on_inbox(_report("a", 2, {"n": 6, "report": {}}))  # its fresh report: kept apart
-    assert role._late_reports[(2, 0)]["a"] == {"n": 5, "report": {}, "trained": 1}
+    assert role.quorum.late_reports[(2, 0)]["a"] == {"n": 5, "report": {}, "trained": 1}
     assert role._reports[(2, 0)]["a"] == {"n": 6, "report": {}}
     for bad, reason in (
         ({"n": 5, "report": {}, "late": "1"}, "malformed"),
@@ -190,26 +192,27 @@ def test_late_reports_are_checked_and_kept_apart_from_fresh_ones():
         before = dropped[reason]
         d.on_inbox(_report("b", 2, bad))
         assert dropped[reason] == before + 1, bad
-    assert "b" not in role._late_reports[(2, 0)]
+    assert "b" not in role.quorum.late_reports[(2, 0)]
     # without a quorum a late report has no meaning: dropped, never counted
     plain = _driver("c", ())
     plain.rosters[2], plain.current, plain.applied = ["a", "b", "c", "d"], (2, 0), 1
     plain.on_inbox(_report("a", 2, {"n": 5, "report": {}, "late": 1}))
     assert (
-        plain.services.exchange.transport.dropped["malformed"] == 1 and not plain.role._late_reports
+        plain.services.exchange.transport.dropped["malformed"] == 1
+        and not plain.role.quorum.late_reports
     )
 
 
 def test_an_upload_is_counted_at_most_once():
     d = _driver("c")
-    d._counted[1] = (["a", "b", "c"], ["b", "c"], {})  # a missed round 1's close
-    d._counted[2] = (["a", "b", "c"], ["a", "b", "c"], {"a": 1})  # ... and counted in 2
-    d._counted[3] = (["a", "b", "c"], ["b", "c"], {})
-    assert d._counted_before("a", 1)  # counted late in round 2 already
-    assert d._counted_before("b", 3)  # counted fresh in its own round
-    assert not d._counted_before("a", 3)  # missed round 3: may count in round 4
-    assert d._counted_before("d", 3)  # not a participant of round 3: has no such upload
-    assert d._counted_before("a", 7)  # a round this node did not apply: cannot tell
+    d.late.note(1, Counted(["a", "b", "c"], ["b", "c"], {}))  # a missed round 1's close
+    d.late.note(2, Counted(["a", "b", "c"], ["a", "b", "c"], {"a": 1}))  # ... and counted in 2
+    d.late.note(3, Counted(["a", "b", "c"], ["b", "c"], {}))
+    assert d.late.counted_before("a", 1)  # counted late in round 2 already
+    assert d.late.counted_before("b", 3)  # counted fresh in its own round
+    assert not d.late.counted_before("a", 3)  # missed round 3: may count in round 4
+    assert d.late.counted_before("d", 3)  # not a participant of round 3: has no such upload
+    assert d.late.counted_before("a", 7)  # a round this node did not apply: cannot tell
 
 
 async def test_a_late_upload_goes_to_the_round_after_the_newest_rightful_announcement():
@@ -231,18 +234,19 @@ async def test_a_late_upload_goes_to_the_round_after_the_newest_rightful_announc
         return d
 
     d = driver()
-    d._announced = {1: {0: ("b", body)}, 2: {0: ("c", body)}}
-    assert await d._offer_late(1, body, own) == {"round": 3, "staleness": 2}
+    d.rotation.announced = {1: {0: Heard(1, 0, "b", body)}, 2: {0: Heard(2, 0, "c", body)}}
+    assert (await d.member.offer_late(1, body, own)).record() == {"round": 3, "staleness": 2}
     offer = {"n": 7, "report": {}, "late": 1}
-    assert d._late_offers[3] == offer and sent == [("d", "report", 3, 0, offer)]
-    assert d.rosters[3] == roster and d._aggregator(3, 0) == "d"
+    assert d.late.offers[3] == offer and sent == [("d", "report", 3, 0, offer)]
+    assert d.rosters[3] == roster and d.rotation.aggregator(3, 0) == "d"
     d = driver()
-    d._announced = {1: {0: ("b", body)}, 2: {0: ("b", body)}}  # b is not round 2's aggregator
-    assert await d._offer_late(1, body, own) == {"round": 2, "staleness": 1}
+    # b is not round 2's aggregator
+    d.rotation.announced = {1: {0: Heard(1, 0, "b", body)}, 2: {0: Heard(2, 0, "b", body)}}
+    assert (await d.member.offer_late(1, body, own)).record() == {"round": 2, "staleness": 1}
     assert sent[-1][:3] == ("c", "report", 2)
     d = driver()
-    d._announced = {3: {0: ("d", body)}}  # the last round (rounds: 3): nowhere to go
-    assert await d._offer_late(3, body, own) is None and not d._late_offers
+    d.rotation.announced = {3: {0: Heard(3, 0, "d", body)}}  # the last round (rounds: 3)
+    assert await d.member.offer_late(3, body, own) is None and not d.late.offers
     assert len(sent) == 2
 
 
@@ -251,9 +255,9 @@ async def test_the_aggregator_closes_at_its_quorum_or_at_the_adapted_deadline(mo
     and c itself: 2 of 4): with one report in besides its own upload it closes at once; with
     none, at the deadline the announced latencies give (2 · median 0.2 s → the 1 s floor),
     long before ``round_timeout_s``."""
-    import p2pfl.rounds.rotation.aggregator as aggregator_module
+    import p2pfl.rounds.rotation.quorum_close as quorum_close_module
 
-    monkeypatch.setattr(aggregator_module, "waits_on", lambda _svc, _p, _r: True)  # all live
+    monkeypatch.setattr(quorum_close_module, "waits_on", lambda _svc, _p, _r: True)  # all live
     d = _driver("c")
     role, expected = d.role, ["a", "b", "d"]
     plan = RoundPlan(2, ["a", "b", "c", "d"], ["a", "b", "c", "d"], {})
@@ -261,13 +265,19 @@ async def test_the_aggregator_closes_at_its_quorum_or_at_the_adapted_deadline(mo
     own = {"n": 10, "report": {}}
     role.round_started(2)
     d.on_inbox(_report("a", 2, {"n": 5, "report": {}}))  # roster unknown yet: kept
-    closing = await role._collect_quorum(plan, 0, own, lambda: False, time.monotonic(), expected)
-    assert closing == {"needed": 2, "closed_by": "quorum", "deadline_s": 20.0}
-    role.latencies.extend([0.2, 0.1, 0.3])
+
+    def got(attempt):
+        return lambda: role._reports.get((2, attempt), {})
+
+    closing = await role.quorum.close(
+        plan, 0, own is not None, lambda: False, time.monotonic(), expected, got(0)
+    )
+    assert closing.record() == {"needed": 2, "closed_by": "quorum", "deadline_s": 20.0}
+    role.quorum.latencies.extend([0.2, 0.1, 0.3])
     t0 = time.monotonic()
-    closing = await role._collect_quorum(plan, 1, None, lambda: False, t0, expected)
+    closing = await role.quorum.close(plan, 1, False, lambda: False, t0, expected, got(1))
     waited = time.monotonic() - t0
-    assert closing == {"needed": 2, "closed_by": "deadline", "deadline_s": 1.0}
+    assert closing.record() == {"needed": 2, "closed_by": "deadline", "deadline_s": 1.0}
     assert 0.5 <= waited < 10, waited  # measured from the round's start, 1 s after it
 
 
@@ -329,7 +339,7 @@ async def test_a_late_member_is_not_waited_for_and_its_upload_counts_next_round(
         if self.id == "a":  # trains only after its round closed without it
             driver = nodes["a"].driver
             assert await self.wait_for(
-                lambda: round_no in driver._announced, time.monotonic() + 60
+                lambda: round_no in driver.rotation.announced, time.monotonic() + 60
             ), f"round {round_no} never closed without a"
         elif round_no >= 2:  # the others go on once a's late offer reached the aggregator
             await asyncio.wait_for(late_heard[round_no].wait(), 60)

@@ -29,13 +29,14 @@ masked sum; part ``masked`` (a member's masked vector) is served to the attempt'
 aggregator only.
 
 **Semi-asynchronous rounds** (``timing.quorum`` set; docs/algorithms.md, "Semi-asynchronous
-rounds"; the rules: :mod:`p2pfl.rounds.rotation.quorum`): the collection closes at a quorum of the live
-expected uploaders or at a deadline adapted from the report latencies recent announcements
-carried; a member whose report missed the close offers its upload to a later round as a
-``late`` report (``{n, report, late: t}``, ``t`` the round it trained for), and the
-aggregator of that round counts it with the weight ``n · (1 + s)^-a``, unless the member's
-fresh upload of the round is in (one upload per member and round: the fresh one), or that
-upload was counted already (``counted``). With ``quorum`` None none of this runs.
+rounds"; the rules: :mod:`p2pfl.rounds.rotation.quorum`, applied by :mod:`p2pfl.rounds.rotation.quorum_close`):
+the collection closes at a quorum of the live expected uploaders or at a deadline adapted
+from the report latencies recent announcements carried; a member whose report missed the
+close offers its upload to a later round as a ``late`` report (``{n, report, late: t}``,
+``t`` the round it trained for), and the aggregator of that round counts it with the weight
+``n · (1 + s)^-a``, unless the member's fresh upload of the round is in (one upload per
+member and round: the fresh one), or that upload was counted already (``counted``). With
+``quorum`` None none of this runs.
 """
 
 from __future__ import annotations
@@ -44,31 +45,27 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from p2pfl.algorithms.base import Aggregate, CentralizedAlgorithm, Upload
 from p2pfl.learning.state import State
+from p2pfl.rounds.rotation.late import LateOffers
 from p2pfl.rounds.rotation.lineage import Lineage, check_lineage
 from p2pfl.rounds.rotation.partition import name_result
 from p2pfl.rounds.rotation.plans import RoundPlan, draw_plan, live_members, waits_on
-from p2pfl.rounds.rotation.quorum import (
-    LATENCY_WINDOW,
-    close_deadline,
-    close_reason,
-    median_latency,
-    quorum_count,
-    staleness_weight,
-)
+from p2pfl.rounds.rotation.quorum import staleness_weight
+from p2pfl.rounds.rotation.quorum_close import Closing, QuorumClose
 from p2pfl.rounds.rotation.reach import Reachability
+from p2pfl.rounds.rotation.rotation import Rotation
 from p2pfl.rounds.rotation.secure_round import PART as MASKED
 from p2pfl.rounds.rotation.secure_round import SecureRounds
 from p2pfl.services.bundle import NodeServices
+from p2pfl.services.exchange import PreparedState
 from p2pfl.wire.envelope import Envelope
-from p2pfl.wire.transfers import PreparedState
-from p2pfl.wire.transport import TransportError
+from p2pfl.wire.errors import TransportError
 
 log = logging.getLogger(__name__)
 
@@ -88,22 +85,72 @@ class Aggregated:
     t_agg: float  # when it began (``time.monotonic``)
 
 
+@dataclass(frozen=True)
+class AggregatorFacts:
+    """The aggregator's facts of the attempt it announced, for its round's record."""
+
+    aggregated: list[str]  # the uploads counted
+    upload_failed: dict[str, str]  # the uploads that could not be pulled, with why
+    aggregate_s: float
+    collect_s: float
+    serve_s: float
+    lineage_merged: list[str]  # the other lineages the result merged (docs/wire.md, "Partitions")
+    quorum: Closing | None  # how the collection closed (quorum rounds)
+    secagg: dict[str, Any] | None  # the secure sum's facts (privacy.secagg)
+    error: str | None  # why the server rule failed
+
+    def record(self) -> dict[str, Any]:
+        """The record's fields: ``aggregated``, ``upload_failed``, ``aggregate_s``,
+        ``collect_s``, ``serve_s``, and as far as they apply ``lineage_merged``, ``quorum``,
+        ``secagg`` and ``aggregate_error``."""
+        out: dict[str, Any] = {
+            "aggregated": self.aggregated,
+            "upload_failed": self.upload_failed,
+            "aggregate_s": self.aggregate_s,
+            "collect_s": self.collect_s,
+            "serve_s": self.serve_s,
+        }
+        if self.lineage_merged:
+            out["lineage_merged"] = self.lineage_merged
+        if self.quorum is not None:
+            out["quorum"] = self.quorum.record()
+        if self.secagg is not None:
+            out["secagg"] = self.secagg
+        if self.error is not None:
+            out["aggregate_error"] = self.error
+        return out
+
+
+@dataclass(frozen=True)
+class Announced:
+    """An attempt this node aggregated and announced: the announcement, what this node
+    receives of its result, its facts, and the method's server-rule facts (each prefixed
+    ``agg_``)."""
+
+    announcement: dict[str, Any]
+    received: State | None
+    facts: AggregatorFacts
+    server_facts: dict[str, Any]
+
+
 class AggregatorRole:
     """The aggregator's side of a :class:`CentralizedAlgorithm` for one node, and the serving
-    of its uploads and results. ``aggregator_of(round, attempt)`` is the driver's answer to
-    who aggregates that attempt (None while the round's roster is unknown), and
-    ``auditor_of(round, attempt)`` who audits it (None without an audit): an upload is
-    served to those two only. ``counted(peer, t)`` says whether ``peer``'s upload of round
-    ``t`` was counted already (or cannot be told): such an upload offered late is refused;
-    ``max_late`` is the most rounds a late upload may be counted after its own."""
+    of its uploads and results. ``rotation`` says who aggregates and who audits an attempt:
+    an upload is served to those two only. ``late``: the node's late offers, which tell
+    quorum rounds (:class:`~p2pfl.rounds.rotation.quorum_close.QuorumClose`) which uploads were counted
+    already (None: none can be told). ``secure``: the node's secure
+    aggregation (privacy.secagg; None: off); ``reach`` and ``lineage``: its view of who is
+    reachable (a peer cut off is not waited on) and the lineage it follows (docs/wire.md,
+    "Partitions"; None: neither, as in tests)."""
 
     def __init__(
         self,
         services: NodeServices,
-        aggregator_of: Callable[[int, int], str | None],
-        auditor_of: Callable[[int, int], str | None] = lambda _r, _a: None,
-        counted: Callable[[str, int], bool] = lambda _p, _t: True,
-        max_late: int = 0,
+        rotation: Rotation,
+        late: LateOffers | None = None,
+        secure: SecureRounds | None = None,
+        reach: Reachability | None = None,
+        lineage: Lineage | None = None,
     ) -> None:
         assert isinstance(services.method, CentralizedAlgorithm)
         self.services = services
@@ -111,54 +158,42 @@ class AggregatorRole:
         self.id = services.id
         self.cfg = services.cfg
         self.members = set(services.cfg.node_ids)
-        self.aggregator_of = aggregator_of
-        self.auditor_of = auditor_of  # who may also pull uploads (None: no audit)
+        self.rotation = rotation
         self._reports: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
         self._uploads: OrderedDict[int, State] = OrderedDict()
         self._results: OrderedDict[tuple[int, int], Aggregate] = OrderedDict()
         self._prepared: dict[tuple[int, int, str, int], PreparedState] = {}
         self._served: dict[tuple[int, int], set[str]] = {}  # who pulled each result
         self._prepare_lock = asyncio.Lock()
-        # semi-asynchronous rounds (timing.quorum): late offers heard, when each report
-        # arrived and each round began here, and the latencies recent announcements carried
-        self.counted = counted
-        self.max_late = max_late
-        self._late_reports: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
-        self._late_offer: dict[int, tuple[int, dict[str, Any]]] = {}  # round -> (t, report)
-        self._arrived: dict[tuple[int, int], dict[str, float]] = {}
-        self._started: dict[int, float] = {}
-        self._ready: dict[int, float] = {}  # when this node's own upload of a round was kept
-        self.latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
-        # privacy.secagg: the driver's secure aggregation (None: off)
-        self.secure: SecureRounds | None = None
-        # docs/wire.md, "Partitions": the driver's view of who is reachable (a peer cut off
-        # is not waited on) and the lineage this node follows (None: neither, as in tests)
-        self.reach: Reachability | None = None
-        self.lineage: Lineage | None = None
+        self.quorum = QuorumClose(services, late)  # timing.quorum
+        self.secure = secure
+        self.reach = reach
+        self.lineage = lineage
         self._announcements: dict[tuple[int, int], dict[str, Any]] = {}  # made by this node
         self._reannounced: dict[tuple[int, int], float] = {}
-        self._tasks: set[asyncio.Future] = set()
+        # the announcements late reports asked for again, sent by :meth:`reannounce`
+        self._again: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
 
     # ------------------------------------------------------------------ what it holds
     def keep_upload(self, round_no: int, state: State) -> None:
         """This node's upload of round ``round_no``, for its aggregators' pulls."""
         self._uploads[round_no] = state
-        self._ready[round_no] = time.monotonic()
+        self.quorum.upload_kept(round_no)
 
     def round_started(self, round_no: int) -> None:
         """This node began round ``round_no`` (its report latencies are measured from now)."""
-        self._started.setdefault(round_no, time.monotonic())
+        self.quorum.round_started(round_no)
 
     def offer_late(self, round_no: int, trained: int, report: dict[str, Any]) -> None:
         """This node offers its upload of round ``trained`` (its ``report`` message, ``{n,
         report, late}``) to round ``round_no``: served there as part ``late``, and counted by
         this node itself when it aggregates that round without a fresh upload."""
-        self._late_offer[round_no] = (trained, report)
+        self.quorum.offer_late(round_no, trained, report)
 
     def late_upload(self, round_no: int) -> State | None:
         """The upload this node offered late to round ``round_no`` (None: none)."""
-        offer = self._late_offer.get(round_no)
-        return None if offer is None else self._uploads.get(offer[0])
+        trained = self.quorum.offered(round_no)
+        return None if trained is None else self._uploads.get(trained)
 
     def upload(self, round_no: int) -> State | None:
         """This node's upload of round ``round_no`` (None when it did not train)."""
@@ -170,39 +205,25 @@ class AggregatorRole:
         body = env.body
         n = body.get("n") if isinstance(body, dict) else None
         if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
-            self.services.drop("malformed", f"report from {env.sender}: bad sample count")
+            self.services.ledger.drop("malformed", f"report from {env.sender}: bad sample count")
             return False
         try:
             report = self.alg.check_report(body.get("report", {}))
         except ValueError as exc:
-            self.services.drop("malformed", f"report from {env.sender}: {exc}")
+            self.services.ledger.drop("malformed", f"report from {env.sender}: {exc}")
             return False
         key = (env.round, env.attempt)
         if "late" in body:  # an upload of an earlier round, offered late (quorum rounds)
-            trained = body["late"]
-            if self.cfg.timing.quorum is None:
-                self.services.drop("malformed", f"late report from {env.sender}: no quorum")
-                return False
-            if not isinstance(trained, int) or isinstance(trained, bool):
-                self.services.drop("malformed", f"late report from {env.sender}: bad round")
-                return False
-            if not 1 <= env.round - trained <= self.max_late:
-                self.services.drop(
-                    "stale_upload", f"late report {trained} for {env.round} from {env.sender}"
-                )
-                return False
-            late = {"n": n, "report": report, "trained": trained}
-            self._late_reports.setdefault(key, {})[env.sender] = late
-            return True
+            return self.quorum.keep_late(env, n, report)
         kept: dict[str, Any] = {"n": n, "report": report}
         if "lineage" in body:  # docs/wire.md, "Partitions"
             try:
                 kept["lineage"] = check_lineage(body["lineage"])
             except ValueError as exc:
-                self.services.drop("malformed", f"report from {env.sender}: {exc}")
+                self.services.ledger.drop("malformed", f"report from {env.sender}: {exc}")
                 return False
         self._reports.setdefault(key, {})[env.sender] = kept
-        self._arrived.setdefault(key, {}).setdefault(env.sender, time.monotonic())
+        self.quorum.arrived_now(key, env.sender)
         return True
 
     def forget(self, floor: int) -> None:
@@ -218,12 +239,10 @@ class AggregatorRole:
             del self._reports[key]
         for key in [k for k in self._served if k[0] <= floor]:
             del self._served[key]
-        for d in (self._late_reports, self._arrived, self._announcements, self._reannounced):
+        for d in (self._announcements, self._reannounced):
             for key in [k for k in d if k[0] <= floor]:
                 del d[key]
-        for d2 in (self._late_offer, self._started, self._ready):
-            for r in [r for r in d2 if r <= floor]:
-                del d2[r]
+        self.quorum.forget(floor)
 
     # ------------------------------------------------------------------ serving
     async def _prepared_for(self, key: tuple[int, int, str], state: State) -> PreparedState:
@@ -231,7 +250,7 @@ class AggregatorRole:
         what = "result" if key[2] == "result" else "model"
         async with self._prepare_lock:
             if full not in self._prepared:
-                self._prepared[full] = await self.services.prepare(state, key[0], what)
+                self._prepared[full] = await self.services.exchange.prepare(state, key[0], what)
         return self._prepared[full]
 
     def _stream_of(self, env: Envelope, part: str) -> tuple[tuple[str, ...], Any]:
@@ -244,8 +263,8 @@ class AggregatorRole:
             whose = env.sender if env.sender in agg.results else ""
             return ("result", whose), (env.round, env.attempt)
         if part == "late":
-            offer = self._late_offer.get(env.round)
-            return ("upload",), (offer[0] if offer is not None else env.round)
+            trained = self.quorum.offered(env.round)
+            return ("upload",), (trained if trained is not None else env.round)
         return ("upload",), env.round
 
     async def serve_pull(self, env: Envelope) -> None:
@@ -257,8 +276,8 @@ class AggregatorRole:
             reason = "not a member"
         elif part == "upload":
             if env.sender not in (
-                self.aggregator_of(env.round, env.attempt),
-                self.auditor_of(env.round, env.attempt),
+                self.rotation.aggregator(env.round, env.attempt),
+                self.rotation.auditor(env.round, env.attempt),
             ):
                 reason = f"not the aggregator or auditor of {env.round}/{env.attempt}"
             elif env.round not in self._uploads:
@@ -267,8 +286,8 @@ class AggregatorRole:
                 state = self._uploads[env.round]
         elif part == "late":
             if env.sender not in (
-                self.aggregator_of(env.round, env.attempt),
-                self.auditor_of(env.round, env.attempt),
+                self.rotation.aggregator(env.round, env.attempt),
+                self.rotation.auditor(env.round, env.attempt),
             ):
                 reason = f"not the aggregator or auditor of {env.round}/{env.attempt}"
             else:
@@ -278,7 +297,9 @@ class AggregatorRole:
         elif part == MASKED and self.secure is not None:  # privacy.secagg: A only
             state, reason = self.secure.masked_for(env)
             if state is not None:  # as it is: no attack, no compression (random field)
-                await self.services.send_state(env, await self.services.prepare(state))
+                await self.services.exchange.send_state(
+                    env, await self.services.exchange.prepare(state)
+                )
                 return
         elif part == "result":
             agg = self._results.get((env.round, env.attempt))
@@ -291,18 +312,18 @@ class AggregatorRole:
         else:
             reason = f"unknown part {part!r}"
         if reason is not None or state is None:
-            await self.services.refuse_pull(env, reason or "nothing for this node")
+            await self.services.exchange.refuse_pull(env, reason or "nothing for this node")
             return
-        if self.services.streams is not None:  # top-k: served from a stream (below)
+        if self.services.exchange.streams is not None:  # top-k: served from a stream (below)
             stream, tag = self._stream_of(env, str(part))
             what = "result" if part == "result" else "model"
-            await self.services.serve_stream(env, stream, tag, state, env.round, what)
+            await self.services.exchange.serve_stream(env, stream, tag, state, env.round, what)
         else:
             prepared = await self._prepared_for((env.round, env.attempt, str(part)), state)
-            await self.services.send_state(env, prepared)
+            await self.services.exchange.send_state(env, prepared)
         if part == "result":
             self._served.setdefault((env.round, env.attempt), set()).add(env.sender)
-            self.services.notify()
+            self.services.peers.notify()
 
     # ------------------------------------------------------------------ one attempt
     async def aggregate(
@@ -311,22 +332,18 @@ class AggregatorRole:
         attempt: int,
         own: dict[str, Any] | None,
         superseded: Callable[[], bool],
-    ) -> tuple[dict[str, Any], State | None, dict[str, Any], dict[str, Any]] | None:
+    ) -> Announced | None:
         """Run attempt ``attempt`` of round ``plan.round`` as its aggregator, with ``own``
-        this node's report (None when it did not train); return (announcement, what this
-        node receives, the aggregator's facts, the method's server-rule facts, each
-        prefixed ``agg_``) or None as soon as ``superseded()`` says a later attempt of the
-        round was announced meanwhile (this one is dead: its result is never announced).
-        The aggregator's facts: ``aggregated``, ``upload_failed``, ``aggregate_s``,
-        ``collect_s``, ``serve_s``, and ``aggregate_error`` when the server rule failed;
-        with ``timing.quorum``, ``quorum`` ``{needed, closed_by, deadline_s}``."""
+        this node's report (None when it did not train); None as soon as ``superseded()``
+        says a later attempt of the round was announced meanwhile (this one is dead: its
+        result is never announced)."""
         svc, cfg, r = self.services, self.cfg, plan.round
         t0 = time.monotonic()
         expected = [p for p in plan.participants if p != self.id]
         quorum = cfg.timing.quorum
         log.info("%s: aggregating round %d attempt %d", self.id, r, attempt)
-        svc.publish_status(r, "aggregating")
-        closing: dict[str, Any] | None = None
+        svc.ledger.publish_status(r, "aggregating")
+        closing: Closing | None = None
         if quorum is None:
 
             def ready() -> bool:
@@ -335,28 +352,42 @@ class AggregatorRole:
 
             unheard = lambda: [p for p in expected if p not in self._reports.get((r, attempt), {})]  # noqa: E731
             async with self._watching(unheard):
-                await svc.wait_for(ready, t0 + cfg.timing.round_timeout_s)
+                await svc.peers.wait_for(ready, t0 + cfg.timing.round_timeout_s)
         else:
-            closing = await self._collect_quorum(plan, attempt, own, superseded, t0, expected)
+            closing = await self.quorum.close(
+                plan,
+                attempt,
+                own is not None and r in self._uploads,
+                superseded,
+                t0,
+                expected,
+                lambda: self._reports.get((r, attempt), {}),
+            )
         if superseded():
             return None
         got = self._reports.get((r, attempt), {})
         reports = {
             p: rep
             for p, rep in got.items()
-            if p in expected and svc.trusted(p, r)  # reputation: a distrusted upload waits
+            if p in expected and svc.robust.trusted(p, r)  # reputation: a distrusted upload waits
         }
         # quorum rounds: the participants the round closed without, and the late offers it
         # counts instead of dropping (a member's fresh upload of the round replaces its late one)
         closed_without = sorted(p for p in expected if p not in got)
-        late = self._late_offers_for(r, attempt, reports, own) if quorum is not None else {}
+        late = (
+            self.quorum.late_offers_for(
+                r, attempt, reports, own is not None and r in self._uploads, self._uploads
+            )
+            if quorum is not None
+            else {}
+        )
         template = self._uploads.get(r)
         if template is None:  # it did not train: its current model's part stands in
             template = await asyncio.to_thread(self.alg.upload)
             # the defence's reference, served to the attempt's auditor as its "upload" (it
             # is never counted: only a reported upload is aggregated)
             self._uploads[r] = template
-        svc.defence.reference = template
+        svc.robust.defence.reference = template
         secagg: dict[str, Any] | None = None
         done: Aggregated | None
         if self.secure is not None:  # privacy.secagg: the masked sum replaces pull + rule
@@ -391,15 +422,15 @@ class AggregatorRole:
             "claims": {p: claims[p] for p in sorted(uploads)},
             "reports": {p: uploads[p].report for p in sorted(uploads)},
         }
-        if svc.defence.noise_spread > 0:  # the DP allowance clip measured with: audited
-            announcement["noise_spread"] = svc.defence.noise_spread
+        if svc.robust.defence.noise_spread > 0:  # the DP allowance clip measured with: audited
+            announcement["noise_spread"] = svc.robust.defence.noise_spread
         if self.reach is not None and self.lineage is not None:  # who may fork it, probed now
             await self.reach.refresh(self.lineage.followers)
         merged = name_result(self.lineage, self.reach, announcement, got, r, attempt, self.id)
         if quorum is not None:
             announcement["late"] = done.counted_late
             announcement["closed_without"] = closed_without
-            latency = self._latency(r, attempt, reports, own)
+            latency = self.quorum.latency(r, attempt, reports, own)
             if latency is not None:
                 announcement["report_s"] = latency
         self._announcements[(r, attempt)] = announcement
@@ -418,33 +449,31 @@ class AggregatorRole:
         t_serve = time.monotonic()
         unserved = lambda: [n for n in pullers if n not in self._served.get((r, attempt), ())]  # noqa: E731
         async with self._watching(unserved):
-            await svc.wait_for(
+            await svc.peers.wait_for(
                 lambda: all(not self._waits(n, r) for n in unserved()),
                 t_serve + cfg.timing.round_timeout_s,
             )
-        facts: dict[str, Any] = {
-            "aggregated": sorted(uploads),
-            "upload_failed": done.failed,
-            "aggregate_s": round(done.agg_s, 4),
-            "collect_s": round(done.t_agg - t0, 4),
-            "serve_s": round(time.monotonic() - t_serve, 4),
-        }
-        if merged:
-            facts["lineage_merged"] = merged
-        if closing is not None:
-            facts["quorum"] = closing
-        if secagg is not None:
-            facts["secagg"] = secagg
-        if done.error is not None:
-            facts["aggregate_error"] = done.error
+        facts = AggregatorFacts(
+            aggregated=sorted(uploads),
+            upload_failed=done.failed,
+            aggregate_s=round(done.agg_s, 4),
+            collect_s=round(done.t_agg - t0, 4),
+            serve_s=round(time.monotonic() - t_serve, 4),
+            lineage_merged=merged,
+            quorum=closing,
+            secagg=secagg,
+            error=done.error,
+        )
         rule = result.facts if isinstance(result.facts, dict) else {}
         server_facts = {f"agg_{k}": v for k, v in rule.items()}
-        return announcement, result.results.get(self.id, result.common), facts, server_facts
+        return Announced(
+            announcement, result.results.get(self.id, result.common), facts, server_facts
+        )
 
     # ------------------------------------------------------------------ partitions
     async def _gossip_announcement(self, round_no: int, attempt: int) -> None:
         try:
-            await self.services.transport.gossip(
+            await self.services.exchange.gossip(
                 round_no, self._announcements[(round_no, attempt)], kind="announce", attempt=attempt
             )
         except TransportError as exc:
@@ -460,9 +489,15 @@ class AggregatorRole:
             return
         self._reannounced[key] = now
         log.info("%s: round %d: a late report; announcing attempt %d again", self.id, *key)
-        task = asyncio.ensure_future(self._gossip_announcement(round_no, attempt))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._again.put_nowait(key)
+
+    async def reannounce(self) -> None:
+        """Announce again each attempt :meth:`late_report` asked for, in turn, for as long
+        as it runs (the driver holds it for its rounds: :func:`~p2pfl.background.background`)."""
+        while True:
+            key = await self._again.get()
+            if key in self._announcements:  # not forgotten meanwhile
+                await self._gossip_announcement(*key)
 
     def _waits(self, peer: str, round_no: int) -> bool:
         """Whether a wait of round ``round_no`` goes on waiting for ``peer``: it is in step
@@ -501,7 +536,7 @@ class AggregatorRole:
         parts.update({p: "late" for p in late if p != self.id})
         cut = await self._cut_off(parts)  # a pull across a cut would wait out its timeout
         parts = {p: part for p, part in parts.items() if p not in cut}
-        pulled, failed = await svc.pull_many(
+        pulled, failed = await svc.exchange.pull_many(
             parts,
             r,
             timeout,
@@ -509,7 +544,7 @@ class AggregatorRole:
             reference=lambda _part: template,  # admission: layout, finite, norm
         )
         failed.update(cut)
-        claims = svc.cap_claims({p: (reports.get(p) or late[p])["n"] for p in pulled})
+        claims = svc.robust.cap_claims({p: (reports.get(p) or late[p])["n"] for p in pulled})
         staleness = {p: r - late[p]["trained"] for p in late}
         a = cfg.timing.staleness_exponent
         uploads: dict[str, Upload] = {}
@@ -546,75 +581,3 @@ class AggregatorRole:
         if superseded():
             return None
         return Aggregated(uploads, claims, failed, counted_late, result, error, agg_s, t_agg)
-
-    # ------------------------------------------------------------------ quorum rounds
-    async def _collect_quorum(
-        self,
-        plan: RoundPlan,
-        attempt: int,
-        own: dict[str, Any] | None,
-        superseded: Callable[[], bool],
-        t0: float,
-        expected: list[str],
-    ) -> dict[str, Any]:
-        """Wait until :func:`~p2pfl.rounds.rotation.quorum.close_reason` closes attempt ``attempt``:
-        every live expected uploader reported, or ``ceil(quorum · live)`` of them (this node
-        counts when it trained), or the deadline adapted from :attr:`latencies`, measured
-        from this node's start of the round, passed (never later than ``round_timeout_s``
-        after the collection began). Returns ``{needed, closed_by, deadline_s}``."""
-        svc, cfg, r = self.services, self.cfg, plan.round
-        quorum = float(cfg.timing.quorum or 1.0)
-        deadline_s = close_deadline(list(self.latencies), cfg.timing.round_timeout_s)
-        start = self._started.get(r, t0)
-        close_at = min(start + deadline_s, t0 + cfg.timing.round_timeout_s)
-        mine = [self.id] if own is not None and r in self._uploads else []
-
-        def reason() -> tuple[str | None, int]:
-            got = self._reports.get((r, attempt), {})
-            live = [*mine, *(p for p in expected if waits_on(svc, p, r))]
-            reported = {*mine, *(p for p in expected if p in got)}
-            why = close_reason(live, reported, quorum, time.monotonic(), close_at)
-            return why, quorum_count(quorum, len(live))
-
-        await svc.wait_for(lambda: superseded() or reason()[0] is not None, close_at)
-        why, needed = reason()
-        return {
-            "needed": needed,
-            "closed_by": why or "deadline",
-            "deadline_s": round(deadline_s, 4),
-        }
-
-    def _late_offers_for(
-        self, r: int, attempt: int, reports: dict[str, Any], own: dict[str, Any] | None
-    ) -> dict[str, dict[str, Any]]:
-        """The late offers attempt ``attempt`` of round ``r`` counts: from members whose
-        fresh upload of the round is not in, trusted, whose offered upload was not counted
-        already; this node's own offer when it has no fresh upload of the round."""
-        out: dict[str, dict[str, Any]] = {}
-        for peer, late in sorted(self._late_reports.get((r, attempt), {}).items()):
-            if peer in reports or peer == self.id or not self.services.trusted(peer, r):
-                continue
-            if self.counted(peer, late["trained"]):
-                self.services.drop("stale_upload", f"late {late['trained']} from {peer}: counted")
-                continue
-            out[peer] = late
-        offer = self._late_offer.get(r)
-        if (own is None or r not in self._uploads) and offer is not None:
-            trained, report = offer
-            if trained in self._uploads and not self.counted(self.id, trained):
-                out[self.id] = {"n": report["n"], "report": report["report"], "trained": trained}
-        return out
-
-    def _latency(
-        self, r: int, attempt: int, reports: dict[str, Any], own: dict[str, Any] | None
-    ) -> float | None:
-        """The median latency of the round's counted fresh reports (and of this node's own
-        upload), each from this node's start of the round to its arrival, in seconds."""
-        start = self._started.get(r)
-        if start is None:
-            return None
-        arrived = self._arrived.get((r, attempt), {})
-        times = [arrived[p] for p in reports if p in arrived]
-        if own is not None and r in self._ready:
-            times.append(self._ready[r])
-        return median_latency([max(0.0, t - start) for t in times])

@@ -32,7 +32,7 @@ from p2pfl.learning.defence import Defence
 from p2pfl.learning.state import State
 from p2pfl.rounds.rotation.plans import RoundPlan
 from p2pfl.rounds.rotation.quorum import staleness_weight
-from p2pfl.wire.codec import encode
+from p2pfl.wire.envelope import same_body
 
 VERDICTS = ("ok", "mismatch", "incomplete")
 
@@ -66,7 +66,7 @@ def check_own_entry(body: Mapping[str, Any], me: str, sent: Mapping[str, Any] | 
         return "the announcement lacks this node's weight or report"
     if claims[me] > sent["n"]:
         return f"announced weight {claims[me]} > the {sent['n']} samples this node reported"
-    if encode(reports[me]) != encode(sent["report"]):
+    if not same_body(reports[me], sent["report"]):
         return "the announced report is not the one this node sent"
     return None
 
@@ -142,7 +142,7 @@ def compare(
             a, b = mine[k].detach().cpu(), received[k].detach().cpu()
             if a.dtype != b.dtype or a.shape != b.shape or not torch.equal(a, b):
                 return f"tensor {k!r} differs from the recomputed aggregate"
-    if encode(expected.server) != encode(announced_server):
+    if not same_body(expected.server, announced_server):
         return "the announced server state differs from the recomputed one"
     return None
 

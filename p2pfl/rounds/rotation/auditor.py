@@ -13,51 +13,59 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from p2pfl.algorithms.base import CentralizedAlgorithm
 from p2pfl.learning.state import State
+from p2pfl.rounds.rotation.aggregator import AggregatorRole
 from p2pfl.rounds.rotation.audit import check_own_entry, check_verdict, compare, spread_problem
 from p2pfl.rounds.rotation.audit import recompute as recompute_aggregate
 from p2pfl.rounds.rotation.plans import RoundPlan, waits_on
 from p2pfl.rounds.rotation.reach import Reachability
+from p2pfl.rounds.rotation.rotation import Rotation
 from p2pfl.services.bundle import NodeServices
-from p2pfl.wire.codec import state_nbytes
 from p2pfl.wire.envelope import Envelope
-from p2pfl.wire.transport import TransportError
+from p2pfl.wire.errors import TransportError
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class AuditCheck:
+    """The audit of one attempt, as a member saw it: why the round fails over (None: it
+    does not) and the record's ``audit`` (None: the attempt is not audited, or was
+    superseded before its verdict)."""
+
+    failover: str | None
+    record: dict[str, Any] | None
+
+
 class AuditRole:
-    """The verdicts of one node's swarm and this node's part in each audit.
-    ``aggregator_of`` / ``auditor_of(round, attempt)`` are the driver's answers (None while
-    a round's roster is unknown, or without an audit); ``upload_of(round)`` is this node's
-    own upload of a round (None when it did not train), ``late_of(round)`` the upload it
-    offered late to a round (quorum rounds; None: none)."""
+    """The verdicts of one node's swarm and this node's part in each audit. ``rotation``
+    says who aggregates and who audits an attempt; ``uploads`` holds this node's own
+    uploads and the ones it offered late (quorum rounds); ``reach`` the node's view of who
+    is reachable (docs/wire.md, "Partitions": an auditor cut off is not waited on; None:
+    no view)."""
 
     def __init__(
         self,
         services: NodeServices,
-        aggregator_of: Callable[[int, int], str | None],
-        auditor_of: Callable[[int, int], str | None],
-        upload_of: Callable[[int], State | None],
-        late_of: Callable[[int], State | None] = lambda _r: None,
+        rotation: Rotation,
+        uploads: AggregatorRole,
+        reach: Reachability | None = None,
     ) -> None:
         assert isinstance(services.method, CentralizedAlgorithm)
         self.services = services
         self.alg: CentralizedAlgorithm = services.method
         self.id = services.id
         self.cfg = services.cfg
-        self.aggregator_of = aggregator_of
-        self.auditor_of = auditor_of
-        self.upload_of = upload_of
-        self.late_of = late_of
+        self.rotation = rotation
+        self.uploads = uploads
         self.verdicts: dict[tuple[int, int], dict[str, Any]] = {}
         # aggregators an auditor caught: every member skips them as aggregators from then on
         self.convicted: set[str] = set()
-        # docs/wire.md, "Partitions": an auditor cut off is not waited on (None: no view)
-        self.reach: Reachability | None = None
+        self.reach = reach
 
     def forget(self, floor: int) -> None:
         """Drop the verdicts of round ``floor`` and before (convictions stay)."""
@@ -68,19 +76,21 @@ class AuditRole:
         """Keep the verdict of the rightful auditor of ``(round, attempt)``; a ``mismatch``
         convicts the aggregator it names (signed, so every member holds the same proof). The
         driver has dropped stale and far-ahead messages already."""
-        if self.auditor_of(env.round, env.attempt) != env.sender:
-            self.services.drop("not_auditor", f"audit {env.round}/{env.attempt} from {env.sender}")
+        if self.rotation.auditor(env.round, env.attempt) != env.sender:
+            self.services.ledger.drop(
+                "not_auditor", f"audit {env.round}/{env.attempt} from {env.sender}"
+            )
             return
         try:
             body = check_verdict(env.body)
         except ValueError as exc:
-            self.services.drop("malformed", f"audit from {env.sender}: {exc}")
+            self.services.ledger.drop("malformed", f"audit from {env.sender}: {exc}")
             return
-        if body["aggregator"] != self.aggregator_of(env.round, env.attempt):
-            self.services.drop("malformed", f"audit from {env.sender}: not this attempt's")
+        if body["aggregator"] != self.rotation.aggregator(env.round, env.attempt):
+            self.services.ledger.drop("malformed", f"audit from {env.sender}: not this attempt's")
             return
         self.note(env.round, env.attempt, body)
-        self.services.notify()
+        self.services.peers.notify()
 
     def note(self, round_no: int, attempt: int, body: dict[str, Any]) -> None:
         """Keep a verdict (heard or this node's own); a ``mismatch`` convicts."""
@@ -104,18 +114,17 @@ class AuditRole:
         received: State | None,
         own: dict[str, Any] | None,
         superseded: Callable[[], bool] = lambda: False,
-    ) -> tuple[str | None, dict[str, Any]]:
+    ) -> AuditCheck:
         """The audit of attempt ``attempt`` of ``plan.round`` (docs/design.md, "Auditing
         the aggregator"): the auditor recomputes and announces its verdict; every other
         member checks its own entry of the announcement and waits (bounded) for the
         verdict, or until ``superseded()`` says a later attempt of the round was announced
         (members that moved on do not audit this one: the round fails over to the later
-        attempt, ``superseded``). Returns (why the round fails over, or None; the record's
-        ``audit``)."""
+        attempt, ``superseded``)."""
         svc, r = self.services, plan.round
-        auditor = self.auditor_of(r, attempt)
+        auditor = self.rotation.auditor(r, attempt)
         if auditor is None:
-            return None, {}
+            return AuditCheck(None, None)
         t0 = time.monotonic()
         record: dict[str, Any] = {"auditor": auditor}
         own_entry = check_own_entry(body, self.id, own)
@@ -129,7 +138,7 @@ class AuditRole:
             reach = self.reach
             watch = contextlib.nullcontext() if reach is None else reach.watching(lambda: [auditor])
             async with watch:
-                await svc.wait_for(
+                await svc.peers.wait_for(
                     lambda: (
                         (r, attempt) in self.verdicts
                         or superseded()
@@ -140,13 +149,13 @@ class AuditRole:
                 )
             heard = self.verdicts.get((r, attempt))
             if heard is None and superseded():
-                return "superseded", {}
+                return AuditCheck("superseded", None)
             record["verdict"] = heard["verdict"] if heard else None  # None: auditor silent
             if heard and heard["why"]:
                 record["why"] = heard["why"]
         record["audit_s"] = round(time.monotonic() - t0, 4)
         caught = record.get("verdict") == "mismatch"
-        return (f"audit: {record.get('why', 'mismatch')}" if caught else None), {"audit": record}
+        return AuditCheck(f"audit: {record.get('why', 'mismatch')}" if caught else None, record)
 
     async def _recompute_and_announce(
         self,
@@ -163,18 +172,18 @@ class AuditRole:
         # own (its defence's reference)
         late = body.get("late", {})
         names = sorted({*body["aggregated"], aggregator} - {self.id})
-        pulled, _failed = await svc.pull_many(
+        pulled, _failed = await svc.exchange.pull_many(
             {p: "late" if p in late and p != aggregator else "upload" for p in names},
             r,
             max(1.0, self.cfg.timing.round_timeout_s),
             attempt=attempt,
         )
-        mine = self.late_of(r) if self.id in late else self.upload_of(r)
+        mine = self.uploads.late_upload(r) if self.id in late else self.uploads.upload(r)
         if self.id in body["aggregated"] and mine is not None:
             pulled[self.id] = mine
         inputs_of = dict(pulled)  # what each aggregated node counted with
         if aggregator in late and aggregator != self.id:  # its late upload, beside its reference
-            extra, _ = await svc.pull_many(
+            extra, _ = await svc.exchange.pull_many(
                 {aggregator: "late"},
                 r,
                 max(1.0, self.cfg.timing.round_timeout_s),
@@ -182,11 +191,13 @@ class AuditRole:
             )
             inputs_of.pop(aggregator, None)
             inputs_of.update(extra)
-        nbytes = sum(state_nbytes(s) for p, s in pulled.items() if p != self.id)
-        nbytes += sum(state_nbytes(s) for p, s in inputs_of.items() if pulled.get(p) is not s)
+        nbytes = sum(svc.exchange.size_of(s) for p, s in pulled.items() if p != self.id)
+        nbytes += sum(
+            svc.exchange.size_of(s) for p, s in inputs_of.items() if pulled.get(p) is not s
+        )
         missing = sorted(set(body["aggregated"]) - set(inputs_of))
         why: str | None
-        spread_why = spread_problem(body.get("noise_spread"), svc.defence.noise_spread)
+        spread_why = spread_problem(body.get("noise_spread"), svc.robust.defence.noise_spread)
         if missing:
             verdict, why = "incomplete", f"uploads missing: {missing}"
         elif spread_why is not None:
@@ -211,7 +222,7 @@ class AuditRole:
         message = {"aggregator": aggregator, "verdict": verdict, "why": why or ""}
         self.note(r, attempt, check_verdict(message))
         try:
-            await svc.transport.gossip(r, message, kind="audit", attempt=attempt)
+            await svc.exchange.gossip(r, message, kind="audit", attempt=attempt)
         except TransportError as exc:
             log.warning("%s: round %d: audit verdict not sent: %s", self.id, r, exc)
         out: dict[str, Any] = {"verdict": verdict, "audit_bytes": nbytes}

@@ -12,7 +12,7 @@ from typing import Any
 from p2pfl.rounds.rotation.lineage import Lineage, result_lineage
 from p2pfl.rounds.rotation.reach import UNREACHABLE, Reachability
 from p2pfl.services.bundle import NodeServices
-from p2pfl.wire.transport import TransportError
+from p2pfl.wire.errors import TransportError
 
 log = logging.getLogger(__name__)
 
@@ -20,19 +20,16 @@ log = logging.getLogger(__name__)
 def member_reach(services: NodeServices) -> Reachability:
     """The reachability of ``services``' peers: presence (``online``), the direct lane (a
     probe, and any pull that went that way) and the bridges of its broker; a flip of a
-    verdict wakes every wait of the node (:meth:`NodeServices.notify`). The transport is
-    looked up at each use (a node builds it after its driver)."""
-
-    async def probe(peer: str, timeout: float) -> bool | None:
-        return await services.transport.probe(peer, timeout)
-
+    verdict wakes every wait of the node (:meth:`~p2pfl.services.peers.PeerView.notify`).
+    Each is looked up at its use."""
+    exchange = services.exchange
     return Reachability(
         services.id,
-        online=services.is_online,
-        probe=probe,
-        bridge_down=lambda: services.transport.bridge_down,
-        changed=services.notify,
-        answered=lambda peer: peer in services.transport.direct_answered,
+        online=lambda peer: services.peers.is_online(peer),
+        probe=lambda peer, timeout: exchange.probe(peer, timeout),
+        bridge_down=lambda: exchange.bridge_down,
+        changed=lambda: services.peers.notify(),
+        answered=lambda peer: exchange.answered_directly(peer),
     )
 
 
@@ -42,11 +39,10 @@ async def follow_bridges(services: NodeServices) -> None:
     every bridge counted up."""
 
     def changed(_name: str, _up: bool) -> None:
-        services.notify()
+        services.peers.notify()
 
-    services.transport.on_bridge = changed
     try:
-        await services.transport.follow_bridges()
+        await services.exchange.follow_bridges(changed)
     except TransportError as exc:  # the next connection subscribes
         log.debug("%s: bridge state not followed yet: %s", services.id, exc)
 

@@ -43,7 +43,7 @@ class RoundPlan:
 def live_members(services: NodeServices) -> list[str]:
     """The members of the swarm that are online now, sorted: the roster of a plan drawn
     from live presence."""
-    return sorted(p for p in set(services.cfg.node_ids) if services.is_online(p))
+    return sorted(p for p in set(services.cfg.node_ids) if services.peers.is_online(p))
 
 
 def drawn_of(
@@ -88,7 +88,10 @@ def waits_on(services: NodeServices, peer: str, round_no: int) -> bool:
     """Whether a wait of round ``round_no`` should go on waiting for ``peer``: it is in
     step (online, near this round, not joining after it) and has not finished the round
     already (settled on another attempt)."""
-    return services.in_step(peer, round_no) and (services.reported_round(peer) or 0) < round_no
+    return (
+        services.peers.in_step(peer, round_no)
+        and (services.peers.reported_round(peer) or 0) < round_no
+    )
 
 
 def _check_ids(value: Any, allowed: set[str], what: str) -> list[str]:

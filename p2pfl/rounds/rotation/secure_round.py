@@ -63,7 +63,7 @@ from p2pfl.privacy.secagg.messages import id_list, parse_keys
 from p2pfl.rounds.rotation.plans import RoundPlan, waits_on
 from p2pfl.services.bundle import NodeServices
 from p2pfl.wire.envelope import Envelope
-from p2pfl.wire.transport import TransportError
+from p2pfl.wire.errors import TransportError
 
 log = logging.getLogger(__name__)
 
@@ -166,39 +166,39 @@ class SecureRounds:
         svc, key, who = self.services, (env.round, env.attempt), env.sender
         what = f"{env.kind} {env.round}/{env.attempt} from {who}"
         if who not in self.members:
-            svc.drop("not_member", what)
+            svc.ledger.drop("not_member", what)
             return
         if not isinstance(env.body, dict) or env.attempt >= len(self.members):
-            svc.drop("malformed", what)
+            svc.ledger.drop("malformed", what)
             return
         agg = self.aggregator_of(*key)
         if env.kind == KEYS:
             try:
                 c_pk, s_pk = parse_keys(env.body.get("keys"), who)
             except SecAggError as exc:
-                svc.drop("malformed", f"{what}: {exc}")
+                svc.ledger.drop("malformed", f"{what}: {exc}")
                 return
             heard = self.keys.setdefault(key, {})
             if who in heard:
-                svc.drop("duplicate", what)
+                svc.ledger.drop("duplicate", what)
                 return
             heard[who] = {"c_pk": c_pk, "s_pk": s_pk}
         elif env.kind in TO_MEMBER or env.kind in TO_AGGREGATOR:
             if env.kind in TO_MEMBER and agg is not None and agg != who:
-                svc.drop("not_aggregator", what)
+                svc.ledger.drop("not_aggregator", what)
                 return
             if env.kind in TO_AGGREGATOR and agg is not None and agg != self.id:
-                svc.drop("misdirected_report", what)
+                svc.ledger.drop("misdirected_report", what)
                 return
             box = self.inbox.setdefault(key, {})
             if (env.kind, who) in box:
-                svc.drop("duplicate", what)
+                svc.ledger.drop("duplicate", what)
                 return
             box[(env.kind, who)] = env.body
         else:
-            svc.drop("unexpected_kind", what)
+            svc.ledger.drop("unexpected_kind", what)
             return
-        svc.notify()
+        svc.peers.notify()
 
     def masked_for(self, env: Envelope) -> tuple[State | None, str | None]:
         """This member's masked vector of the attempt a pull of part ``masked`` names, for its
@@ -223,10 +223,10 @@ class SecureRounds:
         member), straight into its own mailbox."""
         if to == self.id:
             self.inbox.setdefault((round_no, attempt), {}).setdefault((kind, self.id), body)
-            self.services.notify()
+            self.services.peers.notify()
             return
         try:
-            await self.services.transport.send(to, kind, round_no, body, attempt=attempt)
+            await self.services.exchange.send(to, kind, round_no, body, attempt=attempt)
         except TransportError as exc:
             log.warning("%s: round %d: %s to %s failed: %s", self.id, round_no, kind, to, exc)
 
@@ -293,12 +293,14 @@ class SecureRounds:
         member = SecAggMember(self.id, members, t, ctx, neighbours=self.neighbours)
         mine = member.advertise()
         self.keys.setdefault(key, {})[self.id] = mine
-        await svc.transport.gossip(r, {"keys": mine}, kind=KEYS, attempt=attempt)
+        await svc.exchange.gossip(r, {"keys": mine}, kind=KEYS, attempt=attempt)
         facts["step"] = "advertised"
         deadline = time.monotonic() + self.cfg.timing.aggregator_timeout  # the driver ends sooner
 
         async def from_aggregator(kind: str) -> dict[str, Any]:
-            if not await svc.wait_for(lambda: self._got(key, kind, agg) is not None, deadline):
+            if not await svc.peers.wait_for(
+                lambda: self._got(key, kind, agg) is not None, deadline
+            ):
                 raise SecAggError(f"no {kind} from {agg}")
             return self._got(key, kind, agg) or {}
 
@@ -307,7 +309,9 @@ class SecureRounds:
         if self.id not in u1:
             raise SecAggError("left out of the members by the aggregator")
         heard = self.keys.setdefault(key, {})
-        await svc.wait_for(lambda: all(u in heard for u in u1), time.monotonic() + self.step_s)
+        await svc.peers.wait_for(
+            lambda: all(u in heard for u in u1), time.monotonic() + self.step_s
+        )
         missing = sorted(u for u in u1 if u not in heard)
         if missing:
             raise SecAggError(f"keys of {missing} not heard")
@@ -338,7 +342,7 @@ class SecureRounds:
         """Wait (:attr:`step_s` at most) for ``kind`` from every live one of ``peers``;
         returns those it came from."""
         r = key[0]
-        await self.services.wait_for(
+        await self.services.peers.wait_for(
             lambda: (
                 superseded()
                 or all(self._got(key, kind, p) is not None or not self._live(p, r) for p in peers)
@@ -358,8 +362,8 @@ class SecureRounds:
         async def one(peer: str) -> State:
             if peer == self.id:
                 return self.masked[key]
-            return await svc.transport.pull(
-                peer, r, PART, self.step_s, attempt=attempt, max_bytes=svc.pull_limit
+            return await svc.exchange.pull(
+                peer, r, PART, self.step_s, attempt=attempt, decode=False
             )
 
         pulled = await asyncio.gather(*(one(p) for p in peers), return_exceptions=True)
@@ -369,7 +373,9 @@ class SecureRounds:
                 continue
             field = masked_of(state, length)
             if field is None:
-                svc.drop("malformed", f"masked input of {peer}: not one int64 vector of {length}")
+                svc.ledger.drop(
+                    "malformed", f"masked input of {peer}: not one int64 vector of {length}"
+                )
                 continue
             server.receive_masked(peer, field)  # added to the sum; the vector is not kept
 
@@ -424,7 +430,7 @@ class SecureRounds:
             try:
                 server.receive_bundles(u, self._got(key, "sa_shares", u).get("bundles"))  # type: ignore[union-attr]
             except SecAggError as exc:
-                svc.drop("malformed", f"sa_shares from {u}: {exc}")
+                svc.ledger.drop("malformed", f"sa_shares from {u}: {exc}")
         if superseded():
             return None
         u2 = server.shared()
@@ -454,7 +460,7 @@ class SecureRounds:
             try:
                 server.receive_unmask(u, self._got(key, "sa_reveal", u))  # type: ignore[arg-type]
             except SecAggError as exc:
-                svc.drop("malformed", f"sa_reveal from {u}: {exc}")
+                svc.ledger.drop("malformed", f"sa_reveal from {u}: {exc}")
         if superseded():
             return None
         try:
@@ -482,7 +488,7 @@ class SecureRounds:
         """The reporters whose keys this node heard, after waiting (:attr:`step_s` at most)
         for those of every live one."""
         r = key[0]
-        await self.services.wait_for(
+        await self.services.peers.wait_for(
             lambda: (
                 superseded()
                 or all(p in self.keys.get(key, {}) or not self._live(p, r) for p in reporters)
