@@ -41,8 +41,8 @@ def arrived(prepared: PreparedState) -> dict[str, torch.Tensor]:
 
 async def test_what_is_served_is_the_compressed_form_and_its_digest():
     state = own_state(services("none"))
-    plain = await services("none").prepare(state)
-    packed = await services("int8").prepare(state)
+    plain = await services("none").exchange.prepare(state)
+    packed = await services("int8").exchange.prepare(state)
     assert plain.buf == PreparedState.from_state(state, plain.digest_name).buf
     assert not is_compressed(arrived(plain))
     assert is_compressed(arrived(packed))
@@ -93,7 +93,7 @@ async def test_pulled_states_are_decoded_before_admission_whatever_the_codec():
 
 async def test_a_decoded_state_over_the_pull_limit_fails_its_pull():
     svc = services("int8")
-    svc.pull_limit = 1000  # far below the synthetic CNN's decoded size
+    svc.exchange.pull_limit = 1000  # far below the synthetic CNN's decoded size
     wire = PreparedState.from_state(encode_state(own_state(svc), "int8"))
 
     async def pull(peer, round_no, part, timeout, *, attempt=0, max_bytes=None):
