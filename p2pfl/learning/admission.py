@@ -12,7 +12,7 @@ A claimed sample count is capped at ``max_sample_ratio × median(own n, the roun
 (the median is what one liar cannot move far) and at ``max_samples`` when set, so no member
 can claim the weight of the swarm.
 
-Pure functions: the node calls them on every pull (:meth:`p2pfl.services.bundle.NodeServices.pull_many`).
+Pure functions: the node calls them on every pull (:meth:`~p2pfl.services.exchange.Exchange.pull_many`).
 """
 
 from __future__ import annotations

@@ -1,31 +1,31 @@
-"""The node daemon: lifecycle, round loop, and the node's own communication queues.
+"""The node daemon: one node's lifecycle.
 
 Lifecycle of :meth:`Node.run` (one asyncio task per node; several may share a process):
 
 1. check the inputs (:mod:`p2pfl.check.preflight`), load the node's data shard and build
-   its model (in a worker thread); restore the node's checkpoint when its run directory has
-   one (:mod:`p2pfl.services.checkpoint`; ``fresh`` ignores it);
-2. connect to the broker (:class:`~p2pfl.wire.transport.Transport`, retained presence + Last Will);
-3. wait until its topology neighbours are present (``timing.startup_timeout_s`` at most);
-   a centralized member waits for the peers it hears until its first round (round 1's
-   aggregators; every member when it is one of them:
-   :meth:`~p2pfl.rounds.rotation.centralized.CentralizedRounds.hearing_at_start`);
-4. hand the rounds to the driver the method's kind asks for (:data:`DRIVERS`):
-   :mod:`p2pfl.rounds.gossip.decentralized` or :mod:`p2pfl.rounds.rotation.centralized`, over the node's
-   :class:`~p2pfl.services.bundle.NodeServices`; every wait is bounded by
-   ``timing.round_timeout_s``, so a silent or dead peer delays nobody past the deadline —
-   the node goes on with the peers that answered and records who was missing. Meanwhile
-   the broker is watched: out of reach past ``timing.broker_timeout_s``, the rounds stop
-   and the node fails (:class:`~p2pfl.wire.transport.BrokerLostError`), its completed
-   rounds on disk;
-5. announce ``done`` and keep serving pulls until every neighbour is done or gone
-   (``timing.linger_s`` at most), write any record a full disk held back, then leave.
+   its method (:func:`~p2pfl.algorithms.build.build_method`, in a worker thread); restore
+   the node's checkpoint when its run directory has one (:mod:`p2pfl.services.checkpoint`;
+   ``fresh`` ignores it);
+2. build its transport (:mod:`p2pfl.node.wiring`), its
+   :class:`~p2pfl.services.bundle.NodeServices` and its round driver: the one of
+   :data:`~p2pfl.rounds.driver.DRIVERS` that selects its method, which also says whom the
+   node talks to and hears (:class:`~p2pfl.rounds.driver.RoundDriver`); the daemon never
+   tests a method's kind;
+3. ``await driver.start()`` (whom the startup barrier waits for), connect to the broker
+   (retained presence + Last Will) and wait until those peers are present
+   (``timing.startup_timeout_s`` at most);
+4. ``await driver.run()``: every wait is bounded by ``timing.round_timeout_s``, so a silent
+   or dead peer delays nobody past the deadline. Meanwhile the broker is watched: out of
+   reach past ``timing.broker_timeout_s``, the rounds stop and the node fails
+   (:class:`~p2pfl.wire.transport.BrokerLostError`), its completed rounds on disk;
+5. announce ``done``, write the trained model, and keep serving pulls until every peer it
+   hears is done or gone (``timing.linger_s`` at most), write any record a full disk held
+   back, then leave.
 
-The daemon routes the transport's callbacks to the driver (:class:`~p2pfl.services.bundle.
-RoundDriver`) and tells it when a neighbour comes online. A node whose broker is on the LAN
-(found with ``broker: mdns`` or given) announces itself by mDNS (:mod:`p2pfl.wire.discovery`)
-for as long as it runs. With ``security.sign`` / ``security.tls`` it signs every message and
-connects with its certificate (:mod:`p2pfl.security.signing`).
+The daemon routes the transport's callbacks to the driver, refuses the pulls of a refused
+peer (a model layout unlike its own) or while the device is emulated offline, and tells the
+driver when a neighbour comes online. A node whose broker is on the LAN announces itself by
+mDNS for as long as it runs.
 
 Training and evaluation run in worker threads: the event loop keeps answering peers.
 """
@@ -46,6 +46,7 @@ import torch
 from p2pfl.algorithms import get_algorithm
 from p2pfl.algorithms.base import Method
 from p2pfl.algorithms.build import MODEL_INIT_LOCK, build_method, node_seed
+from p2pfl.background import background
 from p2pfl.check.load import ConfigError, dump_topology
 from p2pfl.check.preflight import check_dataset, check_model, check_node_data
 from p2pfl.config.privacy_schema import DPConfig
@@ -354,6 +355,7 @@ class Node:
                 ),
                 time.monotonic() + cfg.timing.linger_s,
             )
+            await svc.aclose()  # the best-effort publishes still in flight
         await self._flush_records()
         return self.records
 
@@ -384,23 +386,26 @@ class Node:
     async def _drive(self, driver: RoundDriver) -> None:
         """Run the rounds while watching the broker: when it stays out of reach past
         ``timing.broker_timeout_s``, stop the rounds and fail the node
-        (:class:`~p2pfl.wire.transport.BrokerLostError`), keeping what is on disk."""
+        (:class:`~p2pfl.wire.transport.BrokerLostError`), keeping what is on disk. Both
+        tasks live only as long as this call; a failure of the rounds is raised."""
         assert self.transport is not None
-        rounds = asyncio.ensure_future(driver.run())
-        watch = asyncio.ensure_future(self.transport.watch_broker())
-        try:
-            await asyncio.wait({rounds, watch}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (rounds, watch):
-                if not task.done():
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
-        if watch.done() and not watch.cancelled() and watch.exception() is not None:
+        async with background(driver.run()) as rounds:
+            async with background(self._broker_lost()) as watch:
+                await asyncio.wait({rounds, watch}, return_when=asyncio.FIRST_COMPLETED)
+                lost = watch.result() if watch.done() else None
+        if lost is not None:
             await self._flush_records()
             last = self.records[-1]["round"] if self.records else self.resumed_round
-            raise BrokerLostError(f"{watch.exception()} after round {last}")
-        rounds.result()
+            raise BrokerLostError(f"{lost} after round {last}")
+
+    async def _broker_lost(self) -> BrokerLostError:
+        """Returns once the broker has been out of reach past ``timing.broker_timeout_s``."""
+        assert self.transport is not None
+        try:
+            await self.transport.watch_broker()
+        except BrokerLostError as exc:
+            return exc
+        raise AssertionError("watch_broker returned")  # it returns never
 
     async def _flush_records(self, timeout: float = 60.0) -> None:
         """Write the records a full disk held back, retrying for ``timeout`` seconds at

@@ -125,3 +125,9 @@ class NodeServices:
             adversary=adversary,
             emulated=emulated,
         )
+
+    async def aclose(self) -> None:
+        """Stop what the ports still run in the background (best-effort publishes): the
+        node is leaving."""
+        await self.exchange.aclose()
+        await self.ledger.aclose()

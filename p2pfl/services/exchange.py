@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from p2pfl.attacks import Adversary
+from p2pfl.background import TaskSet
 from p2pfl.config.schema import TopologyConfig
 from p2pfl.learning.state import State
 from p2pfl.services.ledger import Ledger
@@ -65,7 +66,7 @@ class Exchange:
         # what a peer may send for one pull: a part of a model like ours (plus masks or
         # heads), never the wire's whole transfer cap; untrusted metadata cannot claim more
         self.pull_limit = PULL_SLACK * model_bytes + (1 << 20)
-        self._background: set[asyncio.Task] = set()  # best-effort publishes in flight
+        self._background = TaskSet()  # best-effort publishes in flight; failures ignored
         # ``transfer.compress: topk(rho)``: the streams this node serves (the transport's,
         # built with it; it keeps those it pulls too); None otherwise
         self.streams: ServedStreams | None = transport.served
@@ -250,10 +251,11 @@ class Exchange:
     def gossip_again(self, round_no: int, body: dict[str, Any]) -> None:
         """Publish ``body`` again in the background, best effort (a neighbour that came
         online missed it); a failure is ignored."""
-        task = asyncio.ensure_future(self._transport.gossip(round_no, body))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        self._background.spawn(self._transport.gossip(round_no, body))
+
+    async def aclose(self) -> None:
+        """Stop the best-effort publishes still in flight (the node is leaving)."""
+        await self._background.aclose()
 
     async def send(self, to: str, kind: str, round_no: int, body: Any, *, attempt: int = 0) -> None:
         """Send one small message to ``to``'s inbox. Raises :class:`TransportError`."""

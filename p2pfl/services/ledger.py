@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from p2pfl.algorithms.base import Method
+from p2pfl.background import TaskSet
 from p2pfl.config.schema import TopologyConfig
 from p2pfl.metrics import METHOD_KEY, RecordLog, node_log_path
 from p2pfl.services.checkpoint import Checkpoint, checkpoint_path, save_checkpoint
@@ -152,7 +153,10 @@ class Ledger:
         self.resumed_round = resumed_round
         self._meter: RoundMeter | None = None  # the latest round's
         self._offline_mark = 0.0  # broker outage seconds already in a record
-        self._status_tasks: set[asyncio.Task] = set()  # status publishes in flight
+        # status publishes in flight: fire and forget, a failure logged at debug level
+        self._status_tasks = TaskSet(
+            lambda exc: log.debug("%s: status not published: %r", node_id, exc)
+        )
 
     # ------------------------------------------------------------------ drop counts
     def drop(self, reason: str, detail: Any = "") -> None:
@@ -187,17 +191,13 @@ class Ledger:
                 body = phase_body(phase)
             else:
                 return
-            task = asyncio.ensure_future(self._transport.publish_status(round_no, body))
+            self._status_tasks.spawn(self._transport.publish_status(round_no, body))
         except Exception as exc:  # telemetry must never break a round
             log.debug("%s: status not published: %r", self.id, exc)
-            return
-        self._status_tasks.add(task)
-        task.add_done_callback(self._status_done)
 
-    def _status_done(self, task: asyncio.Task) -> None:
-        self._status_tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.debug("%s: status not published: %r", self.id, task.exception())
+    async def aclose(self) -> None:
+        """Stop the status publishes still in flight (the node is leaving)."""
+        await self._status_tasks.aclose()
 
     async def report_round(self, round_no: int, *, joined: int | None = None) -> None:
         """Tell peers (presence) that this node finished ``round_no`` (or skipped to the

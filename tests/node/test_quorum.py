@@ -32,7 +32,7 @@ from p2pfl.rounds.rotation.quorum import (
     staleness_weight,
 )
 from p2pfl.rounds.rotation.rotation import Heard
-from p2pfl.services.bundle import NodeServices
+from p2pfl.services.training import LocalTraining
 
 # ----------------------------------------------------------------------------- pure rules
 
@@ -333,12 +333,12 @@ async def test_a_late_member_is_not_waited_for_and_its_upload_counts_next_round(
         cfg = _signed(cfg, tmp_path)
     nodes = {nid: Node(cfg, nid, NodeOptions(out_dir=tmp_path)) for nid in cfg.node_ids}
     late_heard: dict[int, asyncio.Event] = collections.defaultdict(asyncio.Event)
-    real_train, real_collect = NodeServices.train, AggregatorRole.collect
+    real_train, real_collect = LocalTraining.train, AggregatorRole.collect
 
     async def train(self, round_no):
         if self.id == "a":  # trains only after its round closed without it
             driver = nodes["a"].driver
-            assert await self.wait_for(
+            assert await nodes["a"].services.peers.wait_for(
                 lambda: round_no in driver.rotation.announced, time.monotonic() + 60
             ), f"round {round_no} never closed without a"
         elif round_no >= 2:  # the others go on once a's late offer reached the aggregator
@@ -351,7 +351,7 @@ async def test_a_late_member_is_not_waited_for_and_its_upload_counts_next_round(
             late_heard[env.round].set()
         return kept
 
-    monkeypatch.setattr(NodeServices, "train", train)
+    monkeypatch.setattr(LocalTraining, "train", train)
     monkeypatch.setattr(AggregatorRole, "collect", collect)
     results = await asyncio.wait_for(asyncio.gather(*(n.run() for n in nodes.values())), 150)
     records = dict(zip(nodes, results, strict=True))

@@ -1,4 +1,4 @@
-"""A round's record (docs/architecture.md, "Round records"): ``NodeServices.round_record``
+"""A round's record (docs/architecture.md, "Round records"): ``Ledger.round_record``
 fills the fields both drivers share, the driver's own go beside them, and whatever a method
 returns lands under ``method``: a method's fact named like a record's field (``test_acc``,
 ``round``, ``rejected``, ``t``) never changes that field."""

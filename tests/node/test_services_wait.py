@@ -1,4 +1,4 @@
-"""``NodeServices.wait_for``: a predicate re-checked at each notify, bounded by a deadline,
+"""``PeerView.wait_for``: a predicate re-checked at each notify, bounded by a deadline,
 and ended by a cancellation (on the services' handlers, with a real, unconnected
 transport)."""
 

@@ -71,7 +71,7 @@ def _run(tmp_path, broker, method_overrides: list[str]):
 def _lagged(cfg, records: dict[str, list[dict]]) -> list[tuple[int, str, int]]:
     """The rounds ``r`` the slow node began while a neighbour still under way had already
     finished round ``r + LAG_ROUNDS - 1`` or later: where a node that keeps in step joins
-    late or catches up (:meth:`NodeServices.behind`). ``(r, neighbour, its round)`` each."""
+    late or catches up (:meth:`~p2pfl.services.peers.PeerView.behind`). ``(r, neighbour, its round)`` each."""
     out = []
     for rec in records[SLOW]:
         start = rec["t"] - rec["round_s"]

@@ -11,10 +11,10 @@ One round ``r`` of node ``i``:
    moment this node's snapshot was taken; a peer that goes offline is not waited for);
 4. ask the method which part to pull from whom (:meth:`DecentralizedAlgorithm.plan`), pull them all at
    once, and merge what arrived (:meth:`DecentralizedAlgorithm.merge`);
-5. (the other methods) train; then evaluate and record (:meth:`NodeServices.round_record`:
+5. (the other methods) train; then evaluate and record (:meth:`~p2pfl.services.ledger.Ledger.round_record`:
    the method's plan, merge and ``after_train`` facts under the record's ``method`` key).
 
-Each step is told to observers (:meth:`NodeServices.publish_status`): ``training``,
+Each step is told to observers (:meth:`~p2pfl.services.ledger.Ledger.publish_status`): ``training``,
 ``waiting`` (gossip), ``aggregating`` (pulls and merge), ``evaluating``.
 
 Peers serve pulls from their snapshot of the round named in the request (the last
@@ -48,7 +48,7 @@ def cap_gossiped_counts(
     svc: NodeServices, gossip: dict[str, dict[str, Any]]
 ) -> dict[str, dict[str, Any]]:
     """The peers' gossip with each claimed sample count ``n`` capped (admission:
-    :meth:`NodeServices.cap_claims`); bodies without a usable count are kept as they are
+    :meth:`~p2pfl.services.robust.Robustness.cap_claims`); bodies without a usable count are kept as they are
     (the method decides about them)."""
     claims = {
         p: g["n"]

@@ -36,7 +36,7 @@ One round, seen from member ``i``:
    (:class:`~p2pfl.rounds.rotation.auditor.AuditRole`; docs/design.md, "Auditing the aggregator"),
    and a convicted aggregator is skipped from then on;
 6. the member applies the result, follows its model lineage (:mod:`p2pfl.rounds.rotation.lineage`:
-   the record's ``lineage``), evaluates, records (:meth:`NodeServices.round_record`: the
+   the record's ``lineage``), evaluates, records (:meth:`~p2pfl.services.ledger.Ledger.round_record`: the
    method's ``apply`` facts, and on the aggregator its server-rule facts prefixed
    ``agg_``, under the record's ``method`` key), and starts round ``r + 1``.
 
@@ -81,7 +81,7 @@ aggregation's and the reachability of peers. The plan and the announcement that 
 the next one (:class:`RoundPlan`, :func:`check_announcement`) are in
 :mod:`p2pfl.rounds.rotation.plans`.
 
-Each step is told to observers (:meth:`NodeServices.publish_status`): ``training``,
+Each step is told to observers (:meth:`~p2pfl.services.ledger.Ledger.publish_status`): ``training``,
 ``waiting`` (for an aggregator or an announcement), ``aggregating`` (the aggregator's side),
 ``evaluating``, and each pull that arrived.
 """
