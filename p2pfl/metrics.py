@@ -18,9 +18,10 @@ import logging
 import math
 import os
 import statistics
-import uuid
 from pathlib import Path
 from typing import Any
+
+from p2pfl.files import write_bytes_atomic
 
 log = logging.getLogger(__name__)
 
@@ -118,28 +119,8 @@ class RecordLog:
         return True
 
 
-def write_bytes_atomic(path: Path, data: bytes, *, fsync: bool = False) -> None:
-    """Write via a uniquely named temporary file and rename: readers (and other nodes
-    writing the same file at once) never see a torn file, and a failed write (``OSError``,
-    raised) leaves the old file in place and no temporary file behind."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            if fsync:
-                f.flush()
-                os.fsync(f.fileno())
-        tmp.replace(path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-
-
 def write_text_atomic(path: Path, text: str) -> None:
-    """:func:`write_bytes_atomic` of ``text`` (UTF-8)."""
+    """:func:`~p2pfl.files.write_bytes_atomic` of ``text`` (UTF-8)."""
     write_bytes_atomic(path, text.encode())
 
 

@@ -26,11 +26,7 @@ no node, wire or config import; :mod:`p2pfl.export` rebuilds and reads models fr
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +34,7 @@ import torch
 from torch import nn
 
 from p2pfl.errors import P2PFLError
+from p2pfl.files import write_bytes_atomic
 from p2pfl.learning.layout import tensor_specs, valid_tensor_specs
 
 FORMAT = 1
@@ -114,19 +111,6 @@ def restore_buffers(module: nn.Module, buffers: dict[str, Any], where: str) -> N
             buf.copy_(value.to(dtype=buf.dtype, device=buf.device))
 
 
-def _atomic(path: Path, write: Callable[[Path], None]) -> None:
-    """``write(tmp)`` then rename ``tmp`` to ``path``; no temporary file is left behind."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-
-
 def write_model_artifacts(
     out_dir: str | Path, node_id: str, module: nn.Module, info: dict[str, Any]
 ) -> tuple[Path, Path]:
@@ -135,7 +119,7 @@ def write_model_artifacts(
     ``input_shape``, ``round`` and, where known, ``classes`` and ``input_spec``; this adds
     ``node``, ``format``, ``layout``, ``buffers`` and ``config``). Returns both paths.
     ``OSError`` when the disk refuses (a previous pair stays whole)."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     missing = [k for k in _INFO_FIELDS if k not in info]
     if missing:
@@ -159,16 +143,12 @@ def write_model_artifacts(
     validate_model_info(meta, json_path, node_id)  # never a file that would not read back
     text = json.dumps(meta, indent=2)
 
-    def write_weights(tmp: Path) -> None:
-        try:
-            save_file(state, str(tmp), metadata={"node": node_id})
-        except OSError:
-            raise
-        except Exception as exc:  # safetensors reports a full disk as its own error type
-            raise OSError(f"{weights}: cannot be written: {exc}") from None
-
-    _atomic(weights, write_weights)
-    _atomic(json_path, lambda tmp: tmp.write_text(text))
+    try:
+        packed = save(state, metadata={"node": node_id})  # safetensors' file, in memory
+    except Exception as exc:
+        raise OSError(f"{weights}: cannot be written: {exc}") from None
+    write_bytes_atomic(weights, packed)
+    write_bytes_atomic(json_path, text.encode())
     return weights, json_path
 
 

@@ -2,7 +2,8 @@
 
 Contract: the cache directory is the ``cache_dir`` argument, else ``$P2PFL_CACHE``, else
 ``~/.cache/p2pfl`` (:func:`default_cache_dir`). Every write into it is atomic (a temporary
-file renamed over the target: :func:`atomic_write_bytes`, :func:`atomic_save_npy`), and work
+file renamed over the target: :func:`~p2pfl.files.write_bytes_atomic`,
+:func:`atomic_save_npy`), and work
 that many node processes started together would repeat is done under an exclusive
 inter-process lock (:func:`file_lock`), so it is done once.
 """
@@ -11,11 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+
+from p2pfl.files import write_atomic
 
 try:  # POSIX only; elsewhere concurrent cache writers simply race (still atomic renames)
     import fcntl
@@ -45,23 +47,9 @@ def file_lock(path: Path) -> Iterator[None]:
                 fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
-def _tmp_beside(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp{os.getpid()}.{threading.get_ident()}")
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` whole or not at all (a temporary file renamed over it)."""
-    tmp = _tmp_beside(path)
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def atomic_save_npy(path: Path, arr: np.ndarray) -> None:
     """``np.save`` of ``arr`` to ``path``, whole or not at all."""
-    tmp = _tmp_beside(path)
-    with open(tmp, "wb") as fh:
-        np.save(fh, arr)
-    os.replace(tmp, path)
+    write_atomic(path, lambda fh: np.save(fh, arr))
 
 
-__all__ = ["atomic_save_npy", "atomic_write_bytes", "default_cache_dir", "file_lock"]
+__all__ = ["atomic_save_npy", "default_cache_dir", "file_lock"]

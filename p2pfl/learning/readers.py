@@ -30,8 +30,9 @@ import numpy as np
 import torch
 
 from p2pfl.config.schema import DatasetConfig
+from p2pfl.files import write_atomic, write_bytes_atomic
 from p2pfl.learning.arrays import DatasetArrays, DatasetError, readonly
-from p2pfl.learning.cache import atomic_save_npy, atomic_write_bytes, default_cache_dir, file_lock
+from p2pfl.learning.cache import atomic_save_npy, default_cache_dir, file_lock
 from p2pfl.learning.partition import stable_rng
 
 # (mean, std) per channel for (x / 255 - mean) / std
@@ -189,12 +190,10 @@ def _gunzip_into_cache(folder: str, src: Path, names: list[str], cache: Path) ->
         dest.mkdir(parents=True, exist_ok=True)
         for n in names:
             out = dest / n.removesuffix(".gz")
-            tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
             opener = gzip.open if n.endswith(".gz") else open
-            with opener(src / n, "rb") as fin, open(tmp, "wb") as fout:
-                shutil.copyfileobj(fin, fout, 1 << 20)
-            os.replace(tmp, out)
-        atomic_write_bytes(stamp_path, json.dumps(stamp).encode())
+            with opener(src / n, "rb") as fin:
+                write_atomic(out, lambda fout, fin=fin: shutil.copyfileobj(fin, fout, 1 << 20))
+        write_bytes_atomic(stamp_path, json.dumps(stamp).encode())
     return cache
 
 
@@ -565,7 +564,7 @@ def load_imagefolder(
                 "classes": classes,
                 "input_shape": list(decoded["train_x"].shape[1:]),
             }
-            atomic_write_bytes(cache / "meta.json", json.dumps(meta).encode())
+            write_bytes_atomic(cache / "meta.json", json.dumps(meta).encode())
     arrays = _open_cached(cache, name)
     assert arrays is not None
     return arrays

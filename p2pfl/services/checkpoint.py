@@ -25,7 +25,7 @@ import numpy as np
 
 from p2pfl.config.schema import TopologyConfig
 from p2pfl.errors import P2PFLError
-from p2pfl.metrics import write_bytes_atomic
+from p2pfl.files import write_bytes_atomic
 from p2pfl.wire.codec import CodecError, decode, encode
 
 FORMAT = "p2pfl-checkpoint/1"

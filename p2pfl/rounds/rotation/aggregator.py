@@ -50,7 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from p2pfl.algorithms.base import Aggregate, CentralizedAlgorithm, Upload
+from p2pfl.algorithms.base import Aggregate, Upload
 from p2pfl.learning.state import State
 from p2pfl.rounds.rotation.late import LateOffers
 from p2pfl.rounds.rotation.lineage import Lineage, check_lineage
@@ -59,6 +59,7 @@ from p2pfl.rounds.rotation.plans import RoundPlan, draw_plan, live_members, wait
 from p2pfl.rounds.rotation.quorum import staleness_weight
 from p2pfl.rounds.rotation.quorum_close import Closing, QuorumClose
 from p2pfl.rounds.rotation.reach import Reachability
+from p2pfl.rounds.rotation.role import RotationRole
 from p2pfl.rounds.rotation.rotation import Rotation
 from p2pfl.rounds.rotation.secure_round import PART as MASKED
 from p2pfl.rounds.rotation.secure_round import SecureRounds
@@ -133,7 +134,7 @@ class Announced:
     server_facts: dict[str, Any]
 
 
-class AggregatorRole:
+class AggregatorRole(RotationRole):
     """The aggregator's side of a :class:`CentralizedAlgorithm` for one node, and the serving
     of its uploads and results. ``rotation`` says who aggregates and who audits an attempt:
     an upload is served to those two only. ``late``: the node's late offers, which tell
@@ -152,12 +153,7 @@ class AggregatorRole:
         reach: Reachability | None = None,
         lineage: Lineage | None = None,
     ) -> None:
-        assert isinstance(services.method, CentralizedAlgorithm)
-        self.services = services
-        self.alg: CentralizedAlgorithm = services.method
-        self.id = services.id
-        self.cfg = services.cfg
-        self.members = set(services.cfg.node_ids)
+        super().__init__(services)
         self.rotation = rotation
         self._reports: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
         self._uploads: OrderedDict[int, State] = OrderedDict()

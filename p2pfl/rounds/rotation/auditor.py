@@ -16,13 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from p2pfl.algorithms.base import CentralizedAlgorithm
 from p2pfl.learning.state import State
 from p2pfl.rounds.rotation.aggregator import AggregatorRole
 from p2pfl.rounds.rotation.audit import check_own_entry, check_verdict, compare, spread_problem
 from p2pfl.rounds.rotation.audit import recompute as recompute_aggregate
 from p2pfl.rounds.rotation.plans import RoundPlan, waits_on
 from p2pfl.rounds.rotation.reach import Reachability
+from p2pfl.rounds.rotation.role import RotationRole
 from p2pfl.rounds.rotation.rotation import Rotation
 from p2pfl.services.bundle import NodeServices
 from p2pfl.wire.envelope import Envelope
@@ -41,7 +41,7 @@ class AuditCheck:
     record: dict[str, Any] | None
 
 
-class AuditRole:
+class AuditRole(RotationRole):
     """The verdicts of one node's swarm and this node's part in each audit. ``rotation``
     says who aggregates and who audits an attempt; ``uploads`` holds this node's own
     uploads and the ones it offered late (quorum rounds); ``reach`` the node's view of who
@@ -55,11 +55,7 @@ class AuditRole:
         uploads: AggregatorRole,
         reach: Reachability | None = None,
     ) -> None:
-        assert isinstance(services.method, CentralizedAlgorithm)
-        self.services = services
-        self.alg: CentralizedAlgorithm = services.method
-        self.id = services.id
-        self.cfg = services.cfg
+        super().__init__(services)
         self.rotation = rotation
         self.uploads = uploads
         self.verdicts: dict[tuple[int, int], dict[str, Any]] = {}

@@ -92,7 +92,7 @@ import logging
 import time
 from typing import Any
 
-from p2pfl.algorithms.base import CentralizedAlgorithm, Method
+from p2pfl.algorithms.base import Method
 from p2pfl.background import background
 from p2pfl.config.schema import TopologyConfig
 from p2pfl.learning.train import round_lr
@@ -111,6 +111,7 @@ from p2pfl.rounds.rotation.plans import (
     draw_plan,
     live_members,
 )
+from p2pfl.rounds.rotation.role import RotationRole
 from p2pfl.rounds.rotation.rotation import ROUNDS_KEPT, Behind, Heard, Rotation
 from p2pfl.rounds.rotation.secure_round import KINDS as SECURE_KINDS
 from p2pfl.rounds.rotation.secure_round import SecureRounds
@@ -124,19 +125,14 @@ log = logging.getLogger(__name__)
 __all__ = ["ROUNDS_KEPT", "CentralizedRounds", "RoundPlan", "check_announcement"]
 
 
-class CentralizedRounds:
+class CentralizedRounds(RotationRole):
     """Runs a :class:`CentralizedAlgorithm` for one node: the client side every round, and
     the succession that says in which rounds (and attempts) it is elected; its
     :class:`~p2pfl.rounds.rotation.aggregator.AggregatorRole` (:attr:`role`) does the aggregator's side
     and serves its uploads and results."""
 
     def __init__(self, services: NodeServices):
-        assert isinstance(services.method, CentralizedAlgorithm)
-        self.services = services
-        self.alg: CentralizedAlgorithm = services.method
-        self.id = services.id
-        self.cfg = services.cfg
-        self.members = set(services.cfg.node_ids)
+        super().__init__(services)
         self.rotation = Rotation(services)
         rot = self.rotation
         self.hearing = Hearing(services, rot.audited)

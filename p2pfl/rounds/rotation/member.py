@@ -13,12 +13,12 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from p2pfl.algorithms.base import CentralizedAlgorithm
 from p2pfl.learning.state import State
 from p2pfl.rounds.rotation.aggregator import AggregatorRole
 from p2pfl.rounds.rotation.late import LateOffer, LateOffers
 from p2pfl.rounds.rotation.lineage import Lineage
 from p2pfl.rounds.rotation.plans import RoundPlan
+from p2pfl.rounds.rotation.role import RotationRole
 from p2pfl.services.bundle import NodeServices
 from p2pfl.services.training import TrainOutcome
 from p2pfl.wire.errors import TransportError
@@ -43,18 +43,14 @@ class Applied:
     error: str | None
 
 
-class Member:
+class Member(RotationRole):
     """One node's steps as a member of each round. ``role`` keeps its uploads (and serves
     them); ``lineage`` is the model lineage it follows; ``late`` its late offers."""
 
     def __init__(
         self, services: NodeServices, role: AggregatorRole, lineage: Lineage, late: LateOffers
     ) -> None:
-        assert isinstance(services.method, CentralizedAlgorithm)
-        self.services = services
-        self.alg: CentralizedAlgorithm = services.method
-        self.id = services.id
-        self.cfg = services.cfg
+        super().__init__(services)
         self.role = role
         self.lineage = lineage
         self.late = late

@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from p2pfl.algorithms.base import CentralizedAlgorithm
 from p2pfl.rounds.rotation.audit import audit_active, auditor_of
 from p2pfl.rounds.rotation.election import succession
 from p2pfl.rounds.rotation.plans import check_announcement, drawn_of
+from p2pfl.rounds.rotation.role import RotationRole
 from p2pfl.services.bundle import NodeServices
 from p2pfl.wire.envelope import Envelope
 
@@ -40,7 +40,7 @@ class Heard:
     body: dict[str, Any]
 
 
-class Rotation:
+class Rotation(RotationRole):
     """One member's view of the rotation: :attr:`rosters` (round → roster),
     :attr:`announced` (round → attempt → :class:`Heard`), :attr:`wanted` (round → the
     highest attempt a peer reported to this node for), :attr:`current` (the ``(round,
@@ -48,12 +48,7 @@ class Rotation:
     applied, or gave up on)."""
 
     def __init__(self, services: NodeServices) -> None:
-        assert isinstance(services.method, CentralizedAlgorithm)
-        self.services = services
-        self.alg: CentralizedAlgorithm = services.method
-        self.id = services.id
-        self.cfg = services.cfg
-        self.members = set(services.cfg.node_ids)
+        super().__init__(services)
         # the audit of each round's aggregate (signed swarms)
         self.audited = audit_active(services.cfg, self.alg)
         self.rosters: dict[int, list[str]] = {}

@@ -56,11 +56,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from p2pfl.algorithms.base import Aggregate, CentralizedAlgorithm, Upload
+from p2pfl.algorithms.base import Aggregate, Upload
 from p2pfl.learning.state import State
 from p2pfl.privacy.secagg import RoundContext, SecAggError, SecAggMember, SecAggServer
 from p2pfl.privacy.secagg.messages import id_list, parse_keys
 from p2pfl.rounds.rotation.plans import RoundPlan, waits_on
+from p2pfl.rounds.rotation.role import RotationRole
 from p2pfl.services.bundle import NodeServices
 from p2pfl.wire.envelope import Envelope
 from p2pfl.wire.errors import TransportError
@@ -131,7 +132,7 @@ def masked_of(state: Any, length: int) -> np.ndarray | None:
 
 
 # ----------------------------------------------------------------------------- the node's side
-class SecureRounds:
+class SecureRounds(RotationRole):
     """Secure aggregation for one node of a centralized method: the messages it heard (by
     attempt), its member's side (:meth:`start_member`, a task the driver runs while it waits
     for the attempt's announcement) and the aggregator's (:meth:`aggregate`, in place of
@@ -141,14 +142,9 @@ class SecureRounds:
     def __init__(
         self, services: NodeServices, aggregator_of: Callable[[int, int], str | None]
     ) -> None:
-        assert isinstance(services.method, CentralizedAlgorithm)
+        super().__init__(services)
         privacy = services.cfg.privacy
         assert privacy is not None and privacy.secagg
-        self.services = services
-        self.alg: CentralizedAlgorithm = services.method
-        self.id = services.id
-        self.cfg = services.cfg
-        self.members = set(services.cfg.node_ids)
         self.aggregator_of = aggregator_of
         self.neighbours = privacy.secagg_neighbours
         self.fraction = privacy.secagg_threshold
