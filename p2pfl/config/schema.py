@@ -5,13 +5,17 @@ they run, on which data and model. Unknown keys are rejected everywhere so that 
 silently falls back to a default. Reading files, ``--set`` overrides and the check of a
 method's knobs are :mod:`p2pfl.check.load`'s: this module is the ground floor that the rest
 of p2pfl (the method registry included) builds on, so it imports none of it but its
-sibling section modules, :mod:`p2pfl.config.emulation` and
-:mod:`p2pfl.config.privacy_schema` (docs/design.md, "Configuration").
+sibling section modules (docs/design.md, "Configuration"): :mod:`p2pfl.config.dataset_schema`
+(``dataset:``), :mod:`p2pfl.config.runtime_schema` (``timing:``, ``transfer:``,
+``security:``), :mod:`p2pfl.config.privacy_schema` (``privacy:``) and
+:mod:`p2pfl.config.emulation` (``network:``, ``devices:``). Here are the rest: the swarm's
+own fields, ``algorithm:``, ``model:``, ``training:``, ``edges:``, ``defence:``,
+``attacks:``, and a device's ``nodes/`` file. The dataset and runtime sections' names are
+re-exported, so the rest of p2pfl imports the whole schema from this one module.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any, Literal, get_args
 
@@ -23,8 +27,14 @@ from pydantic import (
 )
 
 from p2pfl.config import bounds as B
+from p2pfl.config.dataset_schema import BUILTIN_DATASETS as BUILTIN_DATASETS
+from p2pfl.config.dataset_schema import FILE_DATASETS as FILE_DATASETS
+from p2pfl.config.dataset_schema import IMPORT_PATH_RE as IMPORT_PATH_RE
+from p2pfl.config.dataset_schema import PARTITION_RE as PARTITION_RE
+from p2pfl.config.dataset_schema import DatasetConfig, is_import_path
 from p2pfl.config.emulation import DeviceSpec, NetworkConfig, chosen_nodes
 from p2pfl.config.privacy_schema import DPConfig, PrivacyConfig
+from p2pfl.config.runtime_schema import SecurityConfig, TimingConfig, TransferConfig
 from p2pfl.config.strict import StrictModel
 
 PARAMS_CHECK = "validate_params"
@@ -36,32 +46,7 @@ ParamsCheck = Callable[[str, dict[str, Any]], dict[str, Any]]
 
 # ----------------------------------------------------------------------------- sections
 
-PARTITION_RE = re.compile(
-    r"^(?:(?P<none>none)|(?P<iid>iid)|dirichlet\((?P<alpha>[0-9.eE+-]+)\)|pathological\((?P<k>\d+)\)"
-    r"|(?P<groups>groups)(?:\((?P<g>\d+)\s*,\s*(?P<dom>\d+)\s*,\s*(?P<frac>[0-9.]+)\))?)$"
-)
-
-
-BUILTIN_DATASETS = (
-    "fashionmnist",
-    "mnist",
-    "cifar10",
-    "cifar100",
-    "svhn",
-    "imagefolder",
-    "synthetic",
-)
-FILE_DATASETS = ("csv", "parquet", "npz")  # a device's own files, read by pandas / numpy
 BUILTIN_MODELS = ("cnn", "lenet", "mlp", "resnet18", "vgg11")
-IMPORT_PATH_RE = re.compile(
-    r"^[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*$"
-)
-"""``package.module:attribute``: a user's own dataset function or model factory."""
-
-
-def is_import_path(name: str) -> bool:
-    """Whether ``name`` is a ``package.module:attribute`` path (a user's own code)."""
-    return IMPORT_PATH_RE.match(name) is not None
 
 
 class BrokerAddress(StrictModel):
@@ -101,162 +86,6 @@ class AlgorithmConfig(StrictModel):
         if check is not None:
             object.__setattr__(self, "params", check(self.name, self.params))
         return self
-
-
-class DatasetConfig(StrictModel):
-    name: str = Field(
-        "synthetic",
-        description="a built-in dataset, a device's own files (csv, parquet, npz), or a "
-        "user function 'package.module:function'",
-    )
-    root: str | None = Field(
-        None,
-        description="directory with the dataset, or a zip / ImageFolder directory, or the "
-        "node's own file; '{id}' is replaced by the node id (data/{id}.csv)",
-    )
-    download: bool = False
-    partition: str = Field(
-        "dirichlet(0.5)",
-        description="none: each node trains and tests on everything at its own data root",
-    )
-    min_samples: int = Field(
-        10, ge=1, le=B.MAX_SAMPLES, description="Dirichlet: minimum train samples per node"
-    )
-    train_per_node: int | None = Field(
-        None, ge=1, le=B.MAX_SAMPLES, description="cap on each node's train samples"
-    )
-    test_per_node: int | None = Field(
-        None,
-        ge=1,
-        le=B.MAX_SAMPLES,
-        description="each node's test samples (default: same ratio as global)",
-    )
-    # a device's own data (partition: none)
-    label: str = Field("label", min_length=1, description="csv / parquet: the label column")
-    classes: int | list[str] | None = Field(
-        None,
-        description="the swarm's label space: a count (labels 0..C-1) or the class names "
-        "(labels are names, or their indices); needed for a device's own data",
-    )
-    test_fraction: float = Field(
-        0.2,
-        gt=0,
-        lt=1,
-        description="own data without a test split: this fraction of it (deterministic)",
-    )
-    stats: str | None = Field(
-        None,
-        description="csv / parquet: a JSON file of feature normalisation statistics "
-        "({mean: {col: v}, std: {col: v}}); default: from the node's own train split",
-    )
-    # synthetic only
-    num_classes: int = Field(10, ge=2, le=B.MAX_CLASSES)
-    input_shape: list[int] = Field(default_factory=lambda: [1, 8, 8])
-    synthetic_train: int = Field(
-        2000, ge=10, le=B.MAX_SYNTHETIC, description="synthetic: total train samples"
-    )
-    synthetic_test: int = Field(
-        1000, ge=10, le=B.MAX_SYNTHETIC, description="synthetic: total test samples"
-    )
-
-    @field_validator("name")
-    @classmethod
-    def _check_name(cls, v: str) -> str:
-        if v in BUILTIN_DATASETS or v in FILE_DATASETS or is_import_path(v):
-            return v
-        known = ", ".join((*BUILTIN_DATASETS, *FILE_DATASETS))
-        raise ValueError(f"unknown dataset {v!r}: one of {known}, or 'package.module:function'")
-
-    @field_validator("classes")
-    @classmethod
-    def _check_classes(cls, v: int | list[str] | None) -> int | list[str] | None:
-        if isinstance(v, bool):
-            raise ValueError("classes must be a count or a list of class names")
-        if isinstance(v, int) and v < 2:
-            raise ValueError("classes: a count must be at least 2")
-        n = v if isinstance(v, int) else len(v or ())
-        if n > B.MAX_CLASSES:
-            raise ValueError(f"classes: {n} classes, above the bound of {B.MAX_CLASSES}")
-        if isinstance(v, list):
-            if len(v) < 2:
-                raise ValueError("classes: at least 2 class names")
-            dup = sorted({c for c in v if v.count(c) > 1})
-            if dup:
-                raise ValueError(f"classes: duplicate names {dup}")
-        return v
-
-    @field_validator("input_shape")
-    @classmethod
-    def _check_input_shape(cls, v: list[int]) -> list[int]:
-        B.check_input_shape(v)
-        return v
-
-    @model_validator(mode="after")
-    def _check_synthetic_size(self) -> DatasetConfig:
-        if self.name == "synthetic":
-            B.check_synthetic(self.synthetic_train, self.synthetic_test, self.input_shape)
-        return self
-
-    @property
-    def own_data(self) -> bool:
-        """Whether each node reads its own data root whole (``partition: none``)."""
-        return self.partition == "none"
-
-    @property
-    def class_names(self) -> list[str] | None:
-        """``classes`` as names (a count gives ``"0".."C-1"``), None when not set."""
-        if self.classes is None:
-            return None
-        if isinstance(self.classes, int):
-            return [str(i) for i in range(self.classes)]
-        return list(self.classes)
-
-    def with_root(self, root: str | None) -> DatasetConfig:
-        """This config with ``root`` in place of ``dataset.root`` (a device's ``data_root``);
-        itself when ``root`` is None."""
-        return self if root is None else self.model_copy(update={"root": root})
-
-    def root_for(self, node_id: str, root: str | None = None) -> str | None:
-        """``root`` (default ``self.root``) with ``{id}`` replaced by ``node_id``."""
-        r = self.root if root is None else root
-        return None if r is None else r.replace("{id}", node_id)
-
-    @field_validator("partition")
-    @classmethod
-    def _check_partition(cls, v: str) -> str:
-        v = v.strip().replace(" ", "")
-        m = PARTITION_RE.match(v)
-        if not m:
-            raise ValueError(
-                "partition must be one of none, iid, dirichlet(ALPHA), pathological(K), groups, "
-                f"groups(G,DOMINANT,FRACTION); got {v!r}"
-            )
-        if m["alpha"] is not None:
-            try:
-                alpha = float(m["alpha"])
-            except ValueError:
-                raise ValueError(f"{v}: ALPHA must be a number") from None
-            if not alpha > 0 or alpha == float("inf"):
-                raise ValueError(f"{v}: the Dirichlet concentration ALPHA must be > 0")
-        if m["k"] is not None and int(m["k"]) < 1:
-            raise ValueError(f"{v}: K (classes per node) must be >= 1")
-        if m["k"] is not None and int(m["k"]) > B.MAX_CLASSES:
-            raise ValueError(f"{v}: K (classes per node) must be <= {B.MAX_CLASSES}")
-        if m["g"] is not None:
-            if int(m["g"]) < 1 or int(m["dom"]) < 1:
-                raise ValueError(f"{v}: G (groups) and DOMINANT (classes) must be >= 1")
-            if int(m["g"]) > B.MAX_NODES or int(m["dom"]) > B.MAX_CLASSES:
-                raise ValueError(
-                    f"{v}: G (groups) must be <= {B.MAX_NODES}, DOMINANT (classes) "
-                    f"<= {B.MAX_CLASSES}"
-                )
-            try:
-                frac = float(m["frac"])
-            except ValueError:
-                raise ValueError(f"{v}: FRACTION must be a number") from None
-            if not 0.0 <= frac <= 1.0:
-                raise ValueError(f"{v}: FRACTION must be in [0, 1]")
-        return v
 
 
 class ModelConfig(StrictModel):
@@ -340,134 +169,6 @@ class NodeSpec(StrictModel):
         description="the device this node runs on: `p2pfl node TOPOLOGY --host NAME` runs "
         "every node pinned to NAME (default: this machine's hostname)",
     )
-
-
-class TimingConfig(StrictModel):
-    round_timeout_s: float = Field(
-        60.0, gt=0, le=B.MAX_SECONDS, description="per-round deadline for gossip and weight pulls"
-    )
-    startup_timeout_s: float = Field(
-        120.0,
-        gt=0,
-        le=B.MAX_SECONDS,
-        description="wait for the broker, then for the neighbours, at start",
-    )
-    linger_s: float = Field(
-        60.0,
-        ge=0,
-        le=B.MAX_SECONDS,
-        description="after the last round, keep serving peers at most this long",
-    )
-    broker_timeout_s: float = Field(
-        120.0,
-        gt=0,
-        le=B.MAX_SECONDS,
-        description="a node that cannot reach its broker for this long stops with an error "
-        "(non-zero exit), keeping every completed round on disk; shorter outages are ridden out",
-    )
-    aggregator_timeout_s: float | None = Field(
-        None,
-        gt=0,
-        le=B.MAX_SECONDS,
-        description="centralized methods: how long a client waits for the aggregator's "
-        "result after reporting before the next peer takes the round over "
-        "(default: 3 × round_timeout_s)",
-    )
-
-    mode: Literal["sync", "async"] = Field(
-        "sync",
-        description="decentralized methods: sync (each round waits for the drawn "
-        "neighbours' gossip of that round) or async (each node runs its own round counter "
-        "and uses the latest gossip and state each neighbour has, docs/algorithms.md, "
-        '"Asynchronous rounds")',
-    )
-    max_staleness: int = Field(
-        4,
-        ge=0,
-        le=B.MAX_ROUNDS,
-        description="async: a neighbour whose latest gossip is more than this many rounds "
-        "behind the node's round is left out of the round; quorum: a late upload counts at "
-        "most min(max_staleness, 2) rounds after its own",
-    )
-    staleness_exponent: float = Field(
-        0.5,
-        ge=0,
-        description="async and quorum: a stale peer's (or late upload's) weight in a "
-        "method's mean is multiplied by (1 + staleness)^-a (0: stale and fresh alike)",
-    )
-    quorum: float | None = Field(
-        None,
-        gt=0,
-        le=1,
-        description="centralized methods: the aggregator closes a round once this fraction "
-        "of the live members has reported, or at a deadline adapted from the round times "
-        "it has seen; a late upload counts in the next round, weighted by its staleness "
-        "(None: wait for every member up to round_timeout_s)",
-    )
-
-    @property
-    def aggregator_timeout(self) -> float:
-        return self.aggregator_timeout_s or 3 * self.round_timeout_s
-
-
-class TransferConfig(StrictModel):
-    """How weights travel (docs/wire.md, "Direct lane")."""
-
-    direct: bool = Field(
-        True,
-        description="serve and pull weights straight between peers over TCP, with the "
-        "broker's MQTT lane as the fallback; false: every byte through the broker",
-    )
-    direct_host: str | None = Field(
-        None,
-        description="address the direct lane listens on and announces (default: this "
-        "host's address on the route to the broker)",
-    )
-    direct_port: int = Field(0, ge=0, lt=65536, description="its port (0: a free one)")
-    compress: str = Field(
-        "none",
-        pattern=r"^(none|fp16|int8|topk\((0?\.\d+|1(\.0*)?)\))$",
-        description="how states travel: none, fp16, int8 (per-tensor affine), or topk(rho): "
-        "each served state a stream per sender, a pull naming the base it holds of it and "
-        "getting the positions of the largest rho of each tensor's change since (error "
-        "feedback), or the state dense when the sender cannot answer that base "
-        '(docs/wire.md, "Compression"); lossy ones are refused with a centralized audit',
-    )
-
-
-class SecurityConfig(StrictModel):
-    """Who may join and what is trusted (docs/wire.md, "Security"). Both switches need
-    ``certs``: a directory made by ``p2pfl certs`` (per device: ``certs:`` in its ``nodes/``
-    file or ``--certs``; the local launcher creates one in the run directory when none is
-    given)."""
-
-    tls: bool = Field(
-        False,
-        description="TLS to the broker with client certificates; the launcher's Mosquitto "
-        "then requires them and applies the per-node ACL",
-    )
-    sign: bool = Field(
-        False,
-        description="sign every message (Ed25519); drop unsigned, forged and replayed ones",
-    )
-    certs: str | None = Field(None, description="the swarm's certificate directory")
-    max_age_s: float = Field(
-        300.0,
-        gt=0,
-        le=B.MAX_SECONDS,
-        description="signed messages older than this (or with a repeated id) "
-        "are replays; also the clock skew tolerated between devices",
-    )
-    audit: bool = Field(
-        True,
-        description="with sign, centralized methods: a member drawn each round recomputes "
-        "the aggregate from the signed uploads and announces a verdict; a mismatch fails "
-        "the round over and the aggregator is skipped from then on",
-    )
-
-    @property
-    def enabled(self) -> bool:
-        return self.tls or self.sign
 
 
 DefenceRule = Literal["mean", "median", "trimmed_mean", "multikrum", "bulyan", "clip"]
