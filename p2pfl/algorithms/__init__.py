@@ -1,4 +1,5 @@
-"""Registry of federated-learning methods: one module per method, found automatically.
+"""Registry of federated-learning methods: one module per method, found automatically
+(``build`` builds a node's model and method from the registry's class).
 
 Adding a method touches one file: write ``p2pfl/algorithms/<name>.py`` with a class derived
 from :class:`~p2pfl.algorithms.base.DecentralizedAlgorithm` (or

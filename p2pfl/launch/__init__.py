@@ -1,2 +1,3 @@
-"""Launch: starting a local swarm of node processes (``swarm``) and a private Mosquitto broker
-(``broker``)."""
+"""Launch, above the node: a local swarm of node processes (``swarm``), the Python API
+(``api``), a private broker (``broker``, ``amqtt_broker``), bridges between site brokers
+(``bridge``) and a run's records followed into a tracker (``tracker``)."""
