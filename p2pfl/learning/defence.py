@@ -42,6 +42,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 import torch
 
@@ -87,6 +88,10 @@ class DefenceInputs:
     def __post_init__(self) -> None:
         # a copy behind a read-only view: the caller's dict cannot change the round's value
         object.__setattr__(self, "staleness", MappingProxyType(dict(self.staleness)))
+
+    def __reduce__(self) -> tuple[type[DefenceInputs], tuple[Any, ...]]:
+        # a read-only view neither pickles nor deep-copies (a method's checkpoint does both)
+        return DefenceInputs, (self.round, self.reference, self.noise_spread, dict(self.staleness))
 
 
 class Defence:

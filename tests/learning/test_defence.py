@@ -4,7 +4,9 @@ round's inputs taken as one value."""
 
 from __future__ import annotations
 
+import copy
 import math
+import pickle
 
 import pytest
 import torch
@@ -164,6 +166,8 @@ def test_the_inputs_are_one_value_the_caller_cannot_change_afterwards():
         inputs.staleness["b"] = 0.1  # type: ignore[index]
     with pytest.raises(AttributeError):
         inputs.noise_spread = 1.0  # type: ignore[misc]
+    for again in (copy.deepcopy(inputs), pickle.loads(pickle.dumps(inputs))):  # a checkpoint
+        assert (again.round, dict(again.staleness)) == (3, {"b": 0.5})
 
 
 def test_take_keeps_the_round_s_refusals_and_refuses_another_round():
