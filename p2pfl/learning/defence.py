@@ -15,27 +15,34 @@ state it would adopt whole with :meth:`Defence.screen`. The rule comes from the 
   BALANCE family), around the node's own state ``w_i`` (index ``own``), then mixed by the
   weighted mean. Under ``privacy.dp`` the bound adds what the round's DP noise alone puts
   between two honest states over the ``m`` coordinates compared,
-  ``NOISE_MARGIN·√2·s·√m`` (:attr:`Defence.noise_spread` ``s``;
+  ``NOISE_MARGIN·√2·s·√m`` (:attr:`DefenceInputs.noise_spread` ``s``;
   :mod:`p2pfl.privacy.noise_spread`; docs/algorithms.md, "DP and the defence"): without it
   every DP-noised neighbour lies beyond the bound and a DP swarm never merges. Without an
   own state (an aggregator that did not train) the reference is
-  :attr:`Defence.reference` (its current model's part), else the coordinate-wise median of
-  the inputs: a median of one honest and one flipped state is near zero, so a trusted
-  reference is what separates them.
+  :attr:`DefenceInputs.reference` (its current model's part), else the coordinate-wise
+  median of the inputs: a median of one honest and one flipped state is near zero, so a
+  trusted reference is what separates them.
 
 In asynchronous rounds (``timing.mode: async``) each input's weight is first multiplied by its
-peer's staleness weight ``(1 + τ)^-a`` (:attr:`Defence.staleness`, docs/algorithms.md,
+peer's staleness weight ``(1 + τ)^-a`` (:attr:`DefenceInputs.staleness`, docs/algorithms.md,
 "Asynchronous rounds"), so every method's mean discounts a stale peer the same way.
 
-The maths is :mod:`p2pfl.learning.robust`'s; this object holds the configured rule, the
-round (for ``clip``'s schedule) and the peers refused so far in the round, which the round
-driver records (``rejected``).
+The maths is :mod:`p2pfl.learning.robust`'s. What a round measures with (its number, the
+reference, the DP noise spread, the staleness weights) is one value, :class:`DefenceInputs`,
+which the round code builds and hands over (:meth:`Defence.begin_round`,
+:meth:`Defence.take`) before it merges or aggregates, and which an auditor rebuilds from the
+round's announcement; the :class:`Defence` holds the configured rule, that value and its
+outputs, the peers refused so far in the round and the fallbacks, which the round driver
+records (``rejected``, ``defence_fallbacks``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
 
 import torch
 
@@ -58,48 +65,85 @@ noise of a peer whose σ, steps or batch differ from the node's own (its sample 
 them) may be larger than the node's estimate from its own."""
 
 
+@dataclass(frozen=True, eq=False)
+class DefenceInputs:
+    """What the defence measures with in one round, as one value: the round code builds it
+    where it merges or aggregates, and an auditor rebuilds the aggregator's from the
+    round's announcement (``noise_spread``) and the state the aggregator serves as its
+    upload (``reference``), so both measure alike, bit for bit. Compared by identity: it
+    holds tensors."""
+
+    round: int = 0
+    """The round, which ``clip``'s bound ``γ·e^(−κt/T)`` follows (``t``)."""
+    reference: State | None = None
+    """A trusted state to measure from when no input is the node's own (an aggregator that
+    did not train: its current model's part); not copied, never changed."""
+    noise_spread: float = 0.0
+    """Under ``privacy.dp``: the standard deviation per coordinate of the noise one round
+    leaves in an honest node's weights; 0 without DP."""
+    staleness: Mapping[str, float] = field(default_factory=dict)
+    """Asynchronous rounds: each stale peer's weight multiplier ``(1 + τ)^-a``
+    (docs/algorithms.md, "Asynchronous rounds"); a peer not named counts 1; read-only."""
+
+    def __post_init__(self) -> None:
+        # a copy behind a read-only view: the caller's dict cannot change the round's value
+        object.__setattr__(self, "staleness", MappingProxyType(dict(self.staleness)))
+
+    def __reduce__(self) -> tuple[type[DefenceInputs], tuple[Any, ...]]:
+        # a read-only view neither pickles nor deep-copies (a method's checkpoint does both)
+        return DefenceInputs, (self.round, self.reference, self.noise_spread, dict(self.staleness))
+
+
 class Defence:
-    """The configured robust rule of one node, with the round's refusals."""
+    """The configured robust rule of one node, with the round's inputs
+    (:class:`DefenceInputs`) and refusals."""
 
     def __init__(self, cfg: DefenceConfig | None = None, rounds: int = 1):
         self.cfg = cfg if cfg is not None else DefenceConfig(rule="mean")
         self.rounds = max(1, rounds)
-        self.round = 0
+        self._inputs = DefenceInputs()
         self.rejected: dict[str, str] = {}  # this round's refusals, peer -> reason
         self.fallbacks = 0  # combinations with too few inputs for the rule, this round
-        # a trusted state to measure from when no input is the node's own (an aggregator
-        # that did not train: its current model's part); set by the caller per round
-        self.reference: State | None = None
-        # asynchronous rounds: each peer's staleness weight (1 + τ)^-a, set by the round
-        # driver per round (docs/algorithms.md, "Asynchronous rounds"); empty in sync mode
-        self.staleness: dict[str, float] = {}
-        # under privacy.dp: the standard deviation per coordinate of the noise one round
-        # leaves in an honest node's weights, set by the node per round; 0 without DP
-        self.noise_spread = 0.0
 
     @property
     def rule(self) -> str:
         return self.cfg.rule
 
-    def begin_round(self, round_no: int) -> None:
-        """Start round ``round_no``: ``clip``'s bound follows it; refusals start empty."""
-        self.round = round_no
+    @property
+    def inputs(self) -> DefenceInputs:
+        """The round's inputs, as last handed over."""
+        return self._inputs
+
+    def begin_round(self, inputs: DefenceInputs) -> None:
+        """Start round ``inputs.round`` measuring with ``inputs``: refusals and fallbacks
+        start empty."""
+        self._inputs = inputs
         self.rejected = {}
         self.fallbacks = 0
-        self.staleness = {}
+
+    def take(self, inputs: DefenceInputs) -> None:
+        """Measure the rest of the round with ``inputs``: the round's value with what the
+        round code learnt after it began (the aggregator's reference, the staleness of an
+        asynchronous round's peers). The refusals and fallbacks so far stand. ``ValueError``
+        when ``inputs`` is of another round than the one begun."""
+        if inputs.round != self._inputs.round:
+            raise ValueError(
+                f"defence: inputs of round {inputs.round} in round {self._inputs.round}"
+            )
+        self._inputs = inputs
 
     def clip_ratio(self) -> float:
         """``γ·e^(−κt/T)``, the ``clip`` bound of this round relative to ``‖w_i‖``."""
-        return robust.clip_bound(self.cfg.gamma, self.cfg.kappa, self.round, self.rounds)
+        return robust.clip_bound(self.cfg.gamma, self.cfg.kappa, self._inputs.round, self.rounds)
 
     def noise_allowance(self, elements: int) -> float:
         """What DP noise alone may put between two honest states over ``elements``
         coordinates (0 without DP): ``clip``'s bound grows by it."""
-        return robust.noise_slack(self.noise_spread, elements, NOISE_MARGIN)
+        return robust.noise_slack(self._inputs.noise_spread, elements, NOISE_MARGIN)
 
     def _reference(self, states: Sequence[State], names: list[str]) -> State | None:
-        """:attr:`reference` over ``names``, when it has the inputs' layout there."""
-        return _usable(self.reference, states[0], names)
+        """The round's reference over ``names``, when it has the inputs' layout there."""
+        return _usable(self._inputs.reference, states[0], names)
 
     def _refuse(self, peer: str, reason: str) -> None:
         self.rejected.setdefault(peer, reason)
@@ -148,8 +192,9 @@ class Defence:
         rule."""
         if len(who) != len(states):
             raise ValueError(f"defence: {len(states)} states but {len(who)} names")
-        if self.staleness:  # a stale peer counts less: w_j (1 + τ_j)^-a
-            weights = [w * self.staleness.get(p, 1.0) for w, p in zip(weights, who, strict=True)]
+        staleness = self._inputs.staleness
+        if staleness:  # a stale peer counts less: w_j (1 + τ_j)^-a
+            weights = [w * staleness.get(p, 1.0) for w, p in zip(weights, who, strict=True)]
         names = list(states[0]) if keys is None and states else list(keys or [])
         rule = self.rule
         if rule == "mean" or (len(states) == 1 and own == 0):

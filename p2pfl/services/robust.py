@@ -11,19 +11,23 @@ may make, the states refused this round, and the reputation refusals earn
   doubled per refusal.
 
 The method's combination rule is its context's :class:`~p2pfl.learning.defence.Defence`;
-this port moves its schedule on each round and reads what it refused.
+this port is the one that hands it each round's inputs (a
+:class:`~p2pfl.learning.defence.DefenceInputs`: the round and its DP noise spread, with what
+the round code adds before it merges or aggregates) and reads what it refused.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from p2pfl.attacks import Adversary
 from p2pfl.config.schema import TopologyConfig
 from p2pfl.learning.admission import admit_state, cap_claims
-from p2pfl.learning.defence import Defence
+from p2pfl.learning.defence import Defence, DefenceInputs
 from p2pfl.learning.state import State
 
 if TYPE_CHECKING:  # Opacus is imported only by a node that trains under privacy.dp
@@ -66,13 +70,36 @@ class Robustness:
         return admit_state(state, reference, self.cfg.defence.max_norm_ratio, layout=layout)
 
     def begin_round(self, round_no: int) -> None:
-        """Round ``round_no`` starts: no state refused yet, the defence's schedule moves on."""
+        """Round ``round_no`` starts: no state refused yet; the defence measures with the
+        round's inputs as this port knows them (the round and, under ``privacy.dp``, the
+        noise spread an honest node's weights carry this round)."""
         self.round_no = round_no
         self.rejected = {}
         self.capped = {}
-        self.defence.begin_round(round_no)
+        spread = 0.0
         if self._privacy is not None:  # honest peers' models carry this round's DP noise
-            self.defence.noise_spread = self._privacy.noise_spread(round_no, self.cfg.training)
+            spread = self._privacy.noise_spread(round_no, self.cfg.training)
+        self.defence.begin_round(DefenceInputs(round_no, noise_spread=spread))
+
+    def measure_with(
+        self,
+        *,
+        reference: State | None = None,
+        staleness: Mapping[str, float] | None = None,
+    ) -> DefenceInputs:
+        """The round's defence inputs with what the round code adds before it merges or
+        aggregates (None: unchanged): the aggregator's ``reference`` (its own upload, or
+        its current model's part when it did not train) or the ``staleness`` weight of
+        each stale peer of an asynchronous round. Handed to the defence and returned; the
+        refusals so far stand."""
+        inputs = self.defence.inputs
+        inputs = dataclasses.replace(
+            inputs,
+            reference=inputs.reference if reference is None else reference,
+            staleness=inputs.staleness if staleness is None else staleness,
+        )
+        self.defence.take(inputs)
+        return inputs
 
     def reject(self, peer: str, reason: str, round_no: int) -> None:
         """Refuse ``peer``'s state of ``round_no``: logged with the peer's id, counted

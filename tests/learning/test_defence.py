@@ -1,15 +1,18 @@
 """The robust-combination layer (p2pfl/learning/defence.py): the configured rule, the
-node's own state never refused, refusals named for the record, fallbacks counted."""
+node's own state never refused, refusals named for the record, fallbacks counted, and the
+round's inputs taken as one value."""
 
 from __future__ import annotations
 
+import copy
 import math
+import pickle
 
 import pytest
 import torch
 
 from p2pfl.config.schema import DefenceConfig
-from p2pfl.learning.defence import Defence
+from p2pfl.learning.defence import Defence, DefenceInputs
 from p2pfl.learning.state import weighted_mean
 
 
@@ -19,7 +22,7 @@ def st(*values: float, n: int = 3) -> dict[str, torch.Tensor]:
 
 def defence(rule: str, **kw) -> Defence:
     d = Defence(DefenceConfig(rule=rule, **kw), rounds=10)
-    d.begin_round(1)
+    d.begin_round(DefenceInputs(1))
     return d
 
 
@@ -40,9 +43,9 @@ def test_clip_refuses_a_far_state_by_name_and_mixes_the_rest():
 
 def test_clip_tightens_over_the_run():
     d = Defence(DefenceConfig(rule="clip", gamma=0.5, kappa=1.0), rounds=10)
-    d.begin_round(0)
+    d.begin_round(DefenceInputs(0))
     assert d.clip_ratio() == 0.5
-    d.begin_round(10)
+    d.begin_round(DefenceInputs(10))
     assert d.clip_ratio() == pytest.approx(0.5 * math.exp(-1))
 
 
@@ -81,7 +84,7 @@ def test_screen_gates_a_whole_model_adoption_under_clip_only():
     d = defence("clip", gamma=0.5, kappa=0.0)
     assert list(d.screen(own, cands)) == ["near"] and list(d.rejected) == ["far"]
     assert sorted(defence("median").screen(own, cands)) == ["far", "near"]
-    d.begin_round(2)
+    d.begin_round(DefenceInputs(2))
     assert d.rejected == {}
 
 
@@ -104,25 +107,26 @@ def test_clip_on_sparse_states_compares_where_both_masks_hold():
 def test_without_an_own_state_a_trusted_reference_separates_honest_from_flipped():
     # an aggregator that did not train: the median of w and -w is 0, the reference is not
     d = defence("clip", gamma=0.5, kappa=0.0)
-    d.reference = st(3.0, 4.0)
+    reference = st(3.0, 4.0)
+    d.take(DefenceInputs(1, reference=reference))
     out = d.combine([st(3.2, 4.1), st(-3.2, -4.1)], [1, 1], who=["a", "b"], own=None)
     assert list(d.rejected) == ["b"] and torch.allclose(out["g.w"], torch.tensor([3.2, 4.1]))
-    d.begin_round(2)
+    d.begin_round(DefenceInputs(2, reference=reference))
     out = d.combine([st(-3.0, -4.0)], [1], who=["b"], own=None)  # one input: gated too
-    assert list(d.rejected) == ["b"] and torch.equal(out["g.w"], d.reference["g.w"])
+    assert list(d.rejected) == ["b"] and torch.equal(out["g.w"], reference["g.w"])
     out = d.combine([st(-3.0, -4.0), st(30.0, 40.0)], [1, 1], who=["b", "c"], own=None)
     assert sorted(d.rejected) == ["b", "c"]
-    assert torch.equal(out["g.w"], d.reference["g.w"])  # nothing trusted: the model stays
+    assert torch.equal(out["g.w"], reference["g.w"])  # nothing trusted: the model stays
 
 
 def test_staleness_weights_scale_each_peer_and_reset_each_round():
     d = defence("mean")
-    d.staleness = {"b": 0.5}  # b is stale: (1 + 3)^-0.5
+    d.take(DefenceInputs(1, staleness={"b": 0.5}))  # b is stale: (1 + 3)^-0.5
     states = [st(1.0, 1.0), st(3.0, 3.0)]
     out = d.combine(states, [1, 1], who=["me", "b"])
     assert torch.allclose(out["g.w"], weighted_mean(states, [1, 0.5])["g.w"])
-    d.begin_round(2)
-    assert d.staleness == {}
+    d.begin_round(DefenceInputs(2))
+    assert d.inputs.staleness == {}
     assert torch.equal(d.combine(states, [1, 1], who=["me", "b"])["g.w"], torch.tensor([2.0, 2.0]))
 
 
@@ -135,8 +139,8 @@ def test_clip_allows_for_the_dp_noise_between_honest_states():
     own, noisy = st(3.0, 4.0), st(3.0 + 4.0, 4.0)  # distance 4 > 2.5
     d.combine([own, noisy], [1, 1], who=["me", "b"])
     assert list(d.rejected) == ["b"]
-    d.begin_round(2)
-    d.noise_spread = 1.5 / (NOISE_MARGIN * math.sqrt(2) * math.sqrt(2))  # allowance 1.5
+    spread = 1.5 / (NOISE_MARGIN * math.sqrt(2) * math.sqrt(2))  # allowance 1.5
+    d.begin_round(DefenceInputs(2, noise_spread=spread))
     assert d.noise_allowance(2) == pytest.approx(1.5)
     out = d.combine([own, noisy], [1, 1], who=["me", "b"])
     assert d.rejected == {} and torch.allclose(out["g.w"], torch.tensor([5.0, 4.0]))
@@ -150,4 +154,29 @@ def test_clip_allows_for_the_dp_noise_between_honest_states():
 
 def test_without_dp_the_clip_bound_is_unchanged():
     d = defence("clip", gamma=0.5, kappa=0.0)
-    assert d.noise_spread == 0.0 and d.noise_allowance(10**6) == 0.0
+    assert d.inputs.noise_spread == 0.0 and d.noise_allowance(10**6) == 0.0
+
+
+def test_the_inputs_are_one_value_the_caller_cannot_change_afterwards():
+    weights = {"b": 0.5}
+    inputs = DefenceInputs(3, staleness=weights)
+    weights["b"] = 0.0  # the caller's dict is copied
+    assert inputs.staleness == {"b": 0.5}
+    with pytest.raises(TypeError):
+        inputs.staleness["b"] = 0.1  # type: ignore[index]
+    with pytest.raises(AttributeError):
+        inputs.noise_spread = 1.0  # type: ignore[misc]
+    for again in (copy.deepcopy(inputs), pickle.loads(pickle.dumps(inputs))):  # a checkpoint
+        assert (again.round, dict(again.staleness)) == (3, {"b": 0.5})
+
+
+def test_take_keeps_the_round_s_refusals_and_refuses_another_round():
+    d = defence("clip", gamma=0.5, kappa=0.0)
+    d.combine([st(3.0, 4.0), st(-3.0, -4.0)], [1, 1], who=["me", "c"])
+    assert list(d.rejected) == ["c"]
+    d.take(DefenceInputs(1, reference=st(3.0, 4.0)))
+    assert list(d.rejected) == ["c"] and d.inputs.reference is not None
+    with pytest.raises(ValueError, match="inputs of round 2 in round 1"):
+        d.take(DefenceInputs(2))
+    d.begin_round(DefenceInputs(2))
+    assert d.rejected == {} and d.inputs.reference is None

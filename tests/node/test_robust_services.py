@@ -1,16 +1,21 @@
 """The node's robustness services on a real method and a real (unconnected) transport: a
 training that turns non-finite rolls back to the last finite model and names the peers it
-merged; sample claims are capped; refused peers earn a growing distrust."""
+merged; sample claims are capped; refused peers earn a growing distrust; the defence's
+inputs are one value the port hands over and the audit rebuilds."""
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import torch
 from services_helpers import offline_services
 
 from p2pfl.check.load import load_topology
+from p2pfl.learning.defence import Defence
+from p2pfl.rounds.rotation.audit import announced_inputs
 from p2pfl.services.bundle import NodeServices
+from p2pfl.services.robust import Robustness
 
 
 def services(overrides: list[str] | None = None, node_id: str = "a") -> NodeServices:
@@ -70,3 +75,33 @@ def test_refused_peers_sit_out_a_growing_number_of_rounds():
     svc.robust.begin_round(5)
     assert svc.robust.facts(5)["rejected"] == {}
     assert svc.exchange.transport.dropped["rejected_state"] == 2
+
+
+class _Spread:
+    """A privacy level whose noise spread is known: 0.01 × the round."""
+
+    def noise_spread(self, round_no: int, training: object) -> float:
+        return 0.01 * round_no
+
+
+def test_the_port_hands_the_defence_one_value_the_audit_rebuilds_from_the_announcement():
+    cfg = load_topology("topologies/synthetic.yaml", ["defence.rule=clip"])
+    defence = Defence(cfg.defence, cfg.rounds)
+    robust = Robustness(cfg, "a", defence, 100, Counter(), privacy=_Spread())  # type: ignore[arg-type]
+    robust.begin_round(3)
+    defence.combine([{"w": torch.ones(2)}, {"w": -torch.ones(2)}], [1, 1], who=["a", "b"])
+    assert list(defence.rejected) == ["b"]
+    reference = {"w": torch.ones(2)}
+    inputs = robust.measure_with(reference=reference)  # as the aggregator does
+    assert defence.inputs is inputs and list(defence.rejected) == ["b"]  # refusals stand
+    assert (inputs.round, inputs.reference, inputs.noise_spread) == (3, reference, 0.03)
+    body = {"noise_spread": inputs.noise_spread}  # the announcement carries it when > 0
+    rebuilt = announced_inputs(3, body, reference)
+    fields = lambda i: (i.round, i.reference, i.noise_spread, dict(i.staleness))  # noqa: E731
+    assert fields(rebuilt) == fields(inputs)
+    assert announced_inputs(3, {}, None).noise_spread == 0.0  # no DP: absent, 0
+    robust.measure_with(staleness={"b": 0.5})  # as the asynchronous driver does
+    assert defence.inputs.reference is reference and dict(defence.inputs.staleness) == {"b": 0.5}
+    robust.begin_round(4)
+    assert defence.rejected == {} and defence.inputs.reference is None
+    assert defence.inputs.staleness == {} and defence.inputs.noise_spread == 0.04

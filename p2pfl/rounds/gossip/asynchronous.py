@@ -11,7 +11,7 @@ that round (or a newer one, when the neighbour no longer keeps it).
   ``timing.max_staleness`` rounds behind is left out of the draw; the others are drawn as
   the method draws (:meth:`DecentralizedAlgorithm.choose_peers`), and each one's weight in
   the method's means is multiplied by ``(1 + τ_j)^-a`` (``a = timing.staleness_exponent``;
-  :attr:`Defence.staleness`). The record's ``staleness`` holds ``τ_j`` of every drawn peer.
+  :attr:`DefenceInputs.staleness`). The record's ``staleness`` holds ``τ_j`` of every drawn peer.
 - Candidates are the neighbours whose presence is ``online`` or ``done`` (a node that
   finished its rounds keeps serving its last snapshot while it lingers) and that this node
   trusts.
@@ -91,9 +91,11 @@ class AsyncDecentralizedRounds(DecentralizedRounds):
         chosen = self.alg.choose_peers(list(fresh))
         got = cap_gossiped_counts(svc, {p: self._latest[p][1] for p in chosen})
         staleness = {p: fresh[p] for p in chosen}
-        svc.robust.defence.staleness = {
-            p: staleness_weight(t, timing.staleness_exponent) for p, t in staleness.items() if t
-        }
+        svc.robust.measure_with(
+            staleness={
+                p: staleness_weight(t, timing.staleness_exponent) for p, t in staleness.items() if t
+            }
+        )
         del t_comm  # nothing is waited on
         return chosen, got, staleness
 

@@ -383,7 +383,7 @@ class AggregatorRole(RotationRole):
             # the defence's reference, served to the attempt's auditor as its "upload" (it
             # is never counted: only a reported upload is aggregated)
             self._uploads[r] = template
-        svc.robust.defence.reference = template
+        inputs = svc.robust.measure_with(reference=template)
         secagg: dict[str, Any] | None = None
         done: Aggregated | None
         if self.secure is not None:  # privacy.secagg: the masked sum replaces pull + rule
@@ -418,8 +418,8 @@ class AggregatorRole(RotationRole):
             "claims": {p: claims[p] for p in sorted(uploads)},
             "reports": {p: uploads[p].report for p in sorted(uploads)},
         }
-        if svc.robust.defence.noise_spread > 0:  # the DP allowance clip measured with: audited
-            announcement["noise_spread"] = svc.robust.defence.noise_spread
+        if inputs.noise_spread > 0:  # the DP allowance clip measured with: audited
+            announcement["noise_spread"] = inputs.noise_spread
         if self.reach is not None and self.lineage is not None:  # who may fork it, probed now
             await self.reach.refresh(self.lineage.followers)
         merged = name_result(self.lineage, self.reach, announcement, got, r, attempt, self.id)

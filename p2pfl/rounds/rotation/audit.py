@@ -28,7 +28,7 @@ import torch
 
 from p2pfl.algorithms.base import Aggregate, CentralizedAlgorithm, Upload
 from p2pfl.config.schema import TopologyConfig
-from p2pfl.learning.defence import Defence
+from p2pfl.learning.defence import Defence, DefenceInputs
 from p2pfl.learning.state import State
 from p2pfl.rounds.rotation.plans import RoundPlan
 from p2pfl.rounds.rotation.quorum import staleness_weight
@@ -93,6 +93,18 @@ def spread_problem(announced: object, own: float) -> str | None:
     return None
 
 
+def announced_inputs(
+    round_no: int, body: Mapping[str, Any], reference: State | None
+) -> DefenceInputs:
+    """The defence inputs the aggregator of ``round_no`` measured with, rebuilt from its
+    announcement ``body`` (its ``noise_spread``, absent: 0) and the state it serves as its
+    upload (``reference``); rotation rounds discount no peer by staleness there (a late
+    upload's discount is in its announced weight)."""
+    return DefenceInputs(
+        round_no, reference=reference, noise_spread=float(body.get("noise_spread", 0.0))
+    )
+
+
 def recompute(
     alg: CentralizedAlgorithm,
     cfg: TopologyConfig,
@@ -103,15 +115,14 @@ def recompute(
     reference: State | None = None,
 ) -> Aggregate:
     """The aggregate of ``plan.round`` as ``aggregator`` had to compute it: the server rule
-    of a copy of ``alg`` that is the aggregator (its id, a fresh defence at that round
-    measuring from ``reference``, the state the aggregator serves as its upload) over
-    ``uploads`` with the announced weights (a late upload's claim discounted by its
-    announced staleness, :func:`~p2pfl.rounds.rotation.quorum.staleness_weight`) and reports. ``alg``
-    itself is not changed."""
+    of a copy of ``alg`` that is the aggregator (its id, a fresh defence measuring with
+    :func:`announced_inputs`: from ``reference``, the state the aggregator serves as its
+    upload, with the announced DP noise spread) over ``uploads`` with the announced weights
+    (a late upload's claim discounted by its announced staleness,
+    :func:`~p2pfl.rounds.rotation.quorum.staleness_weight`) and reports. ``alg`` itself is
+    not changed."""
     defence = Defence(cfg.defence, cfg.rounds)
-    defence.begin_round(plan.round)
-    defence.reference = reference
-    defence.noise_spread = float(body.get("noise_spread", 0.0))
+    defence.begin_round(announced_inputs(plan.round, body, reference))
     as_aggregator = copy.copy(alg)
     as_aggregator.ctx = dataclasses.replace(alg.ctx, node_id=aggregator, defence=defence)
     claims, reports = body.get("claims", {}), body.get("reports", {})

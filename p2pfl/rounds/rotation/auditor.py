@@ -193,7 +193,8 @@ class AuditRole(RotationRole):
         )
         missing = sorted(set(body["aggregated"]) - set(inputs_of))
         why: str | None
-        spread_why = spread_problem(body.get("noise_spread"), svc.robust.defence.noise_spread)
+        own_spread = svc.robust.defence.inputs.noise_spread
+        spread_why = spread_problem(body.get("noise_spread"), own_spread)
         if missing:
             verdict, why = "incomplete", f"uploads missing: {missing}"
         elif spread_why is not None:
