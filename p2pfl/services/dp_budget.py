@@ -55,7 +55,7 @@ class DPBudget:
     def noise_spread(self, round_no: int, training: TrainingConfig) -> float:
         """The standard deviation per coordinate of the noise round ``round_no`` leaves in
         a node's weights (:mod:`p2pfl.privacy.noise_spread`), which widens the ``clip``
-        defence's bound (:attr:`p2pfl.learning.defence.Defence.noise_spread`)."""
+        defence's bound (:attr:`p2pfl.learning.defence.DefenceInputs.noise_spread`)."""
         raise NotImplementedError
 
     def may_train(self, round_no: int) -> bool:
