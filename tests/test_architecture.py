@@ -171,6 +171,16 @@ def test_round_code_never_reaches_the_transport():
     assert named == []
 
 
+def test_the_daemon_knows_no_driver_by_name():
+    """The daemon asks :data:`~p2pfl.rounds.driver.DRIVERS` for the driver that selects its
+    method: it imports no round protocol itself, and never tests a method's kind."""
+    graph = import_graph()
+    protocols = {m for m in graph.successors("p2pfl.node.daemon") if m.startswith("p2pfl.rounds.")}
+    assert protocols == {"p2pfl.rounds.driver"}
+    source = (PACKAGE / "node" / "daemon.py").read_text()
+    assert ".kind" not in source and "isinstance(driver" not in source
+
+
 def test_export_needs_no_node():
     """``p2pfl.load_model`` rebuilds a model without the transport or the round drivers."""
     graph = import_graph()
