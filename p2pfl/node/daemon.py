@@ -236,9 +236,14 @@ class Node:
         and checking certificates), so a caller may check it early and :meth:`run` reuses
         it."""
         if self._security_ctx is None:
-            certs = self.opts.certs or self.cfg.security.certs
-            self._security_ctx = load_security(self.cfg, self.id, certs, self.opts.source)
+            self._security_ctx = load_security(self.cfg, self.id, self.certs_dir, self.opts.source)
         return self._security_ctx
+
+    @property
+    def certs_dir(self) -> str | None:
+        """This device's certificate directory: ``--certs`` / its node config, else
+        ``security.certs``."""
+        return self.opts.certs or self.cfg.security.certs
 
     def _connect(self) -> Transport:
         """The node's transport (not connected yet), its services and its round driver,
@@ -250,7 +255,7 @@ class Node:
             self.broker,
             layout=self.layout,
             security=self.security_context(),
-            certs=self.opts.certs or self.cfg.security.certs,
+            certs=self.certs_dir,
             listen_to=self.driver_cls.listens_to(self.neighbours),
         )
         self.services = NodeServices(

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from p2pfl.errors import P2PFLError
 from p2pfl.rounds.rotation.audit import audit_active, auditor_of
 from p2pfl.rounds.rotation.election import succession
 from p2pfl.rounds.rotation.plans import check_announcement, drawn_of
@@ -22,8 +23,10 @@ from p2pfl.wire.envelope import Envelope
 ROUNDS_KEPT = 3  # uploads, results and announcements kept for late pulls and late messages
 
 
-class Behind(Exception):  # noqa: N818 (control flow between the driver's roles)
-    """This member fell behind the swarm (``round``: the latest round the swarm finished)."""
+class Behind(P2PFLError):  # noqa: N818 (control flow between the driver's roles)
+    """This member fell behind the swarm (``round``: the latest round the swarm finished).
+    Raised by a role and caught by :class:`~p2pfl.rounds.rotation.centralized.CentralizedRounds`,
+    which catches up; it never leaves the driver."""
 
     def __init__(self, round_no: int):
         super().__init__(round_no)
