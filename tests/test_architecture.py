@@ -165,6 +165,8 @@ def test_round_code_never_reaches_the_transport():
     assert reached == []
     named = []
     for path in sorted((PACKAGE / "rounds").rglob("*.py")):
+        if "wire.transport" in path.read_text():  # not even in a docstring's reference
+            named.append(f"{path.relative_to(ROOT)}: names p2pfl.wire.transport")
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr in ("transport", "_transport"):
                 named.append(f"{path.relative_to(ROOT)}:{node.lineno}")

@@ -28,7 +28,7 @@ used (the latest :data:`PULL_LANES_KEPT`; :attr:`Transport.pulls` counts them al
 It also owns ``transfer.compress`` (``compress``, parsed once; docs/wire.md,
 "Compression"), both ways: what it prepares for serving is in that wire form
 (:meth:`Transport.prepare`; top-k streams: :attr:`Transport.served`), and what it pulls
-is decoded (:meth:`Transport.decoded`, ``pull(decode=True)``; a top-k answer always, with
+is decoded (:meth:`Transport.decoded`; a top-k answer by :meth:`Transport.pull`, with
 the stream it belongs to), whatever codec the peer used.
 
 ``listen_to`` (the peers a node talks to) narrows the presence and gossip it subscribes to
@@ -476,7 +476,6 @@ class Transport:
         *,
         attempt: int = 0,
         max_bytes: int | None = None,
-        decode: bool = False,
     ) -> State:
         """Ask ``peer`` for ``part`` of its round-``round_no`` state (of that ``attempt``,
         for the rotating aggregator) and wait for it. A transfer larger than ``max_bytes``
@@ -485,9 +484,8 @@ class Transport:
 
         With :attr:`streams` (top-k), the request's body names the base held of ``peer``'s
         stream of ``part`` (``base: [epoch, seq]``) and a top-k answer comes back decoded
-        with it (:class:`~p2pfl.wire.streams.ReceivedStreams`). With ``decode``, any other
-        compressed state comes back decoded too (:meth:`decoded`, at most ``max_bytes``);
-        without it, it comes back as it travelled.
+        with it (:class:`~p2pfl.wire.streams.ReceivedStreams`); any other state comes back
+        as it travelled (:meth:`decoded` decodes it).
 
         Raises :class:`TransportError` on refusal, timeout, a corrupt transfer (a state
         that does not decode included), or as soon as ``peer``'s presence is (or goes)
@@ -505,10 +503,7 @@ class Transport:
             except CompressError as exc:
                 self.drop("bad_transfer", f"state from {peer} rejected: {exc}")
                 raise TransportError(f"{part!r} from {peer} does not decode: {exc}") from None
-        if not decode:
-            return state
-        limit = self.max_transfer_bytes if max_bytes is None else max_bytes
-        return await self.decoded(peer, state, max_bytes=limit)
+        return state
 
     async def decoded(self, peer: str, state: State, *, max_bytes: int) -> State:
         """``state`` as pulled from ``peer``, decoded when it travelled compressed (any

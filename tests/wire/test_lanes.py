@@ -147,17 +147,17 @@ def test_compress_is_parsed_once_and_prepares_the_wire_form():
         transport(compress="gzip")
 
 
-async def test_a_pulled_state_is_decoded_when_asked():
+async def test_a_pulled_state_is_decoded_by_the_transport():
     wire = dict(encode_state(STATE, "int8"))
     t = transport(Stand("lane", wire))
     assert await t.pull("b", 1, "g", 5.0) is wire  # as it travelled
-    decoded = await t.pull("b", 1, "g", 5.0, decode=True)
+    decoded = await t.decoded("b", await t.pull("b", 1, "g", 5.0), max_bytes=1 << 20)
     want = decode_state(wire, max_bytes=1 << 20)
     assert decoded.keys() == want.keys()
     assert all(torch.equal(decoded[k], want[k]) for k in want)
     assert await t.decoded("b", STATE, max_bytes=1) is STATE  # not compressed: as it is
     with pytest.raises(TransportError, match="does not decode"):  # over the limit
-        await t.pull("b", 1, "g", 5.0, decode=True, max_bytes=100)
+        await t.decoded("b", await t.pull("b", 1, "g", 5.0), max_bytes=100)
     assert t.dropped["bad_transfer"] == 1
 
 

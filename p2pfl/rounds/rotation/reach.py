@@ -8,12 +8,12 @@ apart, combined by :func:`verdict`, a pure rule:
 - **presence**: a peer whose presence is not ``online`` (its Last Will fired, or it said
   ``done``) is ``offline``;
 - **the direct lane**: a TCP connect to the ``host:port`` a peer announces in its presence
-  (:meth:`~p2pfl.wire.transport.Transport.probe`). A probe that fails means the peer cannot
+  (:meth:`~p2pfl.services.exchange.Exchange.probe`). A probe that fails means the peer cannot
   be reached *if* its lane answered this node before (a peer behind NAT, whose lane never
   answers, is served over MQTT as usual and never counts as cut off on that ground alone);
 - **bridge state**: Mosquitto's ``$SYS/broker/connection/<name>/state`` at this node's
   broker (``0``: a bridge to another site is down;
-  :attr:`~p2pfl.wire.transport.Transport.bridges`). While a bridge is down, a failed probe
+  :attr:`~p2pfl.services.exchange.Exchange.bridge_down`). While a bridge is down, a failed probe
   counts even for a peer whose lane never answered before.
 
 :class:`Reachability` keeps the latest probe of each peer (for :data:`PROBE_TTL_S`), answers
