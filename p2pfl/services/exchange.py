@@ -143,7 +143,7 @@ class Exchange:
 
     async def refuse_pull(self, env: Envelope, reason: str) -> None:
         """Answer the pull ``env`` with ``pull_error`` and count it (``refused_pull``)."""
-        self._transport.dropped["refused_pull"] += 1
+        self._ledger.count("refused_pull")
         await self._transport.send(
             env.sender,
             "pull_error",
