@@ -172,8 +172,9 @@ def cmd_node(args: argparse.Namespace) -> int:
     ids = list(args.id or [])
     broker = args.broker
     data_root, device, certs, host = args.data_root, args.device, args.certs, args.host
+    notes: dict[str, str] = {}  # where the node file's relative data_root resolved from
     if args.node_config:
-        over = load_node_overrides(args.node_config)
+        over = load_node_overrides(args.node_config)  # its paths: against its folder
         if over.id and not ids:
             ids = [over.id]
         if over.broker:  # checked even where --broker overrides it
@@ -186,7 +187,11 @@ def cmd_node(args: argparse.Namespace) -> int:
             problem = device_problem(over.device, runs_here=True)
             if problem is not None:
                 raise ConfigError(args.node_config, [("device", problem[1])])
-        data_root = data_root or over.data_root
+        if not data_root and over.data_root:
+            data_root = over.data_root
+            notes = (
+                {"data_root": over.path_note("data_root")} if over.path_note("data_root") else {}
+            )
         device = device or over.device
         certs = certs or over.certs
         host = host or over.host
@@ -194,6 +199,7 @@ def cmd_node(args: argparse.Namespace) -> int:
             extra.append(f"training.threads={over.threads}")
     source = args.source or str(args.topology)  # p2pfl swarm's nodes: the user's file
     cfg = load_topology(args.topology, _overrides(args, extra))
+    cfg.note_paths(notes)
     if not ids:  # the nodes the topology pins to this host
         import socket
 

@@ -162,8 +162,10 @@ def security_warnings(cfg: TopologyConfig) -> list[str]:
             "file, or --certs); p2pfl swarm uses <run>/certs"
         ]
     if sec.enabled and not (Path(sec.certs) / "ca.crt").is_file():
+        note = cfg.path_note("security.certs")
         return [
-            f"security.certs: {sec.certs}/ca.crt does not exist yet (p2pfl certs creates it; "
-            "p2pfl swarm does for a local swarm)"
+            f"security.certs: {Path(sec.certs).absolute() / 'ca.crt'} does not exist yet "
+            f"({note + '; ' if note else ''}p2pfl certs creates it; p2pfl swarm does for a "
+            "local swarm)"
         ]
     return []

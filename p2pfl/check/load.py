@@ -6,10 +6,16 @@ they are validated exactly like the file itself. Every topology read here also h
 ``algorithm.params`` checked against the named method's own model in the registry
 (:func:`p2pfl.algorithms.validate_params`, defaults filled in); the schema cannot do that
 itself, as it sits below the registry (docs/design.md, "Configuration").
+
+Paths in a file (``dataset.root``, ``dataset.stats``, ``security.certs``, ``code_dir``; a
+``nodes/`` file's ``data_root`` and ``certs``) resolve against the file's folder, those an
+override sets against the current directory (:mod:`p2pfl.config.paths`): a topology read
+here holds absolute paths, and ``code_dir`` defaults to the file's folder.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -18,6 +24,14 @@ import yaml
 from pydantic import ValidationError
 
 from p2pfl.config.bounds import MAX_FILE_BYTES, MAX_VALUES, expanded_size
+from p2pfl.config.paths import (
+    NODE_PATHS,
+    TOPOLOGY_PATHS,
+    PathBase,
+    field_value,
+    resolve_fields,
+    use_code_dir,
+)
 from p2pfl.config.schema import PARAMS_CHECK, BrokerAddress, NodeOverrides, TopologyConfig
 from p2pfl.errors import P2PFLError
 
@@ -156,18 +170,49 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def load_topology(path: str | Path, overrides: list[str] | None = None) -> TopologyConfig:
-    """Read, override and validate a topology file; raise ``ConfigError`` naming file+field."""
+    """Read, override and validate a topology file; raise ``ConfigError`` naming file+field.
+    Its paths resolve against its folder, those ``overrides`` set against the current
+    directory."""
     data = load_yaml(path)
+    file_notes = resolve_file_paths(data, path)
     try:
         apply_overrides(data, overrides or [])
     except ValueError as exc:
         raise ConfigError(str(path), [("", str(exc))]) from None
+    notes = resolve_override_paths(data, file_notes)
     try:
-        return topology_from_dict(data, source=str(path))
+        cfg = topology_from_dict(data, source=str(path))
     except ConfigError as exc:
         if not overrides:
             raise
         raise ConfigError(exc.source, _blame_overrides(exc.errors, overrides)) from None
+    cfg.note_paths(notes)
+    return cfg
+
+
+def resolve_file_paths(data: dict[str, Any], path: str | Path) -> dict[str, tuple[str, Any]]:
+    """Resolve the relative paths of the topology mapping ``data``, read from the file at
+    ``path``, against the file's folder, in place, and default ``code_dir`` to it; for
+    :func:`resolve_override_paths`, ``{field: (note, resolved value)}``."""
+    base = PathBase.of_file(path)
+    notes = resolve_fields(data, TOPOLOGY_PATHS, base)
+    data.setdefault("code_dir", base.folder)
+    return {name: (note, field_value(data, name)) for name, note in notes.items()}
+
+
+def resolve_override_paths(
+    data: dict[str, Any], file_notes: dict[str, tuple[str, Any]] | None = None
+) -> dict[str, str]:
+    """Once overrides are applied to ``data``: resolve the relative paths left (the file's
+    are absolute already, so these are the command line's, or a mapping's) against the
+    current directory, in place; ``{field: note}`` of every path resolved, the file's
+    (:func:`resolve_file_paths`) that no override replaced included."""
+    kept = {
+        name: note
+        for name, (note, value) in (file_notes or {}).items()
+        if field_value(data, name) == value
+    }
+    return {**kept, **resolve_fields(data, TOPOLOGY_PATHS, PathBase.cwd())}
 
 
 def _blame_overrides(errors: list[tuple[str, str]], overrides: list[str]) -> list[tuple[str, str]]:
@@ -194,18 +239,37 @@ def topology_from_dict(data: dict[str, Any], source: str = "<config>") -> Topolo
     # commands that read no topology need not load
     from p2pfl.algorithms import validate_params
 
+    code_dir = data.get("code_dir")
+    if isinstance(code_dir, str) and os.path.isabs(code_dir) and _names_user_code(data):
+        use_code_dir(code_dir)  # before validation: a method's path is imported there
     try:
         return TopologyConfig.model_validate(data, context={PARAMS_CHECK: validate_params})
     except ValidationError as exc:
         raise ConfigError(source, validation_errors(exc)) from None
 
 
+def _names_user_code(data: dict[str, Any]) -> bool:
+    """Whether a raw topology mapping names a ``package.module:name`` (model, dataset or
+    method); the schema checks the names themselves."""
+    for section in ("model", "dataset", "algorithm"):
+        part = data.get(section)
+        name = part.get("name") if isinstance(part, dict) else None
+        if isinstance(name, str) and ":" in name:
+            return True
+    return False
+
+
 def load_node_overrides(path: str | Path) -> NodeOverrides:
+    """A device's ``nodes/`` file, its ``data_root`` and ``certs`` resolved against its
+    folder; a ``ConfigError`` naming the file and the field otherwise."""
     data = load_yaml(path)
+    notes = resolve_fields(data, NODE_PATHS, PathBase.of_file(path))
     try:
-        return NodeOverrides.model_validate(data)
+        over = NodeOverrides.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(str(path), validation_errors(exc)) from None
+    over.note_paths(notes)
+    return over
 
 
 def dump_topology(cfg: TopologyConfig) -> str:

@@ -22,6 +22,7 @@ from p2pfl.algorithms import DecentralizedAlgorithm, get_algorithm
 from p2pfl.algorithms.base import Method, drawn_count
 from p2pfl.algorithms.build import adapt_for, method_over
 from p2pfl.check.load import ConfigError
+from p2pfl.config.paths import PathBase, is_relative
 from p2pfl.config.schema import DatasetConfig, TopologyConfig, is_import_path
 from p2pfl.config.topology import build_graph
 from p2pfl.learning.data import DatasetArrays, DatasetError, NodeData, load_arrays, load_node_data
@@ -35,21 +36,36 @@ DOWNLOADABLE = ("fashionmnist", "mnist", "cifar10", "cifar100", "svhn")
 
 
 def missing_root(ds: DatasetConfig, root: str | None) -> Path | None:
-    """``root`` as a path when the dataset reads files there and it does not exist (and
-    cannot be downloaded); None otherwise (no root, synthetic data, a user function)."""
+    """``root`` as an absolute path when the dataset reads files there and it does not
+    exist (and cannot be downloaded); None otherwise (no root, synthetic data, a user
+    function)."""
     if not root or ds.name == "synthetic" or is_import_path(ds.name):
         return None
     path = Path(root).expanduser()
     if path.exists() or (ds.download and ds.name in DOWNLOADABLE):
         return None
-    return path
+    return path.absolute()
 
 
-def check_dataset(ds: DatasetConfig, seed: int, source: str, cache_dir=None) -> DatasetArrays:
-    """The dataset's arrays, or a :class:`ConfigError` on ``dataset.root`` saying why not."""
+def root_note(cfg: TopologyConfig, data_root: str | None = None) -> str:
+    """`` (relative paths resolve against …)`` for a message on the data root: where the
+    device's ``data_root`` (when given) or ``dataset.root`` was resolved from; empty when
+    it was written absolute."""
+    if data_root is not None:
+        note = cfg.path_note("data_root") or (PathBase.cwd().note if is_relative(data_root) else "")
+    else:
+        note = cfg.path_note("dataset.root")
+    return f" ({note})" if note else ""
+
+
+def check_dataset(
+    ds: DatasetConfig, seed: int, source: str, cache_dir=None, note: str = ""
+) -> DatasetArrays:
+    """The dataset's arrays, or a :class:`ConfigError` on ``dataset.root`` saying why not
+    (a missing root: the path looked at, then ``note``, :func:`root_note`)."""
     missing = missing_root(ds, ds.root)
     if missing is not None:
-        raise ConfigError(source, [("dataset.root", f"{missing} does not exist")])
+        raise ConfigError(source, [("dataset.root", f"{missing} does not exist{note}")])
     try:
         return load_arrays(ds, seed, cache_dir)
     except DatasetError as exc:
@@ -79,7 +95,8 @@ def check_node_data(
     who = f"node {node_id!r}"
     missing = missing_root(ds, ds.root_for(node_id))
     if missing is not None:
-        raise ConfigError(source, [("dataset.root", f"{who}: {missing} does not exist")])
+        why = f"{who}: {missing} does not exist{root_note(cfg, data_root)}"
+        raise ConfigError(source, [("dataset.root", why)])
     try:
         return load_node_data(ds, cfg.node_ids, node_id, cfg.seed, cache_dir)
     except DatasetError as exc:
@@ -172,7 +189,7 @@ def check_inputs(
         )
         return check_model(cfg, data.num_classes, tuple(data.input_shape), source)
     ds = cfg.dataset.with_root(data_root)
-    arrays = check_dataset(ds, cfg.seed, source, cache_dir)
+    arrays = check_dataset(ds, cfg.seed, source, cache_dir, root_note(cfg, data_root))
     spec = ds.partition.strip().replace(" ", "")
     try:
         partition_indices(

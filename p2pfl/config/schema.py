@@ -35,7 +35,7 @@ from p2pfl.config.dataset_schema import DatasetConfig, is_import_path
 from p2pfl.config.emulation import DeviceSpec, NetworkConfig, chosen_nodes
 from p2pfl.config.privacy_schema import DPConfig, PrivacyConfig
 from p2pfl.config.runtime_schema import SecurityConfig, TimingConfig, TransferConfig
-from p2pfl.config.strict import StrictModel
+from p2pfl.config.strict import PathNotes, StrictModel
 
 PARAMS_CHECK = "validate_params"
 """The validation-context key under which a loader passes the check of a method's knobs:
@@ -296,7 +296,7 @@ class AttackSpec(StrictModel):
         return self
 
 
-class TopologyConfig(StrictModel):
+class TopologyConfig(PathNotes):
     """One swarm: nodes, edges, algorithm, data, model, training."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
@@ -332,6 +332,12 @@ class TopologyConfig(StrictModel):
     )
     max_transfer_mb: float = Field(
         2048.0, gt=0, le=B.MAX_TRANSFER_MB, description="largest weight transfer accepted"
+    )
+    code_dir: str | None = Field(
+        None,
+        description="the folder a user's own code ('package.module:name' in model.name, "
+        "dataset.name, algorithm.name) is imported from, before the current directory "
+        "(default: the topology file's folder; recorded only where the topology names such code)",
     )
 
     @field_validator("broker", mode="before")
@@ -423,7 +429,15 @@ class TopologyConfig(StrictModel):
         data = self.model_dump(mode="json")
         if data.get("privacy") is None:
             data.pop("privacy", None)
+        if not self.names_user_code:  # a run of built-in parts records what it always did
+            data.pop("code_dir", None)
         return data
+
+    @property
+    def names_user_code(self) -> bool:
+        """Whether the model, the dataset or the method is the user's own
+        (``package.module:name``), imported from :attr:`code_dir`."""
+        return self.model.is_user or is_import_path(self.dataset.name) or ":" in self.algorithm.name
 
     @property
     def node_ids(self) -> list[str]:
@@ -438,8 +452,9 @@ class TopologyConfig(StrictModel):
         return [n.id for n in self.nodes if n.host == host]
 
 
-class NodeOverrides(StrictModel):
-    """A per-device file in ``nodes/``: what one device changes for its own daemon."""
+class NodeOverrides(PathNotes):
+    """A per-device file in ``nodes/``: what one device changes for its own daemon
+    (``data_root`` and ``certs`` relative to the file's folder once loaded)."""
 
     id: str | None = None
     data_root: str | None = None

@@ -24,7 +24,14 @@ from typing import Any
 
 from rich.console import Console
 
-from p2pfl.check.load import ConfigError, apply_overrides, load_yaml, topology_from_dict
+from p2pfl.check.load import (
+    ConfigError,
+    apply_overrides,
+    load_yaml,
+    resolve_file_paths,
+    resolve_override_paths,
+    topology_from_dict,
+)
 from p2pfl.config.schema import TopologyConfig
 from p2pfl.metrics import METHOD_KEY, node_log_path, read_records
 
@@ -57,7 +64,10 @@ def load_topology(
 ) -> TopologyConfig:
     """A validated topology from a YAML file, a mapping or a config, with ``--set``-style
     ``overrides`` (``["rounds=3"]``) and top-level ``fields`` (``rounds=3``) applied;
-    :class:`~p2pfl.check.load.ConfigError` naming the source and field otherwise."""
+    :class:`~p2pfl.check.load.ConfigError` naming the source and field otherwise. A file's
+    paths resolve against its folder; a mapping's, and those ``overrides`` and ``fields``
+    set, against the current directory."""
+    file_notes = None
     if isinstance(source, TopologyConfig):
         data: dict[str, Any] = source.model_dump(mode="json")
         data["broker"] = str(source.broker)
@@ -66,12 +76,16 @@ def load_topology(
         data, name = dict(source), "topology"
     else:
         data, name = load_yaml(source), str(source)
+        file_notes = resolve_file_paths(data, source)
     data.update(fields)
     try:
         apply_overrides(data, list(overrides or []))
     except ValueError as exc:
         raise ConfigError(name, [("", str(exc))]) from None
-    return topology_from_dict(data, source=name)
+    notes = resolve_override_paths(data, file_notes)
+    cfg = topology_from_dict(data, source=name)
+    cfg.note_paths(notes)
+    return cfg
 
 
 @dataclass

@@ -3,9 +3,11 @@ a model factory).
 
 Contract: :func:`import_object` imports the module and returns the attribute, or raises
 :class:`UserCodeError` whose message names the path and what failed (the module is not
-found, it raised while importing, the attribute is missing or not callable). The current
-directory is importable, as it is for ``python -m``: a user runs ``p2pfl`` beside their own
-module, and the launcher's node processes start in that directory.
+found, it raised while importing, the attribute is missing or not callable). The module is
+looked for in the folder of the topology that names it (``code_dir``, put first on the
+import path by the loader: :func:`p2pfl.config.paths.use_code_dir`), then in the current
+directory, as for ``python -m`` (the launcher's node processes start in the launcher's),
+then in the installed packages.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sys
 import traceback
 from typing import Any
 
+from p2pfl.config.paths import code_dirs
 from p2pfl.errors import P2PFLError
 
 
@@ -53,15 +56,18 @@ def import_object(path: str, what: str = "object") -> Any:
     if not sep or not module_name or not attr:
         raise UserCodeError(f"{what} {path!r}: expected 'package.module:attribute'")
     cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
+    folders = code_dirs()
+    if cwd not in sys.path and "" not in sys.path:  # after the topologies' folders
+        present = [sys.path.index(f) for f in folders if f in sys.path]
+        sys.path.insert(max(present) + 1 if present else 0, cwd)
     try:
         obj: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and module_name.startswith(exc.name):
+            where = "".join(f"{f} (the topology's folder), " for f in folders[:1] if f != cwd)
             raise UserCodeError(
-                f"{what} {path!r}: no module named {exc.name!r} (looked in the current "
-                f"directory {cwd} and the installed packages)"
+                f"{what} {path!r}: no module named {exc.name!r} (looked in {where}the "
+                f"current directory {cwd} and the installed packages)"
             ) from None
         raise UserCodeError(f"{what} {path!r}: importing it failed: {describe(exc)}") from None
     except Exception as exc:  # the user's module raised while importing

@@ -42,10 +42,10 @@ def checkpoint_path(run_dir: Path, node_id: str) -> Path:
 def config_fingerprint(cfg: TopologyConfig) -> str:
     """A digest of what shapes a node's model and method state: the swarm, its nodes and
     edges, the dataset and its partition, the model, the method and its knobs, training,
-    rounds and seed. Where the broker is, the data's folder, certificates and timeouts may
-    change between a crash and a restart."""
+    rounds and seed. Where the broker is, the data's folder, the code's folder, certificates
+    and timeouts may change between a crash and a restart."""
     data = cfg.dump()
-    for name in ("broker", "timing", "security"):
+    for name in ("broker", "timing", "security", "code_dir"):
         data.pop(name, None)
     data.get("dataset", {}).pop("root", None)
     text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
