@@ -5,8 +5,37 @@ command does is in :mod:`p2pfl.cli`."""
 from __future__ import annotations
 
 import argparse
+from typing import Any, NoReturn
 
 from p2pfl.config.schema import BrokerAddress
+from p2pfl.config.suggest import did_you_mean
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, except that a mistyped command or choice (``p2pfl swarn``, ``--format
+    onx``) is one line naming the nearest valid names and the choices, exit 2, without the
+    usage: ``p2pfl: error: unknown command 'swarn' (did you mean 'swarm'?); commands: …``.
+    Subparsers are of this class too (argparse gives them their parent's)."""
+
+    _bad_choice: str | None = None
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        if action.choices is not None and value not in action.choices:
+            names = [str(c) for c in action.choices]
+            hint = did_you_mean(str(value), names)
+            hint = f" ({hint})" if hint else ""
+            if action.dest == "command":  # the subparsers' (build_parser)
+                what, listed = "unknown command", "commands"
+            else:
+                what = f"{'/'.join(action.option_strings) or action.dest}: invalid choice"
+                listed = "one of"
+            self._bad_choice = f"{what} {value!r}{hint}; {listed}: {', '.join(names)}"
+        super()._check_value(action, value)
+
+    def error(self, message: str) -> NoReturn:
+        if self._bad_choice is not None:
+            self.exit(2, f"{self.prog}: error: {self._bad_choice}\n")
+        super().error(message)
 
 
 def _positive_int(text: str, expected: str) -> int:
@@ -77,7 +106,7 @@ def _broker_address(text: str) -> BrokerAddress:
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     """Every command of ``p2pfl`` with its arguments; the command's name is ``command`` of
     the parsed namespace (:data:`p2pfl.cli.COMMANDS` runs it)."""
-    p = argparse.ArgumentParser(prog="p2pfl", description=description)
+    p = Parser(prog="p2pfl", description=description)
     sub = p.add_subparsers(dest="command", required=True)
     from p2pfl.launch.broker import BROKER_KINDS
 

@@ -207,9 +207,16 @@ def make_cases(ws: Workspace) -> list[Case]:
 
     # ---- the schema: unknown fields, wrong types, out of range
     p = t("unknown-top", {"round": 3})
-    add("unknown top-level field", ["validate", p], p, "round", "unknown field")
+    add("unknown top-level field", ["validate", p], p, "round", "unknown field", "'rounds'?")
     p = t("unknown-nested", {"training.epoch": 3})
-    add("unknown nested field (swarm)", ws.swarm(p), p, "training.epoch", "unknown field")
+    add(
+        "unknown nested field (swarm)",
+        ws.swarm(p),
+        p,
+        "training.epoch",
+        "unknown field",
+        "did you mean 'epochs'?",
+    )
     p = t("rounds-type", {"rounds": "five"})
     add("rounds not a number", ["validate", p], p, "rounds")
     p = t("nodes-type", {"nodes": {"a": 1}})
@@ -250,6 +257,8 @@ def make_cases(ws: Workspace) -> list[Case]:
     add("unknown dataset (node)", ws.node(p), p, "dataset.name", "imagenet22k")
     p = t("model-unknown", {"model.name": "gpt"})
     add("unknown model", ["validate", p], p, "model.name", "gpt")
+    p = t("method-typo", {"algorithm.name": "fedavgg"})
+    add("mistyped method", ["validate", p], p, "algorithm", "did you mean 'fedavg'")
     p = t("method-unknown", {"algorithm.name": "fedmagic"})
     add("unknown method (swarm)", ws.swarm(p), p, "algorithm", "fedmagic")
     p = t("knob-unknown", {"algorithm.params": {"frac": 0.5}})
@@ -366,6 +375,7 @@ def make_cases(ws: Workspace) -> list[Case]:
         ws.swarm(good, "--dashboard-port", "70000"),
         "--dashboard-port",
     )
+    add("mistyped command", ["swarn", good], "unknown command 'swarn'", "did you mean 'swarm'?")
     add("--method unknown (validate)", ["validate", good, "--method", "fedzzz"], good, "fedzzz")
     add(
         "--data-root missing (validate)",

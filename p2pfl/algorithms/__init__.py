@@ -39,6 +39,7 @@ from p2pfl.algorithms.base import (
     Upload,
     register,
 )
+from p2pfl.config.suggest import with_suggestion
 
 __all__ = [
     "Aggregate",
@@ -153,9 +154,9 @@ def get_algorithm(name: str) -> type[Method]:
             return register_method(cls, name=name)
         except (UserCodeError, TypeError, ValueError) as exc:
             raise ValueError(str(exc)) from None
+    what = with_suggestion(f"unknown algorithm {name!r}", name, known_algorithms())
     raise ValueError(
-        f"unknown algorithm {name!r}; known: {', '.join(known_algorithms())} (or a "
-        "'package.module:Class' path)"
+        f"{what}; known: {', '.join(known_algorithms())} (or a 'package.module:Class' path)"
     )
 
 
@@ -168,6 +169,9 @@ def validate_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
         parts = []
         for err in exc.errors():
             loc = ".".join(str(x) for x in err["loc"])
-            msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
+            msg = err["msg"]
+            if err["type"] == "extra_forbidden":
+                knobs = cls.Params.model_fields if len(err["loc"]) == 1 else ()
+                msg = with_suggestion("unknown field", str(err["loc"][-1]), knobs)
             parts.append(f"params.{loc}: {msg}")
         raise ValueError("; ".join(parts)) from None

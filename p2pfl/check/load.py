@@ -18,10 +18,10 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from p2pfl.config.bounds import MAX_FILE_BYTES, MAX_VALUES, expanded_size
 from p2pfl.config.paths import (
@@ -33,6 +33,7 @@ from p2pfl.config.paths import (
     use_code_dir,
 )
 from p2pfl.config.schema import PARAMS_CHECK, BrokerAddress, NodeOverrides, TopologyConfig
+from p2pfl.config.suggest import with_suggestion
 from p2pfl.errors import P2PFLError
 
 
@@ -92,7 +93,37 @@ def _format_loc(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def validation_errors(exc: ValidationError) -> list[tuple[str, str]]:
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation holds (``X | None``, ``list[X]``, ``A | list[...]``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
+
+
+def fields_at(root: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The field names valid where the last part of ``loc`` (pydantic's error location
+    under ``root``) sits: the fields of the section that holds it; empty when the location
+    is not under a section (a mapping of free keys such as ``algorithm.params``)."""
+    candidates: list[type[BaseModel]] = [root]
+    for part in loc[:-1]:
+        if isinstance(part, int):  # a list's index: the same models
+            continue
+        tagged = [m for m in candidates if m.__name__ == part]  # a union's branch
+        if tagged:
+            candidates = tagged
+            continue
+        owner = next((m for m in candidates if part in m.model_fields), None)
+        if owner is None:
+            return []
+        candidates = _models_in(owner.model_fields[part].annotation)
+    return [name for m in candidates for name in m.model_fields]
+
+
+def validation_errors(
+    exc: ValidationError, model: type[BaseModel] | None = None
+) -> list[tuple[str, str]]:
+    """pydantic's errors as ``(field, message)``; an unknown field (under ``model``, the
+    validated class) or a value outside a fixed set says which valid names are nearest."""
     errors = []
     for err in exc.errors():
         msg = err["msg"]
@@ -100,6 +131,12 @@ def validation_errors(exc: ValidationError) -> list[tuple[str, str]]:
             msg = msg[len("Value error, ") :]
         if err["type"] == "extra_forbidden":
             msg = "unknown field"
+            key = err["loc"][-1] if err["loc"] else None
+            if model is not None and isinstance(key, str):
+                msg = with_suggestion(msg, key, fields_at(model, err["loc"]))
+        elif err["type"] == "literal_error" and isinstance(err.get("input"), str):
+            expected = re.findall(r"'([^']*)'", str((err.get("ctx") or {}).get("expected", "")))
+            msg = with_suggestion(msg, err["input"], expected)
         elif err["type"] in ("less_than_equal", "less_than", "greater_than", "greater_than_equal"):
             msg = f"{msg}, got {err['input']!r}"  # the value as the file (or --set) gave it
         loc = _format_loc(err["loc"])
@@ -245,7 +282,7 @@ def topology_from_dict(data: dict[str, Any], source: str = "<config>") -> Topolo
     try:
         return TopologyConfig.model_validate(data, context={PARAMS_CHECK: validate_params})
     except ValidationError as exc:
-        raise ConfigError(source, validation_errors(exc)) from None
+        raise ConfigError(source, validation_errors(exc, TopologyConfig)) from None
 
 
 def _names_user_code(data: dict[str, Any]) -> bool:
@@ -267,7 +304,7 @@ def load_node_overrides(path: str | Path) -> NodeOverrides:
     try:
         over = NodeOverrides.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(str(path), validation_errors(exc)) from None
+        raise ConfigError(str(path), validation_errors(exc, NodeOverrides)) from None
     over.note_paths(notes)
     return over
 

@@ -19,6 +19,7 @@ from pydantic import Field, field_validator, model_validator
 
 from p2pfl.config import bounds as B
 from p2pfl.config.strict import StrictModel
+from p2pfl.config.suggest import with_suggestion
 
 PARTITION_RE = re.compile(
     r"^(?:(?P<none>none)|(?P<iid>iid)|dirichlet\((?P<alpha>[0-9.eE+-]+)\)|pathological\((?P<k>\d+)\)"
@@ -108,8 +109,9 @@ class DatasetConfig(StrictModel):
     def _check_name(cls, v: str) -> str:
         if v in BUILTIN_DATASETS or v in FILE_DATASETS or is_import_path(v):
             return v
-        known = ", ".join((*BUILTIN_DATASETS, *FILE_DATASETS))
-        raise ValueError(f"unknown dataset {v!r}: one of {known}, or 'package.module:function'")
+        names = (*BUILTIN_DATASETS, *FILE_DATASETS)
+        what = with_suggestion(f"unknown dataset {v!r}", v, names)
+        raise ValueError(f"{what}: one of {', '.join(names)}, or 'package.module:function'")
 
     @field_validator("classes")
     @classmethod

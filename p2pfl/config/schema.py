@@ -36,6 +36,7 @@ from p2pfl.config.emulation import DeviceSpec, NetworkConfig, chosen_nodes
 from p2pfl.config.privacy_schema import DPConfig, PrivacyConfig
 from p2pfl.config.runtime_schema import SecurityConfig, TimingConfig, TransferConfig
 from p2pfl.config.strict import PathNotes, StrictModel
+from p2pfl.config.suggest import with_suggestion
 
 PARAMS_CHECK = "validate_params"
 """The validation-context key under which a loader passes the check of a method's knobs:
@@ -121,7 +122,8 @@ class ModelConfig(StrictModel):
         if v in BUILTIN_MODELS or is_import_path(v):
             return v
         raise ValueError(
-            f"unknown model {v!r}: one of {', '.join(BUILTIN_MODELS)}, or 'package.module:factory'"
+            f"{with_suggestion(f'unknown model {v!r}', v, BUILTIN_MODELS)}: one of "
+            f"{', '.join(BUILTIN_MODELS)}, or 'package.module:factory'"
         )
 
     @property
