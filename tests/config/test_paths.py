@@ -174,6 +174,15 @@ def test_the_shipped_topologies_read_the_same_data_from_any_directory(monkeypatc
     want = str(repo.parent / "shared" / "data")
     for cwd in (repo, tmp_path):
         monkeypatch.chdir(cwd)
-        for name in ("ring-8", "uapdfl-fmnist", "diversifed-fmnist", "centralized-cifar10"):
+        for name in (
+            "ring-8",
+            "uapdfl-fmnist",
+            "diversifed-fmnist",
+            "centralized-cifar10",
+            "uapdfl-paper",
+            "lan-3hosts",
+        ):
             assert load_topology(repo / "topologies" / f"{name}.yaml").dataset.root == want
+        lan = load_topology(repo / "topologies" / "lan-3hosts.yaml")
+        assert lan.security.certs == str(repo / "certs" / "lan-3hosts")  # as from the root
     assert load_node_overrides(repo / "nodes" / "laptop.yaml").data_root == want
