@@ -89,7 +89,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
             console.print(
                 f"  {part} ({label}): {', '.join(modules) or '—'}", highlight=False, soft_wrap=True
             )
-    for w in checked.warnings:
+    warnings = list(checked.warnings)
+    if not args.no_data:  # what each node trains on, and its steps a round
+        from p2pfl.check.sizes import describe_sizes, node_sizes, size_warnings
+
+        sizes = node_sizes(cfg, source=args.topology, data_root=args.data_root)
+        for line in describe_sizes(cfg, sizes):
+            console.print(f"  {line}", highlight=False, soft_wrap=True)
+        warnings += size_warnings(cfg, sizes)
+    for w in warnings:
         console.print(f"[yellow]warning[/] {args.topology}: {w}", highlight=False, soft_wrap=True)
     return 0
 

@@ -143,7 +143,23 @@ class ModelConfig(StrictModel):
 
 
 class TrainingConfig(StrictModel):
-    epochs: int = Field(1, ge=1, le=B.MAX_EPOCHS)
+    """How a node trains each round. ``epochs`` unset: as many whole epochs as reach
+    ``min_steps`` optimizer steps (:func:`p2pfl.learning.train.round_epochs`), so that a node
+    with a few dozen rows still learns; set: exactly that many epochs."""
+
+    epochs: int | None = Field(
+        None,
+        ge=1,
+        le=B.MAX_EPOCHS,
+        description="local epochs a round (default: the fewest whole epochs that reach "
+        "min_steps optimizer steps; one epoch wherever a node has min_steps batches)",
+    )
+    min_steps: int = Field(
+        20,
+        ge=1,
+        le=B.MAX_MIN_STEPS,
+        description="where epochs is unset: the least optimizer steps a round",
+    )
     batch_size: int = Field(50, ge=1, le=B.MAX_BATCH_SIZE)
     optimizer: Literal["sgd", "adam"] = "sgd"
     lr: float = Field(0.05, gt=0)
