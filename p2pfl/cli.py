@@ -1,4 +1,4 @@
-"""``p2pfl`` command line: ``swarm``, ``node``, ``validate``, ``summarize``."""
+"""What each ``p2pfl`` command does (its grammar: :mod:`p2pfl.cli_parser`) and the entry point."""
 
 from __future__ import annotations
 
@@ -89,9 +89,24 @@ def cmd_validate(args: argparse.Namespace) -> int:
             console.print(
                 f"  {part} ({label}): {', '.join(modules) or '—'}", highlight=False, soft_wrap=True
             )
-    for w in checked.warnings:
+    warnings = list(checked.warnings)
+    if not args.no_data:  # what each node trains on, and its steps a round
+        from p2pfl.check.sizes import describe_sizes, node_sizes, size_warnings
+
+        sizes = node_sizes(cfg, source=args.topology, data_root=args.data_root)
+        for line in describe_sizes(cfg, sizes):
+            console.print(f"  {line}", highlight=False, soft_wrap=True)
+        warnings += size_warnings(cfg, sizes)
+    for w in warnings:
         console.print(f"[yellow]warning[/] {args.topology}: {w}", highlight=False, soft_wrap=True)
+    _print_notes(args, checked)
     return 0
+
+
+def _print_notes(args: argparse.Namespace, checked: CheckedTopology) -> None:
+    """The defaults the switches chose for fields left unset, once, at start."""
+    for note in checked.notes:
+        console.print(f"[cyan]note[/] {args.topology}: {note}", highlight=False, soft_wrap=True)
 
 
 def cmd_swarm(args: argparse.Namespace) -> int:
@@ -103,7 +118,9 @@ def cmd_swarm(args: argparse.Namespace) -> int:
     if args.rounds:
         extra.append(f"rounds={args.rounds}")
     # every check of validate (the data, the model, the bounds), before anything starts
-    cfg = _load(args, extra, runs_here=True, keep_data=False).cfg
+    checked = _load(args, extra, runs_here=True, keep_data=False)
+    _print_notes(args, checked)
+    cfg = checked.cfg
     out = Path(args.out or f"runs/{cfg.name}")
 
     def on_term(signum, frame):  # SIGTERM behaves like Ctrl-C: stop everything we started
@@ -218,7 +235,7 @@ def cmd_node(args: argparse.Namespace) -> int:
         console.print(f"[red]error[/] {args.topology}: nodes: no node with id {unknown}")
         return 2
     # every check of validate for the nodes hosted here, before any of them connects
-    check_topology(
+    checked = check_topology(
         cfg,
         source,
         data_root=data_root,
@@ -227,6 +244,7 @@ def cmd_node(args: argparse.Namespace) -> int:
         device_field="--device" if args.device else "training.device",
         runs_here=True,
     )
+    _print_notes(args, checked)  # none from p2pfl swarm's config.yaml: it sets every field
     import torch
 
     torch.set_num_threads(cfg.training.threads)
@@ -471,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tune_malloc()  # before the first large allocation (see p2pfl.wire.sysopt)
     raise_fd_limit()  # packed nodes and the broker hold sockets by the hundred
-    args = build_parser(__doc__).parse_args(argv)
+    args = build_parser().parse_args(argv)
     _setup_logging(args.verbose, rich=not getattr(args, "no_rich", False))
     try:
         return int(COMMANDS[args.command](args) or 0)

@@ -103,11 +103,34 @@ def _broker_address(text: str) -> BrokerAddress:
     return address
 
 
+class _CommandsFormatter(argparse.HelpFormatter):
+    """The top-level help: each command's summary starts in one column, past the longest
+    command name (argparse sizes that column by the options alone under a ``metavar``, and
+    would put ``dashboard``'s summary on a line of its own)."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=16)
+        self._action_max_length = 14  # 4 columns of indent, 9 of "dashboard", 1 spare
+
+
+DESCRIPTION = (
+    "p2pfl: peer-to-peer federated learning. Run a swarm on this machine or one node daemon "
+    "per device, check a topology, and take the trained models away. "
+    "'p2pfl COMMAND --help' gives a command's options."
+)
+
+
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     """Every command of ``p2pfl`` with its arguments; the command's name is ``command`` of
-    the parsed namespace (:data:`p2pfl.cli.COMMANDS` runs it)."""
-    p = Parser(prog="p2pfl", description=description)
-    sub = p.add_subparsers(dest="command", required=True)
+    the parsed namespace (:data:`p2pfl.cli.COMMANDS` runs it). ``--help`` shows
+    ``description`` (default :data:`DESCRIPTION`, plain text) and every command with a
+    one-line summary (each short enough for one line of an 80-column terminal)."""
+    p = Parser(
+        prog="p2pfl",
+        description=description or DESCRIPTION,
+        formatter_class=_CommandsFormatter,
+    )
+    sub = p.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
     from p2pfl.launch.broker import BROKER_KINDS
 
     def common(sp: argparse.ArgumentParser) -> None:
@@ -265,14 +288,12 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     )
     sp.add_argument("-v", "--verbose", action="store_true")
 
-    sp = sub.add_parser("track", help="export a run directory's records to TensorBoard or MLflow")
+    sp = sub.add_parser("track", help="export a run's records to TensorBoard or MLflow")
     sp.add_argument("run_dir")
     sp.add_argument("--tracker", choices=TRACKERS, required=True)
     sp.add_argument("-v", "--verbose", action="store_true")
 
-    sp = sub.add_parser(
-        "dashboard", help="serve the live web dashboard of a run directory (running or finished)"
-    )
+    sp = sub.add_parser("dashboard", help="serve a run's live web dashboard (running or finished)")
     sp.add_argument("run_dir")
     sp.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     sp.add_argument("--port", type=int, default=0, help="port (default 0: a free one)")
@@ -294,18 +315,14 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true", help="print the summary as JSON")
     sp.add_argument("-v", "--verbose", action="store_true")
 
-    sp = sub.add_parser(
-        "export", help="write a run's trained models as safetensors, ONNX or TorchScript"
-    )
+    sp = sub.add_parser("export", help="write trained models as safetensors, ONNX or TorchScript")
     sp.add_argument("run_dir")
     sp.add_argument("--node", help="this node only (default: every node that has a model)")
     sp.add_argument("--format", choices=("safetensors", "onnx", "torchscript"), required=True)
     sp.add_argument("--out", help="directory to write to (default: <run_dir>/export)")
     sp.add_argument("-v", "--verbose", action="store_true")
 
-    sp = sub.add_parser(
-        "predict", help="classify a CSV file or an image folder with a node's trained model"
-    )
+    sp = sub.add_parser("predict", help="classify a CSV file or image folder with a node's model")
     sp.add_argument("run_dir")
     sp.add_argument("--node", required=True, help="whose model")
     sp.add_argument("input", help="a CSV / Parquet file, an image folder or image, a .npy array")

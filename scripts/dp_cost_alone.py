@@ -40,7 +40,7 @@ def run_node(topology: str, overrides: list[str], node_id: str, args: dict) -> d
     from p2pfl.learning.data import load_node_data
     from p2pfl.learning.dp_train import fix_model, train_private
     from p2pfl.learning.models import build_model
-    from p2pfl.learning.train import evaluate, round_lr, train_local
+    from p2pfl.learning.train import evaluate, round_epochs, round_lr, train_local
     from p2pfl.privacy.accountant import plan_noise, sample_rate, steps_per_epoch
 
     torch.set_num_threads(1)
@@ -49,7 +49,7 @@ def run_node(topology: str, overrides: list[str], node_id: str, args: dict) -> d
     n = len(data.train_y)
     q = sample_rate(cfg.training.batch_size, n)
     k = steps_per_epoch(q)
-    steps = cfg.rounds * cfg.training.epochs * k
+    steps = cfg.rounds * round_epochs(cfg.training, k) * k
     sigma = plan_noise(args["epsilon"], args["delta"], q, steps)
     out: dict = {"n": n, "q": q, "steps": steps, "sigma": sigma}
     for variant in VARIANTS:

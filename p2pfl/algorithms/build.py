@@ -26,6 +26,7 @@ from p2pfl.config.schema import TopologyConfig
 from p2pfl.learning.data import NodeData
 from p2pfl.learning.defence import Defence
 from p2pfl.learning.models import SplitModel, build_model
+from p2pfl.learning.train import epoch_steps, round_epochs
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,9 @@ def method_over(
         defence=Defence(cfg.defence, cfg.rounds),
     )
     method = cls(cfg.algorithm.params, ctx)
-    method.local_epochs = cfg.training.epochs
+    method.local_epochs = round_epochs(
+        cfg.training, epoch_steps(num_samples, cfg.training.batch_size)
+    )
     method.total_rounds = cfg.rounds
     method.set_labels(labels)
     return method

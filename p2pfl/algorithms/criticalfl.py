@@ -16,7 +16,7 @@ communication-efficiency baseline; KDD 2023):
 
 **Reading** (epochs): :class:`~p2pfl.learning.train.TrainResult` carries ``Σ_steps ‖g‖²``
 over all epochs but not the epoch count, so the driver sets :attr:`CriticalFL.local_epochs` to the
-swarm's ``training.epochs`` after constructing the method (default 1).
+swarm's epochs a round (:func:`~p2pfl.learning.train.round_epochs`) after constructing the method.
 
 **Reading** (halving): the halved count is ``max(⌈k/2⌉, k0)`` (rounded up, so 3 → 2, not 1).
 
@@ -162,7 +162,7 @@ class CriticalFL(FedAvg):
 
     def __init__(self, params: dict[str, Any], ctx: AlgorithmContext):
         super().__init__(params, ctx)
-        # set by the driver to the swarm's ``training.epochs`` (see the module docstring)
+        # set by the driver to the epochs a round (see the module docstring)
         self.local_epochs: int = 1
 
     @classmethod

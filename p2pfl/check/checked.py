@@ -33,13 +33,15 @@ DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")
 class CheckedTopology:
     """A topology that passed every check asked for: its config, the file it came from,
     its graph, the model as the method adapts it (None when the inputs were not checked),
-    and what is legal but probably not meant (warnings to print)."""
+    what is legal but probably not meant (warnings to print), and the defaults the other
+    switches chose for fields the user left unset (notes to print once, at start)."""
 
     cfg: TopologyConfig
     source: str
     graph: nx.Graph
     model: SplitModel | None = None
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 def load_checked(
@@ -119,7 +121,19 @@ def check_topology(
 
             clear_cache()
     warnings += security_warnings(cfg)
-    return CheckedTopology(cfg, source, graph, model, warnings)
+    return CheckedTopology(cfg, source, graph, model, warnings, default_notes(cfg))
+
+
+def default_notes(cfg: TopologyConfig) -> list[str]:
+    """One line for each field left unset whose default the other switches chose
+    (:attr:`~p2pfl.config.schema.TopologyConfig.defaulted_rule`)."""
+    rule = cfg.defaulted_rule
+    if rule is None:
+        return []
+    return [
+        f"defence.rule: not set, so {rule}, the rule that works on the sum privacy.secagg "
+        "gives the aggregator (the default clip reads individual uploads)"
+    ]
 
 
 def device_problem(spec: str, runs_here: bool) -> tuple[bool, str] | None:

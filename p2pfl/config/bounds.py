@@ -30,6 +30,9 @@ MAX_ROUNDS = 1_000_000
 MAX_EPOCHS = 10_000
 """``training.epochs``: local epochs a round."""
 
+MAX_MIN_STEPS = 1_000_000
+"""``training.min_steps``: optimizer steps a round when ``training.epochs`` is unset."""
+
 MAX_BATCH_SIZE = 1 << 20
 """``training.batch_size``."""
 

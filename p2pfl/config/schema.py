@@ -48,6 +48,8 @@ ParamsCheck = Callable[[str, dict[str, Any]], dict[str, Any]]
 # ----------------------------------------------------------------------------- sections
 
 BUILTIN_MODELS = ("cnn", "lenet", "mlp", "resnet18", "vgg11")
+MODEL_KNOBS: dict[str, tuple[str, ...]] = {"cnn": ("padding", "head"), "mlp": ("hidden",)}
+"""The ``model:`` fields each built-in model reads (p2pfl.learning.models.build_model)."""
 
 
 class BrokerAddress(StrictModel):
@@ -131,6 +133,15 @@ class ModelConfig(StrictModel):
         """Whether the model is the user's own (a factory's import path)."""
         return is_import_path(self.name)
 
+    def applicable(self) -> dict[str, Any]:
+        """The fields that shape this model, as JSON-able data (a trained model's
+        ``model.json``): ``name``, and for a user model ``personal`` and ``kwargs``, for a
+        built-in one its own knobs (:data:`MODEL_KNOBS`) only; the rest would not change
+        the model. :meth:`model_validate` of it gives back an equal model."""
+        data = self.model_dump(mode="json")
+        keep = ("personal", "kwargs") if self.is_user else MODEL_KNOBS.get(self.name, ())
+        return {"name": data["name"], **{k: data[k] for k in keep}}
+
     @model_validator(mode="after")
     def _check_personal(self) -> ModelConfig:
         if self.personal is not None and not self.is_user:
@@ -145,7 +156,23 @@ class ModelConfig(StrictModel):
 
 
 class TrainingConfig(StrictModel):
-    epochs: int = Field(1, ge=1, le=B.MAX_EPOCHS)
+    """How a node trains each round. ``epochs`` unset: as many whole epochs as reach
+    ``min_steps`` optimizer steps (:func:`p2pfl.learning.train.round_epochs`), so that a node
+    with a few dozen rows still learns; set: exactly that many epochs."""
+
+    epochs: int | None = Field(
+        None,
+        ge=1,
+        le=B.MAX_EPOCHS,
+        description="local epochs a round (default: the fewest whole epochs that reach "
+        "min_steps optimizer steps; one epoch wherever a node has min_steps batches)",
+    )
+    min_steps: int = Field(
+        20,
+        ge=1,
+        le=B.MAX_MIN_STEPS,
+        description="where epochs is unset: the least optimizer steps a round",
+    )
     batch_size: int = Field(50, ge=1, le=B.MAX_BATCH_SIZE)
     optimizer: Literal["sgd", "adam"] = "sgd"
     lr: float = Field(0.05, gt=0)
@@ -186,7 +213,8 @@ class DefenceConfig(StrictModel):
         "clip",
         description="mean (plain weighted mean), median (coordinate-wise), trimmed_mean "
         "(beta), multikrum (f, m), bulyan (f; n >= 4f + 3), clip (accept a peer's state "
-        "when ||w_j - w_i|| <= gamma * exp(-kappa t / T) * ||w_i||, then the mean)",
+        "when ||w_j - w_i|| <= gamma * exp(-kappa t / T) * ||w_i||, then the mean). "
+        "Default clip; mean under privacy.secagg (the one rule that works on a sum)",
     )
     f: int = Field(
         1, ge=0, le=B.MAX_NODES, description="multikrum, bulyan: the Byzantine inputs tolerated"
@@ -419,6 +447,25 @@ class TopologyConfig(PathNotes):
             for node in chosen:
                 out.setdefault(node, []).append(attack)
         return out
+
+    @model_validator(mode="after")
+    def _default_rule(self) -> TopologyConfig:
+        """``defence.rule`` left unset takes the default that fits the other switches:
+        ``mean`` under ``privacy.secagg`` (which hides the individual uploads every other
+        rule reads), else ``clip``. It stays unset (``model_fields_set``), so
+        :meth:`defaulted_rule` can say so; a rule the user set is kept, and checked."""
+        d = self.defence
+        if self.defaulted_rule is not None and d.rule != self.defaulted_rule:
+            values = {**d.__dict__, "rule": self.defaulted_rule}
+            self.defence = DefenceConfig.model_construct(set(d.model_fields_set), **values)
+        return self
+
+    @property
+    def defaulted_rule(self) -> str | None:
+        """The ``defence.rule`` the switches chose where the user set none and the plain
+        default (``clip``) cannot work: ``mean`` under ``privacy.secagg``; else None."""
+        secagg = self.privacy is not None and self.privacy.secagg
+        return "mean" if secagg and "rule" not in self.defence.model_fields_set else None
 
     @property
     def dp(self) -> DPConfig | None:

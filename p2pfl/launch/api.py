@@ -181,9 +181,11 @@ def run_swarm(
 
     source = str(topology) if isinstance(topology, str | Path) else "topology"
     # as p2pfl swarm: every check of validate, before any process starts
-    check_topology(cfg, source, runs_here=True, keep_data=False)
+    checked = check_topology(cfg, source, runs_here=True, keep_data=False)
     if console is None:
         console = Console(quiet=quiet)
+    for note in checked.notes:  # a default the switches chose, said once
+        console.print(f"note {source}: {note}", highlight=False, markup=False)
     code, summary = launch(
         cfg,
         out,

@@ -157,10 +157,20 @@ class ChildBroker:
         """The child's command line (after the work directory exists)."""
         raise NotImplementedError
 
+    def accepting(self, log_offset: int) -> bool:
+        """Whether the child accepts connections now: a TCP connect to its port succeeds
+        (``log_offset``: the size of its log when it started, for a child that says so)."""
+        try:
+            with socket.create_connection((self.host, self.port), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
     def start(self, timeout: float = 10.0) -> ChildBroker:
         self.workdir.mkdir(parents=True, exist_ok=True)
         cmd = self.command()
         self._log = open(self.log_path, "ab")
+        log_offset = self._log.tell()  # a restarted broker appends to its log
         self.proc = subprocess.Popen(
             cmd,
             stdout=self._log,
@@ -175,11 +185,9 @@ class ChildBroker:
                 code = self.proc.returncode
                 self.stop()
                 raise BrokerError(f"{self.name} exited with {code}:\n{tail}")
-            try:
-                with socket.create_connection((self.host, self.port), timeout=0.5):
-                    return self
-            except OSError:
-                time.sleep(0.05)
+            if self.accepting(log_offset):
+                return self
+            time.sleep(0.05)
         self.stop()
         raise BrokerError(f"{self.name} did not accept connections on {self.address}")
 
@@ -297,6 +305,16 @@ class EmbeddedBroker(ChildBroker):
     as on Mosquitto; several times slower on weight transfers; no TLS and no ACL."""
 
     name = "embedded"
+
+    def accepting(self, log_offset: int) -> bool:
+        """Whether the child printed ``READY <port>`` since it started: it listens then. Not
+        a TCP probe, which amqtt logs as an ERROR (a connection that sent no packet)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(log_offset)
+                return f"READY {self.port}".encode() in f.read()
+        except OSError:
+            return False
 
     def command(self) -> list[str]:
         return [

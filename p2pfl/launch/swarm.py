@@ -3,9 +3,10 @@
 :func:`run_swarm` starts Mosquitto on a free loopback port, writes the resolved topology to
 the run directory, starts the nodes as separate OS processes (``K`` asyncio nodes per
 process with ``nodes_per_process``), shows the round each node reached and its latest
-accuracy while they run, then writes ``summary.json``, ``label_histograms.json`` and
-``accuracy.png`` and prints the summary. Every process it started is stopped on the way out,
-also on Ctrl-C or an error.
+accuracy while they run (a live table on a terminal; where the console is not one, a pipe
+or a file, one line a round: :class:`PlainProgress`), then writes ``summary.json``,
+``label_histograms.json`` and ``accuracy.png`` and prints the summary. Every process it
+started is stopped on the way out, also on Ctrl-C or an error.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from rich.table import Table
 from p2pfl.check.load import dump_topology
 from p2pfl.config.schema import BrokerAddress, TopologyConfig
 from p2pfl.launch.broker import BrokerTLS, make_broker
-from p2pfl.launch.tracker import open_tracking
+from p2pfl.launch.tracker import RecordFollower, RoundMeans, open_tracking
 from p2pfl.metrics import (
     node_log_path,
     node_meta_path,
@@ -144,6 +145,51 @@ def progress_table(cfg: TopologyConfig, out_dir: Path, workers: list[Worker], t0
             state_of.get(nid, "?"),
         )
     return table
+
+
+class PlainProgress:
+    """A swarm's progress as plain lines, for a console that is not a terminal: one line a
+    round, ``round 3/5: 8/8 nodes, acc 0.712, 41.2 s`` (the nodes that reported the round,
+    their mean ``test_acc``, the seconds since the launch), printed once every node still
+    running has reported the round or passed it (a node that exited does not hold it back;
+    :class:`~p2pfl.launch.tracker.RoundMeans`), in round order; :meth:`finish` prints the
+    rounds left open at the end."""
+
+    def __init__(self, cfg: TopologyConfig, out_dir: Path, console: Console, t0: float):
+        self.expected = list(cfg.node_ids)
+        self.rounds = cfg.rounds
+        self.console = console
+        self.t0 = t0
+        self.follower = RecordFollower(out_dir)
+        self.means = RoundMeans()
+
+    def update(self, live: Collection[str]) -> None:
+        """Print the rounds now complete; ``live``: the nodes still running, asked before
+        the records are read (a node that writes its last record and exits in between is
+        then still waited for, not skipped)."""
+        self._read()
+        for rnd, metrics, _ in self.means.ready(self.expected, live):
+            self._say(rnd, metrics)
+
+    def finish(self) -> None:
+        """Print every round still open (the nodes have stopped)."""
+        self._read()
+        for rnd, metrics, _ in self.means.rest():
+            self._say(rnd, metrics)
+
+    def _read(self) -> None:
+        for node, rec in self.follower.poll():
+            self.means.add(node, rec)
+
+    def _say(self, rnd: int, metrics: dict[str, float]) -> None:
+        acc = metrics.get("mean/test_acc")
+        nodes = int(metrics.get("swarm/nodes", 0))
+        self.console.print(
+            f"round {rnd}/{self.rounds}: {nodes}/{len(self.expected)} nodes, "
+            f"acc {'-' if acc is None else f'{acc:.3f}'}, {time.monotonic() - self.t0:.1f} s",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def summary_table(summary: dict[str, Any]) -> Table:
@@ -288,6 +334,8 @@ def run_swarm(
             f"processes, {cfg.rounds} rounds of {cfg.algorithm.name} → {out_dir}"
         )
         deadline = None if timeout_s is None else t0 + timeout_s
+        # a terminal gets the live table; a pipe or a file one line a round
+        plain = PlainProgress(cfg, out_dir, console, t0) if progress else None
         with (
             Live(
                 progress_table(cfg, out_dir, workers, t0),
@@ -295,7 +343,7 @@ def run_swarm(
                 refresh_per_second=2,
                 transient=False,
             )
-            if progress
+            if progress and console.is_terminal
             else contextlib.nullcontext() as live
         ):
             while any(w.proc.poll() is None for w in workers):
@@ -305,6 +353,10 @@ def run_swarm(
                 time.sleep(0.5)
                 if live is not None:
                     live.update(progress_table(cfg, out_dir, workers, t0))
+                elif plain is not None:
+                    plain.update({n for w in workers if w.proc.poll() is None for n in w.ids})
+        if live is None and plain is not None:
+            plain.finish()
         failed = [w for w in workers if w.proc.poll() not in (0, None)]
         for w in failed:
             console.print(

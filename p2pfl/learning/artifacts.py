@@ -10,7 +10,7 @@ When a node's rounds are done the daemon writes, beside its records:
 ``<run>/nodes/<id>.model.json``
     what rebuilds the module and feeds it (:data:`FORMAT` 1)::
 
-        {"node", "format", "model": <the topology's model config>, "algorithm",
+        {"node", "format", "model": <the model config: what shapes it>, "algorithm",
          "num_classes", "input_shape", "classes", "input_spec", "round",
          "layout": [[name, shape, dtype], ...], "buffers": {...}, "config": "config.yaml"}
 

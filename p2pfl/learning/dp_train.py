@@ -40,7 +40,7 @@ from torch.utils.data import Dataset
 from p2pfl.config.schema import TrainingConfig
 from p2pfl.learning.hooks import ExtraLoss, LossFn, StepHook
 from p2pfl.learning.models import SplitModel
-from p2pfl.learning.train import TrainResult, make_optimizer
+from p2pfl.learning.train import TrainResult, make_optimizer, round_epochs
 
 NOISE_STREAM = 0x4E015E  # the noise generator's seed is (seed ^ NOISE_STREAM): apart from sampling
 _PER_SAMPLE_ATTRS = ("grad_sample", "summed_grad", "_processed")
@@ -128,7 +128,8 @@ def train_private(
     seed: int = 0,
     device: torch.device | str = "cpu",
 ) -> TrainResult:
-    """Train ``model`` in place for ``epochs`` (default ``cfg.epochs``) × ``steps_per_epoch``
+    """Train ``model`` in place for ``epochs`` (default :func:`~p2pfl.learning.train.round_epochs`
+    of ``cfg`` over ``steps_per_epoch``) × ``steps_per_epoch``
     DP-SGD steps at sampling rate ``q``, noise ``noise_multiplier`` and clipping bound
     ``max_grad_norm`` (module docstring). Returns what ``train_local`` returns; ``loss`` and
     ``ce_loss`` are the last epoch's mean over its non-empty batches (the loss includes the
@@ -158,7 +159,9 @@ def train_private(
     batches = 0
     epoch_steps = steps_per_epoch
     try:
-        for i, idx in enumerate(_poisson_epochs(n, q, epoch_steps, epochs or cfg.epochs, gen)):
+        for i, idx in enumerate(
+            _poisson_epochs(n, q, epoch_steps, epochs or round_epochs(cfg, epoch_steps), gen)
+        ):
             if i % epoch_steps == 0:
                 total = ce_total = 0.0
                 batches = 0

@@ -9,6 +9,7 @@ too large to hold in memory (:attr:`p2pfl.learning.arrays.NodeData.train_set`).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,6 +37,23 @@ def round_lr(cfg: TrainingConfig, round_no: int) -> float:
     return cfg.lr * (cfg.lr_decay ** max(0, round_no - 1))
 
 
+def epoch_steps(n_samples: int, batch_size: int) -> int:
+    """The optimizer steps of one epoch over ``n_samples`` in batches of ``batch_size``:
+    ``⌈n / b⌉`` (the last batch may be short), at least 1."""
+    return max(1, math.ceil(n_samples / max(1, batch_size)))
+
+
+def round_epochs(cfg: TrainingConfig, steps_per_epoch: int) -> int:
+    """The epochs of one round: ``training.epochs`` where the topology sets it, else the
+    fewest whole epochs of ``steps_per_epoch`` steps that reach ``training.min_steps``,
+    ``max(1, ⌈min_steps / steps_per_epoch⌉)``. A node with a few dozen rows (one batch) thus
+    takes ``min_steps`` steps a round rather than one; a node with ``min_steps`` batches or
+    more trains one epoch."""
+    if cfg.epochs is not None:
+        return cfg.epochs
+    return max(1, math.ceil(cfg.min_steps / max(1, steps_per_epoch)))
+
+
 def make_optimizer(model: torch.nn.Module, cfg: TrainingConfig, lr: float) -> torch.optim.Optimizer:
     if cfg.optimizer == "adam":
         return torch.optim.Adam(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
@@ -58,7 +76,8 @@ def train_local(
     seed: int = 0,
     device: torch.device | str = "cpu",
 ) -> TrainResult:
-    """Train ``model`` in place for ``epochs`` (default ``cfg.epochs``) over ``(x, y)`` with
+    """Train ``model`` in place for ``epochs`` (default :func:`round_epochs` of ``cfg`` over
+    the data's :func:`epoch_steps`) over ``(x, y)`` with
     cross-entropy plus ``extra_loss(model, xb, yb, logits)``, or with ``loss_fn(model, xb, yb)
     -> (total, task loss)`` in place of both when given; ``step_hook(model)`` runs after every
     optimizer step. A fresh optimizer is made each
@@ -74,7 +93,8 @@ def train_local(
     grad_sq = 0.0
     total = ce_total = 0.0
     batches = 0
-    for _ in range(epochs or cfg.epochs):
+    n = len(y) if isinstance(x, torch.Tensor) and y is not None else len(x)  # type: ignore[arg-type]
+    for _ in range(epochs or round_epochs(cfg, epoch_steps(n, cfg.batch_size))):
         total = ce_total = 0.0
         batches = 0
         for xb, yb in _train_batches(x, y, cfg.batch_size, gen, device):

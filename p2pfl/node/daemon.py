@@ -373,7 +373,7 @@ class Node:
         data, model = self.data, self.method.model
         last = self.records[-1]["round"] if self.records else self.resumed_round
         info = {
-            "model": self.cfg.model.model_dump(mode="json"),
+            "model": self.cfg.model.applicable(),  # only what shapes this model
             "algorithm": self.cfg.algorithm.name,
             "num_classes": data.num_classes,
             "input_shape": list(data.input_shape),

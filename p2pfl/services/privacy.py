@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 from p2pfl.config.privacy_schema import DPConfig
 from p2pfl.config.schema import TopologyConfig, TrainingConfig
-from p2pfl.learning.train import round_lr
+from p2pfl.learning.train import round_epochs, round_lr
 from p2pfl.privacy.accountant import (
     Accountant,
     plan_noise,
@@ -64,7 +64,7 @@ class NodePrivacy(DPBudget):
         assert dp is not None, "NodePrivacy without privacy.dp"
         q = sample_rate(cfg.training.batch_size, n_samples)
         per_epoch = steps_per_epoch(q)
-        epochs = cfg.training.epochs
+        epochs = round_epochs(cfg.training, per_epoch)
         if dp.noise_multiplier is not None:
             sigma = float(dp.noise_multiplier)
         else:

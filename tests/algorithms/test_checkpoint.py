@@ -26,7 +26,7 @@ from p2pfl.learning.train import train_local
 from p2pfl.wire.codec import decode, encode
 
 BIG = 1 << 30  # decode's size limit for a checkpoint
-CFG = TrainingConfig(batch_size=8, lr=0.1, momentum=0.5)
+CFG = TrainingConfig(epochs=1, batch_size=8, lr=0.1, momentum=0.5)
 NODES = ("a", "b", "c")  # "a" is the node checkpointed (and the centralized aggregator)
 SETUP_ROUNDS = 2
 

@@ -253,7 +253,7 @@ def test_training_keeps_the_mask_and_prune_regrow_keeps_density(make_alg):
     x, y = torch.randn(60, 1, 4, 4, generator=g), torch.randint(0, 3, (60,), generator=g)
     before = {k: m.clone() for k, m in alg.masks.items()}
     counts = {k: int(m.sum()) for k, m in alg.masks.items()}
-    cfg = TrainingConfig(batch_size=10, lr=0.1, momentum=0.5)
+    cfg = TrainingConfig(epochs=1, batch_size=10, lr=0.1, momentum=0.5)
     train_local(alg.model, x, y, cfg, 0.1, step_hook=alg.step_hook())
     assert _zeros_off_mask(alg)  # masked entries stayed 0 through momentum SGD
     assert set(alg._grad_sum) == set(alg.masked)  # the regrow score was collected

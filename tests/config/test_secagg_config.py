@@ -95,3 +95,45 @@ def test_without_secagg_the_dump_is_as_before(tmp_path):
     assert "secagg: true" in text and "secagg_neighbours: 4" in text
     (tmp_path / "t.yaml").write_text(text)
     assert load_topology(tmp_path / "t.yaml").privacy == cfg.privacy
+
+
+FEDAVG = ["algorithm.name=fedavg", "algorithm.params={}"]
+
+
+def test_an_unset_rule_defaults_to_mean_under_secagg_and_says_so(tmp_path, capsys):
+    from p2pfl.check.checked import check_topology
+    from p2pfl.cli import main
+
+    cfg = _cfg([*FEDAVG, "privacy.secagg=true"])  # the one switch, no defence section
+    assert cfg.defence.rule == "mean" and cfg.defaulted_rule == "mean"
+    checked = check_topology(cfg, "t.yaml")  # passes every check, the secagg one included
+    assert len(checked.notes) == 1 and "defence.rule: not set, so mean" in checked.notes[0]
+    args = ["validate", TOPOLOGY, "--no-data", *(f"--set={o}" for o in FEDAVG)]
+    assert main([*args, "--set", "privacy.secagg=true"]) == 0
+    out = capsys.readouterr().err
+    assert out.count("defence.rule: not set, so mean") == 1, out
+    # the run's config.yaml records the rule, so its node processes say nothing more
+    from p2pfl.check.load import dump_topology
+
+    (tmp_path / "config.yaml").write_text(dump_topology(cfg))
+    recorded = check_topology(load_topology(tmp_path / "config.yaml"), "config.yaml")
+    assert recorded.cfg.defence.rule == "mean" and recorded.notes == []
+
+
+def test_an_explicit_rule_is_kept_and_refused_under_secagg():
+    cfg = _cfg([*FEDAVG, "privacy.secagg=true", "defence.rule=clip"])
+    assert cfg.defence.rule == "clip" and cfg.defaulted_rule is None
+    with pytest.raises(ConfigError, match="defence.rule: clip screens or combines individual"):
+        check_inputs(cfg, source="t.yaml")
+    explicit = _cfg([*FEDAVG, "privacy.secagg=true", "defence.rule=mean"])
+    assert explicit.defaulted_rule is None  # set by the user: no note
+    from p2pfl.check.checked import default_notes
+
+    assert default_notes(explicit) == []
+
+
+@pytest.mark.parametrize("overrides", [[], ["privacy.dp.noise_multiplier=1"], ["defence.f=2"]])
+def test_without_secagg_the_rule_default_is_unchanged(overrides):
+    cfg = _cfg(overrides)
+    assert cfg.defence.rule == "clip" and cfg.defaulted_rule is None
+    assert "rule" not in cfg.defence.model_fields_set

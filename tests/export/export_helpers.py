@@ -66,7 +66,7 @@ def make_run(
     (run / "config.yaml").write_text(dump_topology(cfg))
     cls = get_algorithm(cfg.algorithm.name)
     info = {
-        "model": cfg.model.model_dump(mode="json"),
+        "model": cfg.model.applicable(),
         "algorithm": cfg.algorithm.name,
         "num_classes": num_classes,
         "input_shape": list(input_shape),

@@ -29,7 +29,7 @@ def _model(name: str = "cnn"):
 
 
 def _dp(model, x, y, seed=3, sigma=1.0, clip=1.0, **kw):
-    cfg = TrainingConfig(batch_size=20, momentum=0.0)
+    cfg = TrainingConfig(epochs=1, batch_size=20, momentum=0.0)
     return train_private(
         model,
         x,
@@ -56,7 +56,7 @@ def test_dp_step_differs_from_plain_and_keeps_the_model_plain():
     keys = list(base.state_dict())
     dp, plain, again = copy.deepcopy(base), copy.deepcopy(base), copy.deepcopy(base)
     result = _dp(dp, x, y)
-    train_local(plain, x, y, TrainingConfig(batch_size=20, momentum=0.0), 0.05, seed=3)
+    train_local(plain, x, y, TrainingConfig(epochs=1, batch_size=20, momentum=0.0), 0.05, seed=3)
     assert result.steps == 5 and result.loss > 0
     assert list(dp.state_dict()) == keys  # no ``_module.`` prefix, nothing added
     assert not _same(dp, plain) and not _same(dp, base)
@@ -77,7 +77,7 @@ def test_clipping_bounds_the_update_without_noise():
     x, y = _data()
     base = _model()
     stepped = copy.deepcopy(base)
-    cfg = TrainingConfig(batch_size=20, momentum=0.0)
+    cfg = TrainingConfig(epochs=1, batch_size=20, momentum=0.0)
     train_private(
         stepped, x, y, cfg, 0.05, noise_multiplier=1e-9, max_grad_norm=0.01, q=0.2,
         steps_per_epoch=1, epochs=1, seed=0,
@@ -129,7 +129,7 @@ def test_empty_poisson_batches_step_on_noise_alone():
     x, y = _data(10)
     model = _model()
     result = train_private(
-        model, x, y, TrainingConfig(batch_size=1), 0.05, noise_multiplier=1.0,
+        model, x, y, TrainingConfig(epochs=1, batch_size=1), 0.05, noise_multiplier=1.0,
         max_grad_norm=1.0, q=1e-6, steps_per_epoch=2, seed=0,
     )  # fmt: skip
     assert result.steps == 2 and result.loss == 0.0  # no batch had a sample
