@@ -22,7 +22,7 @@ CSV = "x1,x2,label\n" + "".join(f"{i % 7}.0,{(i * 3) % 5}.0,{i % 2}\n" for i in 
 def test_resolve_keeps_absolute_home_and_urls_and_joins_the_rest(tmp_path):
     base = PathBase(str(tmp_path / "proj"), "the folder of t.yaml")
     assert base.resolve("data/{id}.csv") == str(tmp_path / "proj" / "data" / "{id}.csv")
-    assert base.resolve("../shared/./data") == str(tmp_path / "shared" / "data")
+    assert base.resolve("../other/./data") == str(tmp_path / "other" / "data")
     for value in ("/srv/data", "~/data", "s3://bucket/x"):
         assert base.resolve(value) == value and not is_relative(value)
     assert not is_relative("") and not is_relative(None) and not is_relative(3)
@@ -168,8 +168,8 @@ def test_a_missing_module_names_the_folders_looked_in(project, monkeypatch, caps
 
 
 def test_the_shipped_topologies_read_the_same_data_from_any_directory(monkeypatch, tmp_path):
-    """``topologies/*.yaml`` name ``../../shared/data``: the repository's sibling
-    ``shared/data``, which ``../shared/data`` meant from the repository root."""
+    """``topologies/*.yaml`` name the data folder beside the repository two levels up from
+    their own folder: what their one level up meant from the repository root before."""
     repo = Path(__file__).resolve().parents[2]
     want = str(repo.parent / "shared" / "data")
     for cwd in (repo, tmp_path):
