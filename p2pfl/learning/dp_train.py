@@ -44,7 +44,6 @@ from opacus.optimizers import DPOptimizer
 from opacus.validators import ModuleValidator
 from torch.utils.data import Dataset
 
-from p2pfl.config.privacy_schema import MAX_PHYSICAL_BATCH
 from p2pfl.config.schema import TrainingConfig
 from p2pfl.learning.hooks import ExtraLoss, LossFn, StepHook
 from p2pfl.learning.models import SplitModel
@@ -135,12 +134,13 @@ def train_private(
     step_hook: StepHook | None = None,
     seed: int = 0,
     device: torch.device | str = "cpu",
-    max_physical_batch: int = MAX_PHYSICAL_BATCH,
+    max_physical_batch: int | None = None,
 ) -> TrainResult:
     """Train ``model`` in place for ``epochs`` (default ``cfg.epochs``) × ``steps_per_epoch``
     DP-SGD steps at sampling rate ``q``, noise ``noise_multiplier`` and clipping bound
     ``max_grad_norm`` (module docstring), holding the per-sample gradients of at most
-    ``max_physical_batch`` samples at once. Returns what ``train_local`` returns; ``loss`` and
+    ``max_physical_batch`` samples at once (None: a whole batch; the nodes pass
+    ``privacy.dp.max_physical_batch``). Returns what ``train_local`` returns; ``loss`` and
     ``ce_loss`` are the last epoch's mean over its non-empty batches (the loss includes the
     regulariser)."""
     if loss_fn is not None:
@@ -174,7 +174,7 @@ def train_private(
                 batches = 0
             dp_opt.zero_grad(set_to_none=True)
             if len(idx) > 0:
-                *early, last = idx.split(max_physical_batch)
+                *early, last = idx.split(max_physical_batch or len(idx))
                 ce_sum = 0.0  # the logical batch's cross-entropy, summed over its chunks
                 for chunk in early:  # clipped and summed into p.summed_grad, then freed
                     ce_sum += _backward(gsm, x, y, chunk, device)[2].item() * len(chunk)
