@@ -161,12 +161,12 @@ def git_commit(code: Path) -> str:
             check=True,
         )
         dirty = subprocess.run(
-            ["git", "-C", str(code), "status", "--porcelain", "--untracked-files=no"],
+            ["git", "-C", str(code), "status", "--porcelain", "--", "p2pfl"],
             capture_output=True,
             text=True,
             check=True,
         ).stdout.strip()
-        return out.stdout.strip() + ("+dirty" if dirty else "")
+        return out.stdout.strip() + ("+dirty" if dirty else "")  # p2pfl/ changed since
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -219,7 +219,8 @@ def one_run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     )
     assert ballast.stdout is not None
     ballast.stdout.readline()  # "ready": the ballast is resident
-    console.print(f"[bold]{args.label}[/] ({git_commit(code)}): {shlex.join(cmd)}")
+    commit = git_commit(code)  # the code as the swarm starts
+    console.print(f"[bold]{args.label}[/] ({commit}): {shlex.join(cmd)}")
     t0 = time.time()
     out.parent.mkdir(parents=True, exist_ok=True)
     log = open(out.parent / f"{args.label}.log", "w")  # the swarm's own output
@@ -240,7 +241,7 @@ def one_run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     eps = [r.get("epsilon") for rs in recs.values() for r in rs if r.get("epsilon") is not None]
     return {
         "label": args.label,
-        "code": git_commit(code),
+        "code": commit,
         "suite": args.suite,
         "epsilon_target": args.epsilon,
         "nodes": len(recs),
