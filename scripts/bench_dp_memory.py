@@ -1,5 +1,5 @@
 """What a DP-SGD swarm holds in memory: peak PSS per node process and in all, next to a
-memory ballast (docs/algorithms.md, "Differential privacy", "Memory").
+memory ballast (docs/algorithms.md, "Differential privacy": its paragraph on memory).
 
     python scripts/bench_dp_memory.py --data-root /work/shared/data --rounds 3 \\
         --label after --json results/bench_dp_memory.json --resume
@@ -18,7 +18,7 @@ beside this one's.
 
 **The ballast.** Before the swarm starts, a Python process takes ``--ballast-mb`` (1024) of
 memory in one ``bytearray`` and writes every page of it, and holds it until the swarm ends:
-the "1-GB job next to the swarm" of issue 37.
+a 1 GB job beside the swarm, as a shared machine has.
 
 **What is measured.** Every ``--period`` (0.5 s) the PSS (``/proc/<pid>/smaps_rollup``) of
 each node process (the launcher's descendants running ``p2pfl.cli node``) and of the
