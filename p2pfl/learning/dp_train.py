@@ -13,6 +13,13 @@ Contract:
   ``N(0, (σ·C)²)`` (Opacus's ``DPOptimizer``, its generator seeded from ``seed`` too),
   divides by the expected batch size ``q·n``, then steps the configured optimizer. Same
   seed, same data, same model: the same result.
+- Memory: a Poisson batch of more than ``max_physical_batch`` samples is cut, in order, into
+  chunks of at most that many; each chunk's per-sample gradients are computed, clipped and
+  added to the batch's sum (Opacus's ``signal_skip_step``, as its ``BatchMemoryManager``
+  does), then freed, and the batch's one noisy step follows its last chunk. The batch, the
+  clipping, the noise (one draw a batch) and so the guarantee and ε are those of the unsplit
+  batch; the sum differs only in float summation order (allclose, not bit for bit). A batch
+  that fits trains exactly as before the bound existed.
 - The model is wrapped only for the call: the method, its checkpoints and the wire always
   see the plain model, its parameter names and ``state_dict`` keys unchanged (no
   ``_module.`` prefix), with no Opacus hook or per-sample attribute left on it.
@@ -127,11 +134,14 @@ def train_private(
     step_hook: StepHook | None = None,
     seed: int = 0,
     device: torch.device | str = "cpu",
+    max_physical_batch: int | None = None,
 ) -> TrainResult:
     """Train ``model`` in place for ``epochs`` (default :func:`~p2pfl.learning.train.round_epochs`
     of ``cfg`` over ``steps_per_epoch``) × ``steps_per_epoch``
     DP-SGD steps at sampling rate ``q``, noise ``noise_multiplier`` and clipping bound
-    ``max_grad_norm`` (module docstring). Returns what ``train_local`` returns; ``loss`` and
+    ``max_grad_norm`` (module docstring), holding the per-sample gradients of at most
+    ``max_physical_batch`` samples at once (None: a whole batch; the nodes pass
+    ``privacy.dp.max_physical_batch``). Returns what ``train_local`` returns; ``loss`` and
     ``ce_loss`` are the last epoch's mean over its non-empty batches (the loss includes the
     regulariser)."""
     if loss_fn is not None:
@@ -167,12 +177,16 @@ def train_private(
                 batches = 0
             dp_opt.zero_grad(set_to_none=True)
             if len(idx) > 0:
-                xb, yb = _batch(x, y, idx, device)
-                if xb.is_floating_point():  # else torch warns, at every backward through
-                    xb.requires_grad_(True)  # Opacus's hooks, that no input needs a gradient
-                logits = gsm(xb)
-                ce = F.cross_entropy(logits, yb)
-                ce.backward()
+                *early, last = idx.split(max_physical_batch or len(idx))
+                ce_sum = 0.0  # the logical batch's cross-entropy, summed over its chunks
+                for chunk in early:  # clipped and summed into p.summed_grad, then freed
+                    ce_sum += _backward(gsm, x, y, chunk, device)[2].item() * len(chunk)
+                    dp_opt.signal_skip_step(do_skip=True)
+                    dp_opt.pre_step()  # clip and accumulate only: no noise, no step
+                    dp_opt.zero_grad(set_to_none=True)  # per-sample grads go, the sum stays
+                xb, yb, ce, logits = _backward(gsm, x, y, last, device)
+                if early:
+                    ce = torch.tensor((ce_sum + ce.item() * len(last)) / len(idx))
             else:  # an empty Poisson batch: the step is noise alone
                 xb, yb = _empty_batch(x, y, device)
                 logits = torch.zeros(0, 1, device=device)
@@ -206,6 +220,25 @@ def train_private(
         seconds=time.perf_counter() - t0,
         grad_sq_sum=grad_sq,
     )
+
+
+def _backward(
+    gsm: GradSampleModule,
+    x: torch.Tensor | Dataset,
+    y: torch.Tensor | None,
+    idx: torch.Tensor,
+    device: torch.device | str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The mean cross-entropy of the samples ``idx`` backpropagated through ``gsm``: each
+    sample's own gradient lands in ``p.grad_sample`` (Opacus scales a mean loss back by the
+    chunk's size). Returns the inputs, labels, loss and logits."""
+    xb, yb = _batch(x, y, idx, device)
+    if xb.is_floating_point():  # else torch warns, at every backward through
+        xb.requires_grad_(True)  # Opacus's hooks, that no input needs a gradient
+    logits = gsm(xb)
+    ce = F.cross_entropy(logits, yb)
+    ce.backward()
+    return xb, yb, ce, logits
 
 
 def _regulariser(

@@ -16,6 +16,7 @@ import logging
 import math
 import secrets
 import time
+import weakref
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, cast
 
@@ -38,6 +39,23 @@ if TYPE_CHECKING:  # Opacus is imported only by a node that trains under privacy
 log = logging.getLogger(__name__)
 
 EVAL_BATCH = 500
+
+_DP_SGD_TURNS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def dp_sgd_turn() -> asyncio.Lock:
+    """The lock a node holds while it trains with DP-SGD, one for the nodes of the running
+    event loop (the nodes a process packs share one loop, p2pfl/node/daemon.py): they train
+    one at a time, so a process holds the per-sample gradients of one node, not of all of
+    them at once. Waiters take their turns in arrival order (``asyncio.Lock`` is fair) and
+    wait without holding a worker thread."""
+    loop = asyncio.get_running_loop()
+    lock = _DP_SGD_TURNS.get(loop)
+    if lock is None:
+        lock = _DP_SGD_TURNS[loop] = asyncio.Lock()
+    return lock
 
 
 @dataclass
@@ -176,7 +194,9 @@ class LocalTraining:
     async def _train_private(self, round_no: int, privacy: NodePrivacy) -> TrainOutcome:
         """:meth:`train` under ``privacy.dp``: the round's DP-SGD steps
         (:func:`~p2pfl.learning.dp_train.train_private`, seeded from the node's RNG as plain
-        training is), accounted for in :attr:`privacy`; then ``after_train``. A node whose
+        training is, per-sample gradients of at most ``dp.max_physical_batch`` samples at
+        once, and in this process's turn: :func:`dp_sgd_turn`), accounted for in
+        :attr:`privacy`; then ``after_train``. A node whose
         budget is spent takes no step (a result of 0 steps, its losses NaN and recorded as
         None) and still runs ``after_train``, so the method's round goes on as usual."""
         from p2pfl.learning.dp_train import train_private  # Opacus: only under privacy.dp
@@ -191,25 +211,27 @@ class LocalTraining:
             idle = TrainResult(math.nan, math.nan, 0, 0.0, 0.0)
             facts = await asyncio.to_thread(method.after_train)
             return TrainOutcome(idle, lr, facts or {})
-        t0 = time.monotonic()
         dp = privacy.dp
-        result = await asyncio.to_thread(
-            train_private,
-            method.model,
-            self.data.train_inputs,
-            labels,
-            cfg.training,
-            lr,
-            noise_multiplier=privacy.noise_multiplier,
-            max_grad_norm=dp.max_grad_norm,
-            q=privacy.q,
-            steps_per_epoch=privacy.steps_per_epoch,
-            extra_loss=method.extra_loss(),
-            loss_fn=method.loss_fn(),
-            step_hook=method.step_hook(),
-            seed=seed,
-            device=self.device,
-        )
+        async with dp_sgd_turn():  # one DP-SGD training at a time in this process
+            t0 = time.monotonic()  # the wait for the turn is not this device's compute
+            result = await asyncio.to_thread(
+                train_private,
+                method.model,
+                self.data.train_inputs,
+                labels,
+                cfg.training,
+                lr,
+                noise_multiplier=privacy.noise_multiplier,
+                max_grad_norm=dp.max_grad_norm,
+                q=privacy.q,
+                steps_per_epoch=privacy.steps_per_epoch,
+                extra_loss=method.extra_loss(),
+                loss_fn=method.loss_fn(),
+                step_hook=method.step_hook(),
+                seed=seed,
+                device=self.device,
+                max_physical_batch=dp.max_physical_batch,
+            )
         await asyncio.to_thread(privacy.spent, result.steps)  # even if rolled back
         return await self._trained(round_no, result, lr, t0)
 

@@ -57,6 +57,14 @@ def _cfg(overrides):
             "privacy.dp.accountant: analytic composes level: update's Gaussian releases",
         ),
         ("privacy={dp: {level: update, max_update_norm: 2}}", "privacy.dp: give noise_multiplier"),
+        (
+            "privacy={dp: {noise_multiplier: 1, max_physical_batch: 0}}",
+            "privacy.dp.max_physical_batch: Input should be greater than or equal to 1",
+        ),
+        (
+            "privacy={dp: {level: update, noise_multiplier: 1, max_physical_batch: 16}}",
+            "privacy.dp.max_physical_batch: DP-SGD's per-sample gradient memory bound, unused",
+        ),
     ],
 )
 def test_errors_name_the_field(override, text):
@@ -102,6 +110,16 @@ def test_a_dump_holds_its_levels_bound_and_loads_again(tmp_path, level):
         assert "level" not in dp and "max_update_norm" not in dp and dp["max_grad_norm"] == 1
     else:
         assert dp["level"] == "update" and "max_grad_norm" not in dp
+    assert "max_physical_batch" not in dp  # the default: as before the bound existed
+
+
+def test_a_physical_batch_is_dumped_when_set_and_loads_again(tmp_path):
+    assert _cfg(["privacy.dp.noise_multiplier=1"]).dp.max_physical_batch == 128
+    cfg = _cfg(["privacy={dp: {noise_multiplier: 1, max_physical_batch: 16}}"])
+    assert cfg.dump()["privacy"]["dp"]["max_physical_batch"] == 16
+    path = tmp_path / "t.yaml"
+    path.write_text(dump_topology(cfg))
+    assert load_topology(str(path), []).dp == cfg.dp
 
 
 def test_without_privacy_the_dump_and_fingerprint_are_unchanged():

@@ -146,3 +146,42 @@ def test_a_dataset_trains_as_its_tensors_do():
     _dp(from_tensors, x, y)
     _dp(from_dataset, TensorDataset(x, y), None)
     assert _same(from_tensors, from_dataset)
+
+
+def test_physical_chunks_bound_the_per_sample_gradients_and_keep_the_step(monkeypatch):
+    """A Poisson batch larger than ``max_physical_batch`` is clipped and summed in chunks:
+    no per-sample gradient tensor holds more rows than the bound, the chunks of a step add
+    up to its logical batch, and the noisy step is the unsplit one's (the same batch and
+    noise; the sum in another float order, so allclose)."""
+    from opacus.optimizers import DPOptimizer
+
+    seen: list[int] = []  # the rows of per-sample gradients clipped at once
+    original = DPOptimizer.clip_and_accumulate
+
+    def spy(self):
+        rows = {len(g) for g in self.grad_samples}
+        assert len(rows) == 1
+        seen.append(rows.pop())
+        return original(self)
+
+    x, y = _data()
+    base = _model()
+    whole, chunked, fits = copy.deepcopy(base), copy.deepcopy(base), copy.deepcopy(base)
+    r_whole = _dp(whole, x, y)
+    gen = torch.Generator().manual_seed(3)
+    batches = [len(poisson_indices(100, 0.2, gen)) for _ in range(5)]
+    assert max(batches) > 6 and sum(seen) == 0
+    monkeypatch.setattr(DPOptimizer, "clip_and_accumulate", spy)
+    r_chunked = _dp(chunked, x, y, max_physical_batch=6)
+    assert max(seen) <= 6 and sum(seen) == sum(batches)
+    assert len(seen) == sum(-(-b // 6) for b in batches)  # ⌈b/6⌉ chunks a step
+    assert r_chunked.steps == r_whole.steps == 5
+    assert r_chunked.loss == pytest.approx(r_whole.loss, rel=1e-5)
+    sw, sc = whole.state_dict(), chunked.state_dict()
+    assert all(torch.allclose(sw[k], sc[k], rtol=1e-5, atol=1e-6) for k in sw)
+    assert not _same(chunked, base)
+    seen.clear()
+    _dp(fits, x, y, max_physical_batch=max(batches))  # every batch fits: one chunk, as before
+    assert seen == batches and _same(fits, whole)
+    for p in chunked.parameters():  # nothing per-sample left behind by the chunks either
+        assert not hasattr(p, "grad_sample") and not hasattr(p, "summed_grad")

@@ -18,9 +18,9 @@ def synthetic_cfg(*overrides: str) -> TopologyConfig:
     return load_topology("topologies/synthetic.yaml", ["rounds=3", *overrides])
 
 
-def loaded_node(cfg: TopologyConfig, out=None) -> Node:
-    """Node ``a`` of ``cfg`` with its method, data and privacy loaded, not started."""
-    node = Node(cfg, "a", NodeOptions(out_dir=out))
+def loaded_node(cfg: TopologyConfig, out=None, node_id: str = "a") -> Node:
+    """Node ``node_id`` of ``cfg`` with its method, data and privacy loaded, not started."""
+    node = Node(cfg, node_id, NodeOptions(out_dir=out))
     node._load()
     return node
 

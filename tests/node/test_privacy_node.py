@@ -11,6 +11,7 @@ from privacy_helpers import loaded_node, node_services, round_record, synthetic_
 
 from p2pfl.privacy.accountant import compose_epsilon
 from p2pfl.services.checkpoint import Checkpoint, CheckpointError, checkpoint_path, load_checkpoint
+from p2pfl.services.training import dp_sgd_turn
 
 
 def test_rounds_are_accounted_and_recorded(tmp_path):
@@ -137,3 +138,24 @@ def test_every_method_trains_a_dp_round(method):
     after = node.method.model.state_dict()
     assert any(not before["model"][k].equal(after[k]) for k in keys)
     node.method.restore(node.method.checkpoint())  # what it keeps still checkpoints
+
+
+def test_nodes_of_one_process_train_dp_sgd_one_at_a_time():
+    """Nodes sharing an event loop (a process's nodes) take turns at DP-SGD: every forward
+    pass of one node's round comes before every one of the other's, and each round is the
+    one it would be alone (the same steps)."""
+    cfg = synthetic_cfg("privacy.dp.noise_multiplier=1.0")
+    nodes = [loaded_node(cfg, node_id=i) for i in ("a", "b", "c")]
+    order: list[str] = []  # list.append is atomic: the worker threads may share it
+    for node in nodes:
+        node.method.model.register_forward_hook(lambda m, i, o, n=node.id: order.append(n))
+
+    async def together():
+        assert dp_sgd_turn() is dp_sgd_turn()  # one lock for the loop's nodes
+        svcs = [node_services(node) for node in nodes]
+        return await asyncio.gather(*(s.training.train(1) for s in svcs))
+
+    trained = asyncio.run(together())
+    assert [t.result.steps for t in trained] == [n.privacy.round_steps for n in nodes]
+    runs = [order[0]] + [b for a, b in zip(order, order[1:], strict=False) if a != b]
+    assert sorted(runs) == ["a", "b", "c"], runs  # three unbroken runs: no overlap
