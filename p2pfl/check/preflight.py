@@ -20,7 +20,7 @@ import torch
 
 from p2pfl.algorithms import DecentralizedAlgorithm, get_algorithm
 from p2pfl.algorithms.base import Method, drawn_count
-from p2pfl.algorithms.build import adapt_for, method_over
+from p2pfl.algorithms.build import adapt_for, build_method, method_over
 from p2pfl.check.load import ConfigError
 from p2pfl.config.schema import DatasetConfig, TopologyConfig, is_import_path
 from p2pfl.config.topology import build_graph
@@ -264,6 +264,32 @@ def check_method(
             ],
         ) from None
     return model
+
+
+def node_method(
+    cls: type[Method],
+    cfg: TopologyConfig,
+    node_id: str,
+    data: NodeData,
+    rng: np.random.Generator,
+    device: torch.device,
+    source: str = "topology",
+) -> Method:
+    """Node ``node_id``'s method, the one that runs: :func:`~p2pfl.algorithms.build.build_method`
+    (seeded as every node builds it), built once; a failure is a :class:`ConfigError`
+    naming ``source`` and the field (a user model's own field, else ``algorithm.name``)
+    instead of a traceback. The checks of :func:`check_model` are not repeated: the node's
+    inputs were checked before it started (or it runs them first, :mod:`p2pfl.node.daemon`)."""
+    try:
+        return build_method(cls, cfg, node_id, data, rng, device)
+    except UserModelError as exc:
+        raise ConfigError(source, [(exc.field, str(exc))]) from None
+    except Exception as exc:  # the model or the method meeting this node's data
+        why = (
+            f"node {node_id!r}: method {cfg.algorithm.name!r} cannot be built over model "
+            f"{cfg.model.name!r}: {describe(exc)}"
+        )
+        raise ConfigError(source, [("algorithm.name", why)]) from None
 
 
 def split_summary(model: SplitModel) -> dict[str, list[str]]:
