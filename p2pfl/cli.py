@@ -221,6 +221,13 @@ def cmd_node(args: argparse.Namespace) -> int:
     # every check of validate for the nodes hosted here, before any of them connects;
     # without the data and model where the launcher checked this very file (p2pfl swarm)
     trusted = _launcher_checked(args, extra)
+    if trusted:
+        logging.getLogger("p2pfl").info(
+            "%d node(s) from %s: inputs checked by the launcher (config digest %s)",
+            len(ids),
+            ids[0],
+            args.checked[:12],
+        )
     check_topology(
         cfg,
         source,
