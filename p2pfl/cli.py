@@ -14,7 +14,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from p2pfl.check.checked import CheckedTopology, check_topology, device_problem, load_checked
+from p2pfl.check.checked import (
+    CheckedTopology,
+    check_topology,
+    config_digest,
+    device_problem,
+    load_checked,
+)
 from p2pfl.check.load import ConfigError, load_node_overrides, load_topology
 from p2pfl.cli_parser import build_parser
 from p2pfl.config.schema import BrokerAddress
@@ -144,6 +150,7 @@ def cmd_swarm(args: argparse.Namespace) -> int:
         tracker=args.tracker,
         on_start=dash.start if dash is not None else None,
         source=str(args.topology),
+        checked=True,
     )
     if dash is not None:
         dash.finish(code)  # stops it; --dashboard-keep: serves until Ctrl-C first
@@ -234,10 +241,20 @@ def cmd_node(args: argparse.Namespace) -> int:
     if unknown:
         console.print(f"[red]error[/] {args.topology}: nodes: no node with id {unknown}")
         return 2
-    # every check of validate for the nodes hosted here, before any of them connects
+    # every check of validate for the nodes hosted here, before any of them connects;
+    # without the data and model where the launcher checked this very file (p2pfl swarm)
+    trusted = _launcher_checked(args, extra)
+    if trusted:
+        logging.getLogger("p2pfl").info(
+            "%d node(s) from %s: inputs checked by the launcher (config digest %s)",
+            len(ids),
+            ids[0],
+            args.checked[:12],
+        )
     checked = check_topology(
         cfg,
         source,
+        inputs=not trusted,
         data_root=data_root,
         node_ids=ids,
         device=device,
@@ -256,6 +273,7 @@ def cmd_node(args: argparse.Namespace) -> int:
         certs=certs,
         fresh=args.fresh,
         source=source,
+        checked=True,  # by check_topology above, or by the launcher: build once, to run
     )
 
     nodes = [Node(cfg, nid, opts) for nid in ids]
@@ -275,6 +293,21 @@ def cmd_node(args: argparse.Namespace) -> int:
         return 1 if failed else 0
 
     return _run_async(main())
+
+
+def _launcher_checked(args: argparse.Namespace, extra: list[str]) -> bool:
+    """Whether this node process may trust its launcher's check: ``--checked`` names the
+    digest of the very config file it reads (:func:`~p2pfl.check.checked.config_digest`)
+    and nothing on its command line changes what was checked (no ``--set``, ``--method``,
+    node config, data root or device)."""
+    if not args.checked or extra or args.set or args.method:
+        return False
+    if args.node_config or args.data_root or args.device:
+        return False
+    try:
+        return config_digest(args.topology) == args.checked
+    except OSError:
+        return False
 
 
 def cmd_track(args: argparse.Namespace) -> int:

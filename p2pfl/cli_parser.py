@@ -224,6 +224,8 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     )
     # p2pfl swarm's node processes read <run>/config.yaml: errors name the user's file
     sp.add_argument("--source", help=argparse.SUPPRESS)
+    # p2pfl swarm's node processes: the digest of the config it checked (check/checked.py)
+    sp.add_argument("--checked", help=argparse.SUPPRESS)
 
     sp = sub.add_parser("validate", help="check a topology file and print every error")
     common(sp)

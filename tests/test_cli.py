@@ -148,3 +148,44 @@ def test_dashboard_certs_must_be_a_directory(tmp_path, capsys):
     assert main(["dashboard", str(tmp_path / "run"), "--certs", str(missing)]) == 2
     err = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
     assert f"--certs {missing}: not a directory" in err
+
+
+def test_a_node_trusts_only_the_launchers_check_of_the_file_it_reads(tmp_path):
+    """--checked DIGEST (p2pfl swarm's node processes) skips the data and model checks
+    only where DIGEST is the config file's and nothing on the command line changes it."""
+    from p2pfl.check.checked import config_digest
+    from p2pfl.cli import _launcher_checked
+    from p2pfl.cli_parser import build_parser
+
+    path = tmp_path / "config.yaml"
+    path.write_text(Path("topologies/synthetic.yaml").read_text())
+    digest = config_digest(path)
+
+    def trusted(*extra: str) -> bool:
+        args = build_parser().parse_args(["node", str(path), "--id", "a", *extra])
+        return _launcher_checked(args, [])
+
+    assert trusted("--checked", digest)
+    assert not trusted()  # a standalone node checks
+    assert not trusted("--checked", "0" * 64)
+    assert not trusted("--checked", digest, "--set", "model.name=mlp")
+    assert not trusted("--checked", digest, "--data-root", str(tmp_path))
+    path.write_text(path.read_text() + "\n# changed\n")
+    assert not trusted("--checked", digest)
+
+
+def test_a_trusted_node_still_fails_on_inputs_that_cannot_work(tmp_path, capsys):
+    """Where the launcher's word is trusted, a node whose inputs cannot work (here the
+    model cannot take the data, a check that only the launcher would have made) still
+    fails with a one-line error naming the file and the field, not a traceback."""
+    from p2pfl.check.checked import config_digest
+    from p2pfl.check.load import dump_topology, load_topology
+
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        dump_topology(load_topology("topologies/synthetic.yaml", ["dataset.input_shape=[1,2,2]"]))
+    )
+    args = ["node", str(path), "--id", "a", "--no-rich", "--out", str(tmp_path)]
+    assert main([*args, "--checked", config_digest(path)]) != 0
+    err = capsys.readouterr().err
+    assert "model.name" in err and "Traceback" not in err, err

@@ -117,6 +117,8 @@ class Method(ABC):
         self.params = self.Params.model_validate(params)
         self.ctx = ctx
         self.model = ctx.model
+        # model_state's latest copy, with the tensors and versions it was copied from
+        self._state_copy: tuple[tuple[torch.Tensor, ...], tuple[int, ...], State] | None = None
 
     @classmethod
     def adapt_model(cls, model: SplitModel, params: BaseModel, num_classes: int) -> SplitModel:
@@ -125,8 +127,39 @@ class Method(ABC):
         return model
 
     def model_state(self) -> State:
-        """A detached CPU copy of the model's whole state."""
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        """A detached CPU copy of the model's whole state (a new map each call). The copy is
+        taken once per state of the model: while the model holds the same tensors and none
+        changed since the last copy (torch's version counter of each, which every in-place
+        change, an optimizer step, ``load_state_dict`` or a buffer update moves), the last
+        copy's tensors are handed out again, so a round's snapshot, rollback point and
+        checkpoint share one copy. Nobody may write into the returned tensors."""
+        live = self.model.state_dict(keep_vars=True)
+        tensors = tuple(live.values())
+        try:
+            versions: tuple[int, ...] | None = tuple(t._version for t in tensors)
+        except (AttributeError, RuntimeError):  # not a tensor, or one that keeps no version
+            versions = None
+        cached = getattr(self, "_state_copy", None)  # a user method may skip __init__
+        if (
+            versions is not None
+            and cached is not None
+            and len(cached[0]) == len(tensors)
+            and cached[1] == versions
+            and all(a is b for a, b in zip(cached[0], tensors, strict=True))
+            and list(cached[2]) == list(live)
+        ):
+            return dict(cached[2])
+        state = {k: v.detach().to("cpu", copy=True) for k, v in live.items()}
+        self._state_copy = None if versions is None else (tensors, versions, state)
+        return dict(state)
+
+    def model_changed(self) -> None:
+        """Forget :meth:`model_state`'s copy: the model may have changed in a way torch's
+        version counters do not show (a batch-norm kernel's running statistics in a
+        training forward, an assignment to a tensor's ``.data``). The node calls it after
+        training and after a method's merge; a method that changes its model that way in
+        another hook calls it too."""
+        self._state_copy = None
 
     def snapshot(self) -> State:
         """What peers may pull this round (default: :meth:`model_state`)."""

@@ -9,6 +9,7 @@ tools and :func:`p2pfl.load_model` all build them.
   (:func:`~p2pfl.learning.dp_train.fix_model`);
 * :func:`method_over`: method ``cls`` over a model, told its knobs, the run's rounds, its
   epochs, its defence and its training labels;
+* :func:`node_model`: a node's model (the common initial model, on its device);
 * :func:`build_method`: a node's method over the common initial model, from its data.
 """
 
@@ -114,6 +115,21 @@ def method_over(
     return method
 
 
+def node_model(
+    cls: type[Method], cfg: TopologyConfig, node_id: str, data: NodeData, device: torch.device
+) -> SplitModel:
+    """Node ``node_id``'s model: the swarm's common initial model (:func:`build_node_model`)
+    for its data's classes and input shape, on ``device``. Under ``privacy.dp`` it logs,
+    once, the layers replaced for DP."""
+    replaced: list[str] = []
+    model = build_node_model(cls, cfg, data.num_classes, tuple(data.input_shape), replaced)
+    if cfg.dp is not None:
+        log.info(
+            "%s: privacy.dp: layers replaced for DP: %s", node_id, "; ".join(replaced) or "none"
+        )
+    return model.to(device)
+
+
 def build_method(
     cls: type[Method],
     cfg: TopologyConfig,
@@ -123,19 +139,11 @@ def build_method(
     device: torch.device,
 ) -> Method:
     """Node ``node_id``'s method instance over the swarm's common initial model
-    (:func:`build_node_model`), on ``device``, from its data (:func:`method_over`). Under
-    ``privacy.dp`` it logs, once, the layers replaced for DP."""
-    replaced: list[str] = []
-    model = build_node_model(cls, cfg, data.num_classes, tuple(data.input_shape), replaced)
-    if cfg.dp is not None:
-        log.info(
-            "%s: privacy.dp: layers replaced for DP: %s", node_id, "; ".join(replaced) or "none"
-        )
-    model.to(device)
+    (:func:`node_model`), on ``device``, from its data (:func:`method_over`)."""
     return method_over(
         cls,
         cfg,
-        model,
+        node_model(cls, cfg, node_id, data, device),
         node_id=node_id,
         num_samples=len(data.train_y),
         num_classes=data.num_classes,

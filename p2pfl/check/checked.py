@@ -4,14 +4,18 @@ starts, each problem a :class:`~p2pfl.check.load.ConfigError` naming the user's 
 the field (docs/design.md, "Configuration").
 
 ``p2pfl validate`` runs it and reports; ``p2pfl swarm`` runs it before the broker and the
-node processes start (each node then runs the data and model checks again as it loads, on
-the config the launcher wrote, and names the user's file too: the launcher passes it on);
-``p2pfl node`` runs it for the nodes this device hosts before any connects; ``p2pfl certs``
-and ``p2pfl broker --topology`` read the file through it without the data and model.
+node processes start, and hands each node process the digest of the config it wrote
+(:data:`CHECKED_FLAG`, :func:`config_digest`): a process whose config file has that digest
+trusts the launcher's check and runs only the checks without the data and model (the
+graph, the device), then builds each node's model and method once, to run (errors still
+name the user's file: the launcher passes it on); ``p2pfl node`` started any other way
+runs it for the nodes this device hosts before any connects; ``p2pfl certs`` and ``p2pfl
+broker --topology`` read the file through it without the data and model.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +31,16 @@ if TYPE_CHECKING:
     from p2pfl.learning.split_model import SplitModel
 
 DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")
+
+# the node command's flag by which a launcher says it checked the config file it hands on
+CHECKED_FLAG = "--checked"
+
+
+def config_digest(path: str | Path) -> str:
+    """The SHA-256 (hex) of the config file at ``path``'s bytes: what a launcher that
+    checked the file hands its node processes (:data:`CHECKED_FLAG`), and what a node
+    process compares before trusting that check; any other file is checked anew."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 @dataclass

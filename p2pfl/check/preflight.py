@@ -20,7 +20,7 @@ import torch
 
 from p2pfl.algorithms import DecentralizedAlgorithm, get_algorithm
 from p2pfl.algorithms.base import Method, drawn_count
-from p2pfl.algorithms.build import adapt_for, method_over
+from p2pfl.algorithms.build import adapt_for, method_over, node_model
 from p2pfl.check.load import ConfigError
 from p2pfl.config.paths import PathBase, is_relative
 from p2pfl.config.schema import DatasetConfig, TopologyConfig, is_import_path
@@ -281,6 +281,52 @@ def check_method(
             ],
         ) from None
     return model
+
+
+def node_method(
+    cls: type[Method],
+    cfg: TopologyConfig,
+    node_id: str,
+    data: NodeData,
+    rng: np.random.Generator,
+    device: torch.device,
+    source: str = "topology",
+) -> Method:
+    """Node ``node_id``'s method, the one that runs, built once as
+    :func:`~p2pfl.algorithms.build.build_method` builds it (seeded as every node builds
+    it); a failure is a :class:`ConfigError` naming ``source`` and the field (the model's:
+    ``model.name`` or a user model's own field; the method's: ``algorithm.name``) instead
+    of a traceback. The checks of :func:`check_model` are not repeated: the node's inputs
+    were checked before it started (or it runs them first, :mod:`p2pfl.node.daemon`)."""
+    shape = tuple(data.input_shape)
+    try:
+        model = node_model(cls, cfg, node_id, data, device)
+    except UserModelError as exc:
+        raise ConfigError(source, [(exc.field, str(exc))]) from None
+    except (RuntimeError, ValueError, TypeError) as exc:
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        why = why.split(": ", 1)[1] if why.startswith("model ") and ": " in why else why
+        what = f"model {cfg.model.name!r} cannot take {cfg.dataset.name} inputs of shape"
+        raise ConfigError(source, [("model.name", f"{what} {list(shape)}: {why}")]) from None
+    try:
+        return method_over(
+            cls,
+            cfg,
+            model,
+            node_id=node_id,
+            num_samples=len(data.train_y),
+            num_classes=data.num_classes,
+            input_shape=shape,
+            labels=data.train_y,
+            rng=rng,
+            device=device,
+        )
+    except Exception as exc:  # the method meeting this node's model and data
+        why = (
+            f"node {node_id!r}: method {cfg.algorithm.name!r} cannot work with model "
+            f"{cfg.model.name!r}: {describe(exc)}"
+        )
+        raise ConfigError(source, [("algorithm.name", why)]) from None
 
 
 def split_summary(model: SplitModel) -> dict[str, list[str]]:

@@ -193,5 +193,6 @@ def run_swarm(
         progress=progress,
         console=console,
         source=source if source != "topology" else None,
+        checked=True,
     )
     return Run(out_dir=out, code=code, summary=summary, config=cfg)

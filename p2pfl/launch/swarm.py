@@ -28,6 +28,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
+from p2pfl.check.checked import CHECKED_FLAG, config_digest
 from p2pfl.check.load import dump_topology
 from p2pfl.config.schema import BrokerAddress, TopologyConfig
 from p2pfl.launch.broker import BrokerTLS, make_broker
@@ -72,9 +73,13 @@ def spawn_worker(
     out_dir: Path,
     verbose: bool,
     source: str | None = None,
+    checked: str | None = None,
 ) -> Worker:
     """Start one node process for ``ids`` on the run's ``config_path``; ``source`` is the
-    user's topology file, which its error messages name (default: ``config_path``)."""
+    user's topology file, which its error messages name (default: ``config_path``).
+    ``checked``: the digest of ``config_path`` (:func:`~p2pfl.check.checked.config_digest`)
+    when the launcher ran every check on it: the process then trusts that check for its
+    nodes instead of repeating it (None: it checks them itself)."""
     log_path = out_dir / "logs" / f"{ids[0]}{'-' + ids[-1] if len(ids) > 1 else ''}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     cmd = [
@@ -93,6 +98,8 @@ def spawn_worker(
         cmd += ["--id", nid]
     if source is not None:
         cmd += ["--source", source]
+    if checked is not None:
+        cmd += [CHECKED_FLAG, checked]
     if verbose:
         cmd.append("-v")
     f = open(log_path, "ab")
@@ -277,6 +284,7 @@ def run_swarm(
     tracker: str | None = None,
     on_start: Callable[[TopologyConfig], None] | None = None,
     source: str | None = None,
+    checked: bool = False,
 ) -> tuple[int, dict[str, Any]]:
     """Run a whole swarm to completion; returns (exit code, summary). Without ``broker`` it
     starts its own, of ``broker_kind`` (:func:`p2pfl.launch.broker.make_broker`).
@@ -285,7 +293,11 @@ def run_swarm(
     written, before the nodes start (``--dashboard`` starts there). ``source``: the user's
     topology file, which the nodes' error messages name instead of the run's
     ``config.yaml``. The caller checks the config first
-    (:func:`p2pfl.check.checked.check_topology`): nothing here reads the data."""
+    (:func:`p2pfl.check.checked.check_topology`): nothing here reads the data.
+    ``checked``: the caller ran every check, the data and the model included (``p2pfl
+    swarm`` does): the node processes trust it (the run's ``config.yaml`` digest is handed
+    to them) and build each node's model and method once, to run; False: each node process
+    checks its nodes itself, as a standalone ``p2pfl node``."""
     console = console or Console()
     raise_fd_limit()  # the broker and the packed workers inherit it
     out_dir = Path(out_dir)
@@ -321,12 +333,14 @@ def run_swarm(
             cfg = cfg.model_copy(update={"dataset": cfg.dataset.model_copy(update={"root": root})})
         config_path = out_dir / "config.yaml"
         write_text_atomic(config_path, dump_topology(cfg))
+        digest = config_digest(config_path) if checked else None
         if on_start is not None:
             on_start(cfg)
         per_process = nodes_per_process or auto_per_process(len(cfg.node_ids))
         groups = group_ids(cfg.node_ids, max(1, per_process))
         workers = [
-            spawn_worker(config_path, ids, str(broker), out_dir, verbose, source) for ids in groups
+            spawn_worker(config_path, ids, str(broker), out_dir, verbose, source, digest)
+            for ids in groups
         ]
         tracking.follow(lambda: {n for w in workers if w.proc.poll() is None for n in w.ids})
         console.print(

@@ -12,14 +12,15 @@ A claimed sample count is capped at ``max_sample_ratio × median(own n, the roun
 (the median is what one liar cannot move far) and at ``max_samples`` when set, so no member
 can claim the weight of the swarm.
 
-Pure functions: the node calls them on every pull (:meth:`~p2pfl.services.exchange.Exchange.pull_many`).
+Pure functions: the node calls them on every pull (:meth:`~p2pfl.services.exchange.Exchange.pull_many`),
+with its reference's norm cached for the round (:class:`ReferenceNorms`).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -47,11 +48,19 @@ def nonfinite_key(state: Mapping[str, torch.Tensor]) -> str | None:
 
 
 def admit_state(
-    state: object, reference: State, max_norm_ratio: float, *, layout: bool = True
+    state: object,
+    reference: State,
+    max_norm_ratio: float,
+    *,
+    layout: bool = True,
+    reference_norm: Callable[[State, list[str]], float] = state_norm,
 ) -> str | None:
     """None when ``state`` may reach a method, else the reason it may not (for the record,
     the log and the drop counters). ``layout=False`` skips the layout check (a method's
-    ``apply`` checks a result's layout itself) and compares norms over the keys both hold."""
+    ``apply`` checks a result's layout itself) and compares norms over the keys both hold.
+    ``reference_norm(reference, keys)``: the reference's norm over ``keys`` (default
+    :func:`state_norm`; a caller admitting many states against one reference caches it:
+    :class:`ReferenceNorms`)."""
     if not isinstance(state, Mapping):
         return "not a map"
     if layout:
@@ -66,12 +75,43 @@ def admit_state(
     shared = [
         k for k in reference if k in state and tuple(state[k].shape) == tuple(reference[k].shape)
     ]
-    ref_norm = state_norm(reference, shared)
+    ref_norm = reference_norm(reference, shared)
     if ref_norm > 0 and math.isfinite(ref_norm):
         mine = state_norm(state, shared)
         if mine > max_norm_ratio * ref_norm:
             return f"norm {mine:.4g} > {max_norm_ratio:g} x own {ref_norm:.4g}"
     return None
+
+
+class ReferenceNorms:
+    """:func:`state_norm` of references, each computed once: a node admits every peer's
+    state of a round against the same reference (its own snapshot's part), so its norm is
+    cached by the reference's tensors (the same objects, unchanged: torch's version
+    counters) and the keys. :meth:`clear` forgets them (each round)."""
+
+    def __init__(self) -> None:
+        self._norms: dict[tuple[str, ...], tuple[tuple[torch.Tensor, ...], tuple[int, ...], float]]
+        self._norms = {}
+
+    def clear(self) -> None:
+        self._norms = {}
+
+    def __call__(self, reference: State, keys: list[str]) -> float:
+        tensors = tuple(reference[k] for k in keys)
+        try:
+            versions = tuple(t._version for t in tensors)
+        except (AttributeError, RuntimeError):  # not a tensor, or one that keeps no version
+            return state_norm(reference, keys)
+        hit = self._norms.get(tuple(keys))
+        if (
+            hit is not None
+            and hit[1] == versions
+            and all(a is b for a, b in zip(hit[0], tensors, strict=True))
+        ):
+            return hit[2]
+        norm = state_norm(reference, keys)
+        self._norms[tuple(keys)] = (tensors, versions, norm)
+        return norm
 
 
 def sample_cap(own_n: int, claims: Mapping[str, int], ratio: float, cap: int | None) -> int:

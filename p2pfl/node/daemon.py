@@ -2,8 +2,10 @@
 
 Lifecycle of :meth:`Node.run` (one asyncio task per node; several may share a process):
 
-1. check the inputs (:mod:`p2pfl.check.preflight`), load the node's data shard and build
-   its method (:func:`~p2pfl.algorithms.build.build_method`, in a worker thread); restore
+1. load the node's data shard and build its method once, the one that runs
+   (:func:`~p2pfl.check.preflight.node_method`, in a worker thread; a node whose inputs
+   were not checked before it started checks the model and method first,
+   :func:`~p2pfl.check.preflight.check_model`); restore
    the node's checkpoint when its run directory has one (:mod:`p2pfl.services.checkpoint`;
    ``fresh`` ignores it);
 2. build its transport (:mod:`p2pfl.node.wiring`), its
@@ -45,10 +47,10 @@ import torch
 
 from p2pfl.algorithms import get_algorithm
 from p2pfl.algorithms.base import Method
-from p2pfl.algorithms.build import MODEL_INIT_LOCK, build_method, node_seed
+from p2pfl.algorithms.build import MODEL_INIT_LOCK, node_seed
 from p2pfl.background import background
 from p2pfl.check.load import ConfigError, dump_topology
-from p2pfl.check.preflight import check_dataset, check_model, check_node_data
+from p2pfl.check.preflight import check_dataset, check_model, check_node_data, node_method
 from p2pfl.config.privacy_schema import DPConfig
 from p2pfl.config.schema import BrokerAddress, TopologyConfig
 from p2pfl.errors import P2PFLError
@@ -92,6 +94,10 @@ class NodeOptions:
     certs: str | None = None  # None: the topology's security.certs
     fresh: bool = False  # ignore a checkpoint in out_dir (start over instead of resuming)
     source: str = "topology"  # where the config came from, for error messages
+    # the inputs were checked before this node started (p2pfl node checks the nodes it hosts,
+    # or trusts its launcher's check): the node builds its model and method once, to run;
+    # False: it checks the model and method first (check_model), as a node started directly
+    checked: bool = False
 
 
 class Node:
@@ -139,8 +145,9 @@ class Node:
             shape_of: NodeData | DatasetArrays = self.data
         else:
             shape_of = check_dataset(ds, self.cfg.seed, source, self.opts.cache_dir)
-        with MODEL_INIT_LOCK:  # it builds a model: torch's RNG is shared by co-hosted nodes
-            check_model(self.cfg, shape_of.num_classes, tuple(shape_of.input_shape), source)
+        if not self.opts.checked:
+            with MODEL_INIT_LOCK:  # it builds a model: torch's RNG is shared by co-hosted nodes
+                check_model(self.cfg, shape_of.num_classes, tuple(shape_of.input_shape), source)
         if not ds.own_data:
             try:
                 self.data = load_node_data(
@@ -148,8 +155,8 @@ class Node:
                 )
             except ValueError as exc:  # the dataset opened above: the partition cannot be drawn
                 raise ConfigError(source, [("dataset.partition", str(exc))]) from None
-        self.method = build_method(
-            self.method_cls, self.cfg, self.id, self.data, self.rng, self.device
+        self.method = node_method(
+            self.method_cls, self.cfg, self.id, self.data, self.rng, self.device, source
         )
         if self.cfg.dp is not None:  # σ planned once, before round 1
             self.privacy = self._plan_privacy(self.cfg.dp, len(self.data.train_y), source)

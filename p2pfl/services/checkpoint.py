@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,11 +40,29 @@ def checkpoint_path(run_dir: Path, node_id: str) -> Path:
     return Path(run_dir) / "nodes" / f"{node_id}.ckpt"
 
 
+# the latest configs' fingerprints, by identity (each config held, so its id is not reused):
+# every node of a process checkpoints every round under the one config it was started with
+_FINGERPRINTS: OrderedDict[int, tuple[TopologyConfig, str]] = OrderedDict()
+_FINGERPRINTS_KEPT = 4
+
+
 def config_fingerprint(cfg: TopologyConfig) -> str:
     """A digest of what shapes a node's model and method state: the swarm, its nodes and
     edges, the dataset and its partition, the model, the method and its knobs, training,
     rounds and seed. Where the broker is, the data's folder, the code's folder, certificates
-    and timeouts may change between a crash and a restart."""
+    and timeouts may change between a crash and a restart. Computed once per config object (a config is not
+    changed once loaded: a changed one is a copy), as every node checkpoints every round."""
+    hit = _FINGERPRINTS.get(id(cfg))
+    if hit is not None and hit[0] is cfg:
+        return hit[1]
+    digest = _fingerprint(cfg)
+    _FINGERPRINTS[id(cfg)] = (cfg, digest)
+    while len(_FINGERPRINTS) > _FINGERPRINTS_KEPT:
+        _FINGERPRINTS.popitem(last=False)
+    return digest
+
+
+def _fingerprint(cfg: TopologyConfig) -> str:
     data = cfg.dump()
     for name in ("broker", "timing", "security", "code_dir"):
         data.pop(name, None)

@@ -3,7 +3,8 @@ may make, the states refused this round, and the reputation refusals earn
 (docs/design.md, "Robust aggregation").
 
 - **admit**: admission (:func:`~p2pfl.learning.admission.admit_state`: layout, finite
-  values, norm bound, ``defence.max_norm_ratio``);
+  values, norm bound, ``defence.max_norm_ratio``; the reference's norm computed once a
+  round, :class:`~p2pfl.learning.admission.ReferenceNorms`);
 - **cap**: a peer's claimed sample count capped (:func:`~p2pfl.learning.admission.cap_claims`);
 - **reject**: a state refused this round, logged, counted (``rejected_state``) and kept for
   the round's record;
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from p2pfl.attacks import Adversary
 from p2pfl.config.schema import TopologyConfig
-from p2pfl.learning.admission import admit_state, cap_claims
+from p2pfl.learning.admission import ReferenceNorms, admit_state, cap_claims
 from p2pfl.learning.defence import Defence, DefenceInputs
 from p2pfl.learning.state import State
 
@@ -63,17 +64,20 @@ class Robustness:
         self.capped: dict[str, int] = {}
         self.distrusted: dict[str, int] = {}  # peer -> the first round it is drawn again
         self._strikes: dict[str, int] = {}
+        self._ref_norms = ReferenceNorms()  # the round's reference norms, each computed once
 
     def admit(self, state: Any, reference: State, *, layout: bool = True) -> str | None:
         """None when a peer's ``state`` may reach the method, else why not (admission:
         :mod:`p2pfl.learning.admission`, bounded by ``defence.max_norm_ratio``)."""
-        return admit_state(state, reference, self.cfg.defence.max_norm_ratio, layout=layout)
+        ratio = self.cfg.defence.max_norm_ratio
+        return admit_state(state, reference, ratio, layout=layout, reference_norm=self._ref_norms)
 
     def begin_round(self, round_no: int) -> None:
         """Round ``round_no`` starts: no state refused yet; the defence measures with the
         round's inputs as this port knows them (the round and, under ``privacy.dp``, the
         noise spread an honest node's weights carry this round)."""
         self.round_no = round_no
+        self._ref_norms.clear()
         self.rejected = {}
         self.capped = {}
         spread = 0.0

@@ -168,6 +168,7 @@ class LocalTraining:
         if not await asyncio.to_thread(privacy.may_train, round_no):
             idle = TrainResult(math.nan, math.nan, 0, 0.0, 0.0)
             facts = await asyncio.to_thread(method.after_train)
+            method.model_changed()
             return TrainOutcome(idle, lr, facts or {})
         ref = method.model_state()
         t0 = time.monotonic()
@@ -210,6 +211,7 @@ class LocalTraining:
         if not await asyncio.to_thread(privacy.may_train, round_no):  # PRV takes seconds
             idle = TrainResult(math.nan, math.nan, 0, 0.0, 0.0)
             facts = await asyncio.to_thread(method.after_train)
+            method.model_changed()
             return TrainOutcome(idle, lr, facts or {})
         dp = privacy.dp
         async with dp_sgd_turn():  # one DP-SGD training at a time in this process
@@ -251,6 +253,7 @@ class LocalTraining:
         method back (:meth:`_roll_back`); otherwise the method's ``after_train`` runs and the
         state is kept as the last good one."""
         method = self.method
+        method.model_changed()  # trained: batch-norm statistics move without a version
         if self.emulated.speed < 1.0:  # a slower device: the same work, stretched
             await asyncio.sleep(self.emulated.extra_compute_s(time.monotonic() - t0))
             result = replace(result, seconds=time.monotonic() - t0)
@@ -258,6 +261,7 @@ class LocalTraining:
             diverged = await asyncio.to_thread(self._roll_back, round_no, result.loss, lr)
             return TrainOutcome(result, lr, {}, diverged)
         facts = await asyncio.to_thread(method.after_train)
+        method.model_changed()
         self.last_good = (round_no, method.checkpoint())
         return TrainOutcome(result, lr, facts or {})
 

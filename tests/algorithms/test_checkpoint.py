@@ -548,3 +548,27 @@ def test_dfedavgm_saves_x_only_when_it_is_not_the_model(make_node):
     assert x is not None and encode(x) == encode(a.x)
     b = restored(make_node, a, roundtrip(a.checkpoint()))
     assert encode(b.x) == encode(a.x)
+
+
+def test_model_state_is_copied_once_per_state_of_the_model(make_node):
+    """A round's snapshot, rollback point and checkpoint share one copy while the model is
+    unchanged; training, a load or model_changed (a change torch's versions do not show)
+    each make the next call copy the model as it now is, and no earlier copy moves."""
+    m = make_node("uapdfl", {}, "a")
+    first = m.model_state()
+    again = m.checkpoint()["model"]
+    assert again is not first and all(again[k] is first[k] for k in first)
+    kept = {k: v.clone() for k, v in first.items()}
+    x, y = node_data("a")
+    train_local(m.model, x, y, CFG, 0.1, seed=0)
+    trained = m.model_state()
+    live = m.model.state_dict()
+    assert all(torch.equal(trained[k], live[k]) for k in live)
+    assert any(not torch.equal(trained[k], kept[k]) for k in kept)
+    assert all(torch.equal(first[k], kept[k]) for k in kept)  # the old copy did not move
+    m.model.load_state_dict(kept)
+    assert all(torch.equal(m.model_state()[k], kept[k]) for k in kept)
+    p = next(iter(m.model.parameters()))
+    p.data = p.data + 1.0  # no version moves: the node says so
+    m.model_changed()
+    assert torch.equal(m.model_state()[next(iter(live))], p.detach())

@@ -67,3 +67,29 @@ def test_one_liar_cannot_claim_the_weight_of_the_swarm():
     # the liar's share of a sample-weighted mean: 1100 / 1400, not 1e9 / (1e9 + 300)
     assert sample_cap(100, claims, 10.0, 500) == 500  # a configured cap wins when lower
     assert sample_cap(0, {}, 10.0, None) == 10  # a node with no samples still bounds
+
+
+def test_reference_norms_are_computed_once_per_reference(monkeypatch):
+    """Every peer of a round is admitted against the same reference: its norm is computed
+    once, and again when the reference's tensors change (in place, or other tensors)."""
+    import p2pfl.learning.admission as admission
+
+    calls = []
+
+    def counted(state, keys=None):
+        calls.append(keys)
+        return state_norm(state, keys)
+
+    monkeypatch.setattr(admission, "state_norm", counted)
+    norms = admission.ReferenceNorms()
+    ref = own()
+    theirs = {"g.w": torch.tensor([[60.0, 0.0], [0.0, 0.0]]), "g.n": torch.tensor(1)}
+    for _ in range(3):  # a new map over the same tensors each time, as a node's snapshot part
+        why = admit_state(theirs, dict(ref), 10.0, reference_norm=norms)
+        assert why == "norm 60 > 10 x own 5"
+    assert len(calls) == 3 + 1  # each peer's own norm, and the reference's once
+    ref["g.w"].mul_(2)  # changed in place: its norm is computed again (10)
+    assert admit_state(theirs, ref, 10.0, reference_norm=norms) is None
+    norms.clear()
+    ref = own()
+    assert admit_state(theirs, ref, 10.0, reference_norm=norms) == "norm 60 > 10 x own 5"

@@ -152,3 +152,19 @@ def test_direct_lane_carries_the_weights_and_changes_no_result(tmp_path, method)
     assert direct_bytes[False] == 0 and direct_bytes[True] > 0
     # with the lane, the broker sees only control traffic: a small share of the weights
     assert mqtt_bytes[True] < 0.1 * mqtt_bytes[False], mqtt_bytes
+
+
+def test_checked_swarm_builds_once_and_trains_the_same(tmp_path):
+    """p2pfl swarm's node processes trust the launcher's check of the very config file
+    they read (run_swarm(checked=True)) and build each node's model and method once: the
+    trained models are bit for bit those of nodes that check again."""
+    cfg = load_topology("topologies/synthetic.yaml", ["rounds=1"])
+    runs = {}
+    for checked in (True, False):
+        out = tmp_path / f"checked-{checked}"
+        code, _ = run_swarm(cfg, out, nodes_per_process=2, progress=False, checked=checked)
+        assert code == 0
+        logs = "".join(p.read_text() for p in (out / "logs").glob("*.log"))
+        assert ("inputs checked by the launcher" in logs) is checked
+        runs[checked] = {n: (out / "nodes" / f"{n}.safetensors").read_bytes() for n in cfg.node_ids}
+    assert runs[True] == runs[False]

@@ -232,10 +232,12 @@ class DecentralizedRounds:
         try:
             merged = await asyncio.to_thread(self.alg.merge, got, pulled)
         except (ValueError, RuntimeError, ArithmeticError) as exc:
+            self.alg.model_changed()
             self.alg.restore(before)
             svc.ledger.drop("bad_merge", f"round {round_no}: {exc}")
             log.warning("%s: round %d: merge failed, own model kept: %s", self.id, round_no, exc)
             return {}, str(exc)
+        self.alg.model_changed()  # the method's own code changed its model
         merged = dict(merged) if isinstance(merged, dict) else {}
         svc.training.merged(list(merged.get("merged_from", sorted(pulled))))
         return merged, None
