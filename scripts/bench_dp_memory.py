@@ -50,6 +50,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from proc_memory import descendants, pss_mb
 from rich.console import Console
 from rich.table import Table
 
@@ -63,32 +64,6 @@ BALLAST = (
     "print('ready', flush=True)\n"
     "time.sleep(1e9)\n"
 )
-
-
-def descendants(pid: int) -> list[int]:
-    """Every descendant of ``pid`` (from /proc/<pid>/task/*/children)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        for task in Path(f"/proc/{p}/task").glob("*"):
-            try:
-                kids = [int(k) for k in (task / "children").read_text().split()]
-            except OSError:
-                continue
-            out += kids
-            todo += kids
-    return out
-
-
-def pss_mb(pid: int) -> float:
-    """The process's proportional set size in MB (0 once it is gone)."""
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
 
 
 def node_ids_of(pid: int) -> str | None:

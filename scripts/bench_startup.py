@@ -44,6 +44,7 @@ from pathlib import Path
 if not os.environ.get("PYTHONPATH"):  # else the p2pfl on PYTHONPATH is the one measured
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from proc_memory import descendants, pss_mb  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
@@ -52,31 +53,6 @@ from p2pfl.check.load import load_topology  # noqa: E402
 from p2pfl.check.preflight import check_dataset, check_model  # noqa: E402
 from p2pfl.launch.swarm import auto_per_process, group_ids, run_swarm  # noqa: E402
 from p2pfl.metrics import read_run  # noqa: E402
-
-
-def _children(pid: int) -> list[int]:
-    """Every descendant of ``pid`` (from /proc/<pid>/task/*/children)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        for task in Path(f"/proc/{p}/task").glob("*"):
-            try:
-                kids = [int(k) for k in (task / "children").read_text().split()]
-            except OSError:
-                continue
-            out += kids
-            todo += kids
-    return out
-
-
-def _pss_mb(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
 
 
 def _is_node(pid: int) -> bool:
@@ -95,7 +71,7 @@ class PssSampler(threading.Thread):
     def run(self) -> None:
         me = os.getpid()
         while not self._halt.is_set():
-            total = sum(_pss_mb(p) for p in _children(me) if _is_node(p))
+            total = sum(pss_mb(p) for p in descendants(me) if _is_node(p))
             self.peak = max(self.peak, total)
             self._halt.wait(self.period)
 

@@ -206,6 +206,20 @@ def check_inputs(
     return check_model(cfg, arrays.num_classes, tuple(arrays.input_shape), source)
 
 
+def model_error(
+    cfg: TopologyConfig, shape: tuple[int, ...], exc: Exception, source: str
+) -> ConfigError:
+    """The :class:`ConfigError` for a model that could not be built or run on inputs of
+    ``shape``: a user model's own field (:class:`UserModelError`), else ``model.name`` with
+    the first line of what failed."""
+    if isinstance(exc, UserModelError):
+        return ConfigError(source, [(exc.field, str(exc))])
+    why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    why = why.split(": ", 1)[1] if why.startswith("model ") and ": " in why else why
+    what = f"model {cfg.model.name!r} cannot take {cfg.dataset.name} inputs of shape"
+    return ConfigError(source, [("model.name", f"{what} {list(shape)}: {why}")])
+
+
 def check_model(
     cfg: TopologyConfig, num_classes: int, shape: tuple[int, ...], source: str = "topology"
 ) -> SplitModel:
@@ -220,13 +234,8 @@ def check_model(
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             model = build_model(cfg.model, num_classes, shape)
             model.eval()(torch.zeros(1, *shape))
-    except UserModelError as exc:
-        raise ConfigError(source, [(exc.field, str(exc))]) from None
-    except (RuntimeError, ValueError, TypeError) as exc:
-        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        why = why.split(": ", 1)[1] if why.startswith("model ") and ": " in why else why
-        what = f"model {cfg.model.name!r} cannot take {cfg.dataset.name} inputs of shape"
-        raise ConfigError(source, [("model.name", f"{what} {list(shape)}: {why}")]) from None
+    except (UserModelError, RuntimeError, ValueError, TypeError) as exc:
+        raise model_error(cfg, shape, exc, source) from None
     return check_method(cfg, model, num_classes, shape, source)
 
 
@@ -301,13 +310,8 @@ def node_method(
     shape = tuple(data.input_shape)
     try:
         model = node_model(cls, cfg, node_id, data, device)
-    except UserModelError as exc:
-        raise ConfigError(source, [(exc.field, str(exc))]) from None
-    except (RuntimeError, ValueError, TypeError) as exc:
-        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        why = why.split(": ", 1)[1] if why.startswith("model ") and ": " in why else why
-        what = f"model {cfg.model.name!r} cannot take {cfg.dataset.name} inputs of shape"
-        raise ConfigError(source, [("model.name", f"{what} {list(shape)}: {why}")]) from None
+    except (UserModelError, RuntimeError, ValueError, TypeError) as exc:
+        raise model_error(cfg, shape, exc, source) from None
     try:
         return method_over(
             cls,
