@@ -227,6 +227,8 @@ class CentralizedRounds(RotationRole):
 
     def on_gossip(self, env: Envelope) -> None:
         rot = self.rotation
+        if env.sender in self.members:
+            self.reach.alive(env.sender)  # a sign of life (docs/wire.md, "Partitions")
         if env.kind in SECURE_KINDS:
             self._secure_message(env)
             return
@@ -257,6 +259,15 @@ class CentralizedRounds(RotationRole):
 
     def on_inbox(self, env: Envelope) -> None:
         rot = self.rotation
+        if env.kind in ("probe_req", "probe_ack"):  # docs/wire.md, "Partitions"
+            if env.sender in self.members:
+                why = self.reach.on_message(env.sender, env.kind, env.body)
+                if why is not None:
+                    reason = "malformed" if why.startswith("malformed") else "probe_refused"
+                    self.services.ledger.drop(reason, f"{env.kind} from {env.sender}: {why}")
+            return
+        if env.sender in self.members:
+            self.reach.alive(env.sender)
         if env.kind in SECURE_KINDS:
             self._secure_message(env)
             return
@@ -282,6 +293,8 @@ class CentralizedRounds(RotationRole):
 
     async def serve_pull(self, env: Envelope) -> None:
         """This node's uploads and results (:meth:`AggregatorRole.serve_pull`)."""
+        if env.sender in self.members:
+            self.reach.alive(env.sender)  # transfer progress: it is reached
         await self.role.serve_pull(env)
 
     def _forget_old(self, round_no: int) -> None:
@@ -423,8 +436,11 @@ class CentralizedRounds(RotationRole):
         or falls :data:`~p2pfl.services.bundle.LAG_ROUNDS` behind), from the next announcement
         on (observing first). The announcements late reports ask for again go out while it
         runs."""
-        async with background(self.role.reannounce()):
-            await self._rounds()
+        try:
+            async with background(self.role.reannounce()):
+                await self._rounds()
+        finally:
+            await self.reach.aclose()
 
     async def _rounds(self) -> None:
         svc, cfg, rot = self.services, self.cfg, self.rotation
