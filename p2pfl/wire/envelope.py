@@ -41,6 +41,9 @@ KINDS = frozenset(
         # indirect probes of a suspected peer (docs/wire.md, "Partitions")
         "probe_req",
         "probe_ack",
+        # the next roster whole, asked of an aggregator (docs/wire.md, "Roster by difference")
+        "roster_req",
+        "roster",
         # secure aggregation (privacy.secagg; docs/wire.md, "Secure aggregation")
         "sa_keys",
         "sa_step",
@@ -59,6 +62,8 @@ INBOX_KINDS = frozenset(
         "report",
         "probe_req",
         "probe_ack",
+        "roster_req",
+        "roster",
         "sa_step",
         "sa_shares",
         "sa_bundles",

@@ -112,6 +112,7 @@ from p2pfl.rounds.rotation.plans import (
     live_members,
 )
 from p2pfl.rounds.rotation.role import RotationRole
+from p2pfl.rounds.rotation.roster import MissingBase, RosterRequests
 from p2pfl.rounds.rotation.rotation import ROUNDS_KEPT, Behind, Heard, Rotation
 from p2pfl.rounds.rotation.secure_round import KINDS as SECURE_KINDS
 from p2pfl.rounds.rotation.secure_round import SecureRounds
@@ -163,6 +164,8 @@ class CentralizedRounds(RotationRole):
             services, rot, self.hearing, self.member, self.role, self.audit, self.reach, self.secure
         )
         self.observer = Observer(services, rot, self.hearing, self.member)
+        # announcements whose roster came by difference against a base this node lacks
+        self.rosters_asked = RosterRequests(services)
 
     # ------------------------------------------------------------------ what it declares
     @classmethod
@@ -249,12 +252,21 @@ class CentralizedRounds(RotationRole):
                 "not_aggregator", f"announce {env.round}/{env.attempt} from {env.sender}"
             )
             return
+        self._announce(env)
+
+    def _announce(self, env: Envelope) -> None:
+        """Note an announcement from its rightful aggregator, checked; one whose roster
+        comes by difference against a base this node lacks waits for the whole roster
+        (:class:`~p2pfl.rounds.rotation.roster.RosterRequests`)."""
         try:
-            body = rot.check(env.round, env.body)
+            body = self.rotation.check(env.round, env.body)
+        except MissingBase:
+            self.rosters_asked.tasks.spawn(self.rosters_asked.ask(env))
+            return
         except ValueError as exc:
             self.services.ledger.drop("malformed", f"announce from {env.sender}: {exc}")
             return
-        rot.note(Heard(env.round, env.attempt, env.sender, body))
+        self.rotation.note(Heard(env.round, env.attempt, env.sender, body))
         self.services.peers.notify()
 
     def on_inbox(self, env: Envelope) -> None:
@@ -268,6 +280,9 @@ class CentralizedRounds(RotationRole):
             return
         if env.sender in self.members:
             self.reach.alive(env.sender)
+        if env.kind in ("roster_req", "roster") and env.sender in self.members:
+            self._roster_message(env)
+            return
         if env.kind in SECURE_KINDS:
             self._secure_message(env)
             return
@@ -287,6 +302,22 @@ class CentralizedRounds(RotationRole):
         rot.wanted[env.round] = max(rot.wanted.get(env.round, 0), env.attempt)
         self.services.peers.notify()
 
+    def _roster_message(self, env: Envelope) -> None:
+        """A ``roster_req`` (answered from this node's announcement) or the ``roster`` it
+        asked for (the held announcement then goes on as if it had come whole)."""
+        asked = self.rosters_asked
+        if env.kind == "roster_req":
+            mine = self.role.announced(env.round, env.attempt)
+            asked.tasks.spawn(asked.serve(env, mine))
+            return
+        whole = asked.answer(env)
+        if isinstance(whole, str):
+            reason = "malformed" if whole.startswith("malformed") else "unexpected_roster"
+            self.services.ledger.drop(reason, f"roster from {env.sender}: {whole}")
+            return
+        if not self.rotation.stale(whole, "announce"):
+            self._announce(whole)
+
     def on_peer_online(self, peer: str) -> None:
         """Nothing to resend: a member that comes online catches up from the next
         announcement (it observes a round first)."""
@@ -303,6 +334,7 @@ class CentralizedRounds(RotationRole):
         self.rotation.forget(floor)
         self.late.forget(floor)
         self.audit.forget(floor)
+        self.rosters_asked.forget(floor)
         if self.secure is not None:
             self.secure.forget(floor)
 
@@ -441,6 +473,7 @@ class CentralizedRounds(RotationRole):
                 await self._rounds()
         finally:
             await self.reach.aclose()
+            await self.rosters_asked.tasks.aclose()
 
     async def _rounds(self) -> None:
         svc, cfg, rot = self.services, self.cfg, self.rotation

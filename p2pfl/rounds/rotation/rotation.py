@@ -17,6 +17,7 @@ from p2pfl.rounds.rotation.audit import audit_active, auditor_of
 from p2pfl.rounds.rotation.election import succession
 from p2pfl.rounds.rotation.plans import check_announcement, drawn_of
 from p2pfl.rounds.rotation.role import RotationRole
+from p2pfl.rounds.rotation.roster import resolve
 from p2pfl.services.bundle import NodeServices
 from p2pfl.wire.envelope import Envelope
 
@@ -100,8 +101,12 @@ class Rotation(RotationRole):
     # ------------------------------------------------------------------ announcements
     def check(self, round_no: int, body: Any) -> dict[str, Any]:
         """An untrusted announcement of ``round_no``, checked (:func:`check_announcement`,
-        and the next round's participants among the members its seed draws); ValueError
-        when it is malformed."""
+        and the next round's participants among the members its seed draws), its roster
+        whole (:func:`~p2pfl.rounds.rotation.roster.resolve` against this node's roster of
+        ``round_no``); ValueError when it is malformed,
+        :class:`~p2pfl.rounds.rotation.roster.MissingBase` when this node lacks that base."""
+        if isinstance(body, dict):
+            body = resolve(body, self.rosters.get(round_no), set(self.members))
         checked = check_announcement(body, self.members)
         drawn = drawn_of(self.alg, self.cfg.seed, round_no + 1, checked["roster"])
         if drawn is not None and not set(checked["participants"]) <= set(drawn):
