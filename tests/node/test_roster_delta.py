@@ -121,3 +121,43 @@ async def test_an_aggregator_answers_a_roster_request_once():
     await asyncio.sleep(0.01)
     assert sent == [("a", "roster", 3, 0, {"roster": NEXT})]
     await d.rosters_asked.tasks.aclose()
+
+
+def test_an_announcement_on_the_wire_gives_back_the_whole_one():
+    """What a member derives itself (participants, aggregated, empty reports) is left out
+    on the wire, and the check gives the very announcement the aggregator kept."""
+    d = _driver("b")
+    d.rosters[3] = BASE
+    whole = {
+        "roster": NEXT,
+        "participants": NEXT,  # FedAvg at fraction 1: the whole roster, as draw_plan gives
+        "server": {},
+        "receivers": [],
+        "common": True,
+        "aggregated": ["a", "c"],
+        "claims": {"a": 5, "c": 7},
+        "reports": {"a": {}, "c": {"loss": 0.5}},
+        "lineage": "0",
+    }
+    wire = on_the_wire(whole, BASE)
+    assert not {"roster", "participants", "aggregated"} & set(wire)
+    assert wire["reports"] == {"c": {"loss": 0.5}}
+    assert d.rotation.check(3, wire) == d.rotation.check(3, whole)
+
+
+def test_a_thousand_member_announcement_is_under_a_kilobyte():
+    ids = sorted(MEMBERS)
+    drawn = ids[::10]  # fraction 0.1
+    whole = {
+        "roster": ids,
+        "participants": drawn,
+        "server": {},
+        "receivers": [],
+        "common": True,
+        "aggregated": drawn,
+        "claims": dict.fromkeys(drawn, 100),
+        "reports": {p: {} for p in drawn},
+        "lineage": "0",
+    }
+    assert len(encode(whole)) > 7000
+    assert len(encode(on_the_wire(whole, ids))) < 1000

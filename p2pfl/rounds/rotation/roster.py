@@ -1,5 +1,5 @@
-"""The next roster by difference (docs/wire.md, "Rotating aggregator", "Roster by
-difference").
+"""The next roster by difference, and an announcement without what a member derives
+(docs/wire.md, "Roster by difference").
 
 An announcement of round ``r`` carries round ``r + 1``'s roster as a change against round
 ``r``'s, which every member of round ``r`` holds (it ran the round on it):
@@ -62,11 +62,23 @@ def by_difference(base: list[str], roster: list[str]) -> dict[str, Any]:
 
 
 def on_the_wire(announcement: dict[str, Any], base: list[str] | None) -> dict[str, Any]:
-    """``announcement`` (its ``roster`` whole) as it is sent: the roster by difference
-    against ``base`` (:func:`by_difference`; whole without a base)."""
+    """``announcement`` (whole, as the aggregator keeps it) as it is sent, against
+    ``base`` (the round's roster; None: whole, as protocol 2 reads it): the next roster by
+    difference (:func:`by_difference`), and nothing a member derives itself: no
+    ``participants`` (drawn from the roster and server state as every member draws them:
+    :func:`~p2pfl.rounds.rotation.plans.draw_plan`), no ``aggregated`` (the keys of
+    ``claims``), no empty ``reports`` entry. :func:`resolve` and the announcement's check
+    give the whole announcement back."""
     if base is None:
         return announcement
-    body = {k: v for k, v in announcement.items() if k != "roster"}
+    body = {k: v for k, v in announcement.items() if k not in ("roster", "participants")}
+    if body.get("aggregated") == sorted(body.get("claims", {})):
+        del body["aggregated"]
+    reports = {p: rep for p, rep in body.get("reports", {}).items() if rep != {}}
+    if reports:
+        body["reports"] = reports
+    else:
+        body.pop("reports", None)
     body.update(by_difference(base, announcement["roster"]))
     return body
 
@@ -85,11 +97,26 @@ def _ids(value: Any, members: set[str], what: str) -> set[str]:
     return set(value)
 
 
+def _restored(body: dict[str, Any]) -> dict[str, Any]:
+    """``aggregated`` from the keys of ``claims`` when it is left out, and an empty
+    ``reports`` entry for each aggregated member without one (:func:`on_the_wire`)."""
+    claims = body.get("claims", {})
+    if "aggregated" in body or not isinstance(claims, dict):
+        return body
+    aggregated = sorted(claims)
+    reports = body.get("reports", {})
+    if not isinstance(reports, dict):
+        return body  # the announcement's check refuses it
+    full = {p: reports.get(p, {}) for p in aggregated}
+    return {**body, "aggregated": aggregated, "reports": {**reports, **full}}
+
+
 def resolve(body: dict[str, Any], base: list[str] | None, members: set[str]) -> dict[str, Any]:
     """``body`` (an untrusted announcement map) with its next roster whole (``roster``):
     as it came, or rebuilt from the change against ``base`` (the roster this member holds of
     the announced round; None: none). Raises :class:`MissingBase` when the base is not the
     one named, ``ValueError`` when the fields are malformed or give another digest."""
+    body = _restored(body)
     if "roster" in body or not any(k in body for k in DELTA_KEYS):
         return body  # whole (or missing: the announcement's own check says so)
     if not all(k in body for k in DELTA_KEYS):
