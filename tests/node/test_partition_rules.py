@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import random
 import socket
+import time
 
 import pytest
 
@@ -404,3 +405,24 @@ async def test_a_failed_probe_stops_counting_once_old(monkeypatch):
     monkeypatch.setattr("p2pfl.rounds.rotation.reach.PROBE_KEPT_S", 0.0)
     await asyncio.sleep(0.01)
     assert reach.cut_off("a") is None  # the link may have healed: probe again to know
+
+
+async def test_a_confirmed_peer_stays_cut_off_without_asking_again(monkeypatch):
+    monkeypatch.setattr("p2pfl.rounds.rotation.reach.PROBE_TTL_S", 0.0)
+    peers = _Peers()
+    nodes = _swarm(peers, ["me", "a", "h1"])
+    peers.lane["h1"] = True
+    me = nodes["me"]
+    me.answered.add("a")
+    peers.lane["a"] = False
+    await me.refresh(["a"])
+    assert me.cut_off("a") == UNREACHABLE and peers.probed.count("a") == 2  # own + h1's
+    monkeypatch.setattr("p2pfl.rounds.rotation.reach.PROBE_KEPT_S", 0.0)
+    await asyncio.sleep(0.01)
+    assert me.cut_off("a") is None  # lapsed: the wait's next probe renews it, alone
+    monkeypatch.setattr("p2pfl.rounds.rotation.reach.PROBE_KEPT_S", 5.0)
+    me._confirmed["a"] = time.monotonic()
+    await me._suspect("a")
+    assert me.cut_off("a") == UNREACHABLE and peers.probed.count("a") == 3 and me.suspected == 1
+    for node in nodes.values():
+        await node.aclose()

@@ -274,9 +274,10 @@ class CentralizedRounds(RotationRole):
         if env.kind in ("probe_req", "probe_ack"):  # docs/wire.md, "Partitions"
             if env.sender in self.members:
                 why = self.reach.on_message(env.sender, env.kind, env.body)
-                if why is not None:
-                    reason = "malformed" if why.startswith("malformed") else "probe_refused"
-                    self.services.ledger.drop(reason, f"{env.kind} from {env.sender}: {why}")
+                if why is not None and why.startswith("malformed"):
+                    self.services.ledger.drop("malformed", f"{env.kind} from {env.sender}: {why}")
+                elif why is not None:  # unasked, too soon, too busy: expected, not logged
+                    self.services.ledger.count("probe_refused")
             return
         if env.sender in self.members:
             self.reach.alive(env.sender)

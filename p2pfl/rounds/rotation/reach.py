@@ -62,13 +62,13 @@ log = logging.getLogger(__name__)
 PROBE_TIMEOUT_S = 2.0  # a connect on a live link takes milliseconds (× health)
 PROBE_TTL_S = 1.5  # a probe this recent is not repeated
 PROBE_KEPT_S = 5.0  # a verdict older than this says nothing any more (a link may have healed)
-SUSPECT_S = 2.0  # a wait probes a peer after this long without a sign of life (× log10 N, × health)
+SUSPECT_S = 1.0  # a wait probes a peer after this long without a sign of life (× log10 N, × health)
 PROBE_EVERY_S = 2.0  # then again after this long at the earliest (× health, + the spread)
 EVIDENCE_S = 10.0  # a sign of life this recent stands for a probe
 TARGET_RATE = 50.0  # probes a second one peer gets from a swarm that waits on it
 PARTITION_S = 30.0  # a peer confirmed cut off this recently: probe at once, not after SUSPECT_S
 HELPERS = 3  # members asked to probe a suspect
-HELP_WAIT_S = PROBE_TIMEOUT_S + 1.0  # how long a suspicion waits for the helpers (× health)
+HELP_WAIT_S = PROBE_TIMEOUT_S + 0.5  # how long a suspicion waits for the helpers (× health)
 HELP_IN_FLIGHT = 4  # probes a node makes for others at once (more requests are dropped)
 IN_FLIGHT = 16  # probes a node makes for itself at once
 TICK_S = 0.25  # how often a wait looks at whom to probe (and measures its loop's lag)
@@ -218,6 +218,10 @@ class Reachability:
 
     # ------------------------------------------------------------------ probing
     def _fresh(self, peer: str, now: float) -> bool:
+        """Whether a probe of ``peer`` would tell nothing new: a recent one, a recent sign of
+        life, or a verdict of cut off still kept (the waits renew it)."""
+        if self.cut_off(peer) == UNREACHABLE:
+            return True
         last = self._last.get(peer)
         evidence = self._evidence.get(peer, -math.inf)
         return (last is not None and now - last[0] < PROBE_TTL_S) or now - evidence < EVIDENCE_S
@@ -236,17 +240,31 @@ class Reachability:
         finally:
             del self._pending[peer]
             done.set_result(None)
-            spread = len(list(self._members())) / TARGET_RATE
-            self._next[peer] = (
-                time.monotonic() + PROBE_EVERY_S * self.health() + self.rng.uniform(0, spread)
-            )
+            now = time.monotonic()
+            if self.cut_off(peer) == UNREACHABLE:  # kept confirmed while it stays cut off
+                self._next[peer] = now + PROBE_TTL_S
+            else:
+                spread = len(list(self._members())) / TARGET_RATE
+                self._next[peer] = now + PROBE_EVERY_S * self.health() + self.rng.uniform(0, spread)
 
     async def _probe_and_confirm(self, peer: str) -> None:
+        """One own probe of ``peer``. A peer confirmed cut off stays so while its probes
+        fail (no helper asked again); in a partition the helpers are asked beside the own
+        probe rather than after it (the partition is known: time matters more)."""
         before = self.cut_off(peer)
+        was_cut = before == UNREACHABLE
+        early: asyncio.Future[dict[str, bool | None]] | None = None
+        if not was_cut and self._ask is not None and self.partition():
+            early = asyncio.ensure_future(self._indirect(peer))
         if self._slots is None:
             self._slots = asyncio.Semaphore(IN_FLIGHT)
-        async with self._slots:
-            result = await self._probe(peer, self.probe_timeout * self.health())
+        try:
+            async with self._slots:
+                result = await self._probe(peer, self.probe_timeout * self.health())
+        except BaseException:
+            if early is not None:
+                early.cancel()
+            raise
         self.probes += 1
         now = time.monotonic()
         self._last[peer] = (now, result)
@@ -259,14 +277,20 @@ class Reachability:
             peer in self.answered or self._answered(peer),
             self._bridge_down(),
         )
-        if own == UNREACHABLE:
+        if own == UNREACHABLE and was_cut:
+            self._confirmed[peer] = self._cut_at[peer] = time.monotonic()
+        elif own == UNREACHABLE:
             self.suspected += 1
-            answers = await self._indirect(peer)
+            answers = await (early if early is not None else self._indirect(peer))
             if confirmed(own, answers):
                 self._confirmed[peer] = self._cut_at[peer] = time.monotonic()
             else:
                 self.refuted += 1
                 log.info("%s: %s suspected, refuted by %s", self.id, peer, sorted(answers))
+        elif early is not None:  # its own probe answered: nothing to confirm
+            early.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await early
         after = self.cut_off(peer)
         if after != before:
             log.warning(
@@ -275,8 +299,13 @@ class Reachability:
             self._changed()
 
     def _helpers(self, peer: str) -> list[str]:
-        """:data:`HELPERS` other members to ask about ``peer``: those online first."""
-        others = sorted(set(self._members()) - {self.id, peer})
+        """:data:`HELPERS` other members to ask about ``peer``: those online first; none
+        that is offline or confirmed cut off (its answer would not come)."""
+        others = sorted(
+            p
+            for p in set(self._members()) - {self.id, peer}
+            if self.cut_off(p) is None  # not one it knows it cannot reach
+        )
         self.rng.shuffle(others)
         others.sort(key=lambda p: not self._online(p))
         return others[:HELPERS]
@@ -353,7 +382,14 @@ class Reachability:
         (:meth:`partition`) and holds no fresh evidence of ``peer``: a wait starts on it."""
         if peer == self.id or not self._online(peer):
             return self.cut_off(peer)
-        if self.partition() and not self._fresh(peer, time.monotonic()):
+        now = time.monotonic()
+        last = self._last.get(peer)
+        probed = last is not None and now - last[0] < PROBE_TTL_S
+        if (
+            self.partition()
+            and not probed
+            and now - self._evidence.get(peer, -math.inf) >= EVIDENCE_S
+        ):
             await self._suspect(peer)
         return self.cut_off(peer)
 
