@@ -64,7 +64,7 @@ PROBE_TTL_S = 1.5  # a probe this recent is not repeated
 PROBE_KEPT_S = 5.0  # a verdict older than this says nothing any more (a link may have healed)
 SUSPECT_S = 1.0  # a wait probes a peer after this long without a sign of life (× log10 N, × health)
 PROBE_EVERY_S = 2.0  # then again after this long at the earliest (× health, + the spread)
-EVIDENCE_S = 10.0  # a sign of life this recent stands for a probe
+EVIDENCE_S = 5.0  # a sign of life this recent stands for a probe (:meth:`Reachability.refresh`)
 TARGET_RATE = 50.0  # probes a second one peer gets from a swarm that waits on it
 PARTITION_S = 30.0  # a peer confirmed cut off this recently: probe at once, not after SUSPECT_S
 HELPERS = 3  # members asked to probe a suspect
@@ -410,11 +410,12 @@ class Reachability:
     @contextlib.asynccontextmanager
     async def watching(self, peers: Callable[[], Iterable[str]]) -> AsyncIterator[None]:
         """While inside, probe each peer of ``peers()`` once it has been silent for its
-        :func:`suspicion_delay` (from the wait's start or its last sign of life), then every
+        :func:`suspicion_delay` (since the wait's start and its last sign of life), then every
         :data:`PROBE_EVERY_S` or so (a flip of a verdict calls ``changed``, which wakes the
         wait); measures the lag of this node's loop meanwhile (:meth:`health`)."""
         start = time.monotonic()
-        first: dict[str, float] = {}
+        first: dict[str, float] = {}  # peer -> when it may be probed first
+        delay: dict[str, float] = {}  # peer -> its suspicion delay in this wait
 
         async def loop() -> None:
             while True:
@@ -424,9 +425,9 @@ class Reachability:
                     if p == self.id or p in self._pending or not self._online(p):
                         continue
                     if p not in first:
-                        delay = suspicion_delay(n, self.health(), self.partition(), self.rng)
-                        first[p] = start + delay
-                    quiet_since = max(first[p], self._evidence.get(p, -math.inf) + EVIDENCE_S)
+                        delay[p] = suspicion_delay(n, self.health(), self.partition(), self.rng)
+                        first[p] = start + delay[p]
+                    quiet_since = max(first[p], self._evidence.get(p, -math.inf) + delay[p])
                     if now >= quiet_since and now >= self._next.get(p, 0.0):
                         self._tasks.spawn(self._suspect(p))
                 t0 = time.monotonic()
