@@ -478,7 +478,7 @@ class AggregatorRole(RotationRole):
         """Announce ``(round_no, attempt)``: the next roster by difference against the
         round's (:func:`~p2pfl.rounds.rotation.roster.on_the_wire`)."""
         key = (round_no, attempt)  # a protocol 2 peer heard: the roster whole, as it reads it
-        base = self._bases.get(key) if self.services.exchange.transport.speaks >= 3 else None
+        base = self._bases.get(key) if self.services.exchange.speaks >= 3 else None
         body = on_the_wire(self._announcements[key], base)
         try:
             await self.services.exchange.gossip(round_no, body, kind="announce", attempt=attempt)
