@@ -71,7 +71,7 @@ HELPERS = 3  # members asked to probe a suspect
 HELP_WAIT_S = PROBE_TIMEOUT_S + 0.5  # how long a suspicion waits for the helpers (× health)
 HELP_IN_FLIGHT = 4  # probes a node makes for others at once (more requests are dropped)
 IN_FLIGHT = 16  # probes a node makes for itself at once
-TICK_S = 0.25  # how often a wait looks at whom to probe (and measures its loop's lag)
+TICK_S = 0.5  # how often a wait looks at whom to probe (and measures its loop's lag)
 MAX_HEALTH = 8.0  # the widest timeouts grow
 
 OFFLINE = "offline"
@@ -173,11 +173,18 @@ class Reachability:
         self._cut_at: dict[str, float] = {}  # peer -> when it was last confirmed cut off
         self.since = time.monotonic()  # the start of the current round (:meth:`begin_round`)
         self.lag = 0.0  # how late this node's loop woke lately (decaying), seconds
+        self._count: int | None = None  # how many members (counted once: they do not change)
         self.probes = 0
         self.suspected = 0  # own probes that failed (suspicions raised)
         self.refuted = 0  # suspicions a helper refuted
 
     # ------------------------------------------------------------------ verdicts
+    def members(self) -> int:
+        """How many members the swarm has (at least 1)."""
+        if self._count is None:
+            self._count = max(1, len(set(self._members())))
+        return self._count
+
     def health(self) -> float:
         """Lifeguard's local health multiplier: 1 when this node's loop wakes on time, up
         to :data:`MAX_HEALTH` when it is late by seconds (it then waits longer on others)."""
@@ -244,7 +251,7 @@ class Reachability:
             if self.cut_off(peer) == UNREACHABLE:  # kept confirmed while it stays cut off
                 self._next[peer] = now + PROBE_TTL_S
             else:
-                spread = len(list(self._members())) / TARGET_RATE
+                spread = self.members() / TARGET_RATE
                 self._next[peer] = now + PROBE_EVERY_S * self.health() + self.rng.uniform(0, spread)
 
     async def _probe_and_confirm(self, peer: str) -> None:
@@ -420,7 +427,7 @@ class Reachability:
         async def loop() -> None:
             while True:
                 now = time.monotonic()
-                n = len(list(self._members())) or 1
+                n = self.members()
                 for p in set(peers()):
                     if p == self.id or p in self._pending or not self._online(p):
                         continue
