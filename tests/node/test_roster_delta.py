@@ -161,3 +161,25 @@ def test_a_thousand_member_announcement_is_under_a_kilobyte():
     }
     assert len(encode(whole)) > 7000
     assert len(encode(on_the_wire(whole, ids))) < 1000
+
+
+async def test_a_far_announcement_by_difference_is_kept_once_its_roster_comes():
+    """A member behind the swarm keeps the newest far announcement for its catch-up, as
+    with a whole roster: it asks for the roster first."""
+    d = _driver("b")
+    sent = []
+
+    async def send(to, kind, round_no, body, attempt=0):
+        sent.append((to, kind, round_no, attempt))
+
+    d.services.exchange.transport.send = send
+    d.current, d.applied = (4, 0), 3
+    far = 9
+    d.services.exchange.transport.peers["a"] = {"status": "online", "round": far - 1}
+    d.on_gossip(_env("a", "announce", far, 0, ANN))
+    await asyncio.sleep(0.01)
+    assert d.observer.newest is None and sent == [("a", "roster_req", far, 0)]
+    d.on_inbox(_env("a", "roster", far, 0, {"roster": NEXT}))
+    newest = d.observer.newest
+    assert newest is not None and (newest.round, newest.body["roster"]) == (far, NEXT)
+    await d.rosters_asked.tasks.aclose()

@@ -244,7 +244,7 @@ class CentralizedRounds(RotationRole):
         if rot.stale(env, "announce"):
             return
         if rot.too_far(env, "announce"):
-            self.observer.keep_newest(env)
+            self._keep_newest(env)
             return
         expected = rot.aggregator(env.round, env.attempt)
         if expected is not None and expected != env.sender:
@@ -316,8 +316,21 @@ class CentralizedRounds(RotationRole):
             reason = "malformed" if whole.startswith("malformed") else "unexpected_roster"
             self.services.ledger.drop(reason, f"roster from {env.sender}: {whole}")
             return
-        if not self.rotation.stale(whole, "announce"):
+        if self.rotation.stale(whole, "announce"):
+            return
+        if self.rotation.too_far(whole, "announce"):
+            self._keep_newest(whole)
+        else:
             self._announce(whole)
+
+    def _keep_newest(self, env: Envelope) -> None:
+        """An announcement too far ahead to use now, kept for a catch-up
+        (:meth:`~p2pfl.rounds.rotation.observe.Observer.keep_newest`); one whose roster came
+        by difference asks for it whole first."""
+        try:
+            self.observer.keep_newest(env)
+        except MissingBase:
+            self.rosters_asked.tasks.spawn(self.rosters_asked.ask(env))
 
     def on_peer_online(self, peer: str) -> None:
         """Nothing to resend: a member that comes online catches up from the next
