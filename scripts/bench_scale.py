@@ -14,6 +14,9 @@ For each ``--nodes`` size, runs ``p2pfl swarm`` in-process (:func:`run_swarm`) a
   the part that went through the broker (the rest took the direct lane);
 - ``trained_per_round``: how many nodes trained a round (all of them, but under a client
   fraction the drawn members only);
+- ``unreachable_verdicts``: "cannot be reached (unreachable)" lines in the nodes' logs, and
+  ``failovers``: the failovers the records of centralized members list (both 0 in a run
+  with no fault);
 - ``broker_out_mb_per_round``: bytes the broker delivered to the nodes per round (what they
   received over MQTT): its fan-out, which grows as ``N²`` when every node hears every
   node's presence and gossip, and as ``N·k`` when it hears its ``k`` neighbours only.
@@ -89,6 +92,7 @@ def one_size(topology: str, n: int, extra: list[str]) -> dict:
         wall = time.time() - t0
         peak = sampler.stop()
         logs = read_run(out)
+        text = "".join(p.read_text(errors="replace") for p in (out / "logs").glob("*.log"))
     recs = [r for rs in logs.values() for r in rs]
     starts = [rs[0]["t"] - rs[0]["round_s"] for rs in logs.values() if rs]
     round_s = sorted(r["round_s"] for r in recs) or [float("nan")]
@@ -112,6 +116,9 @@ def one_size(topology: str, n: int, extra: list[str]) -> dict:
         "mqtt_mb_per_round": round((sent - direct) / rounds / 1e6, 3),
         "broker_out_mb_per_round": round(mqtt_in / rounds / 1e6, 3),
         "trained_per_round": round(trained / rounds, 1),
+        # a run with no fault has none of either (docs/wire.md, "Partitions")
+        "unreachable_verdicts": text.count("cannot be reached (unreachable)"),
+        "failovers": sum(len(r.get("failovers") or []) for r in recs),
         "final_acc_mean": summary["final"]["acc_mean"],
     }
 
@@ -185,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         ("trained_per_round", "trained/round"),
         ("mqtt_mb_per_round", "into broker MB/round"),
         ("broker_out_mb_per_round", "out of broker MB/round"),
+        ("unreachable_verdicts", "unreachable"),
+        ("failovers", "failovers"),
     ]
     for _, head in cols:
         table.add_column(head, justify="right")

@@ -284,6 +284,12 @@ class Exchange:
         return peer in self._transport.direct_answered
 
     @property
+    def speaks(self) -> int:
+        """The protocol version this node speaks now (the oldest run by a peer it hears:
+        docs/wire.md, "Protocol versions")."""
+        return self._transport.speaks
+
+    @property
     def bridge_down(self) -> bool:
         """Whether a bridge of this node's broker to another site is down now."""
         return self._transport.bridge_down

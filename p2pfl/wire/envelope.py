@@ -38,6 +38,12 @@ KINDS = frozenset(
         "pull_error",
         "status",  # telemetry for observers (p2pfl.wire.status); no node handles it
         "audit",  # an auditor's verdict on a round's aggregate (centralized methods)
+        # indirect probes of a suspected peer (docs/wire.md, "Partitions")
+        "probe_req",
+        "probe_ack",
+        # the next roster whole, asked of an aggregator (docs/wire.md, "Roster by difference")
+        "roster_req",
+        "roster",
         # secure aggregation (privacy.secagg; docs/wire.md, "Secure aggregation")
         "sa_keys",
         "sa_step",
@@ -52,7 +58,19 @@ KINDS = frozenset(
 GOSSIP_KINDS = frozenset({"gossip", "announce", "audit", "sa_keys"})
 # small messages handed to ``on_inbox``
 INBOX_KINDS = frozenset(
-    {"report", "sa_step", "sa_shares", "sa_bundles", "sa_ready", "sa_unmask", "sa_reveal"}
+    {
+        "report",
+        "probe_req",
+        "probe_ack",
+        "roster_req",
+        "roster",
+        "sa_step",
+        "sa_shares",
+        "sa_bundles",
+        "sa_ready",
+        "sa_unmask",
+        "sa_reveal",
+    }
 )
 MAX_ATTEMPT = 1 << 16
 FRAME_MAGIC = b"P2F\x01"  # a msgpack message never starts with these bytes (0x50 is a fixint)

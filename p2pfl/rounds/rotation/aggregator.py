@@ -60,6 +60,7 @@ from p2pfl.rounds.rotation.quorum import staleness_weight
 from p2pfl.rounds.rotation.quorum_close import Closing, QuorumClose
 from p2pfl.rounds.rotation.reach import Reachability
 from p2pfl.rounds.rotation.role import RotationRole
+from p2pfl.rounds.rotation.roster import on_the_wire
 from p2pfl.rounds.rotation.rotation import Rotation
 from p2pfl.rounds.rotation.secure_round import PART as MASKED
 from p2pfl.rounds.rotation.secure_round import SecureRounds
@@ -166,6 +167,7 @@ class AggregatorRole(RotationRole):
         self.reach = reach
         self.lineage = lineage
         self._announcements: dict[tuple[int, int], dict[str, Any]] = {}  # made by this node
+        self._bases: dict[tuple[int, int], list[str]] = {}  # the roster each one changes
         self._reannounced: dict[tuple[int, int], float] = {}
         # the announcements late reports asked for again, sent by :meth:`reannounce`
         self._again: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
@@ -235,7 +237,7 @@ class AggregatorRole(RotationRole):
             del self._reports[key]
         for key in [k for k in self._served if k[0] <= floor]:
             del self._served[key]
-        for d in (self._announcements, self._reannounced):
+        for d in (self._announcements, self._reannounced, self._bases):
             for key in [k for k in d if k[0] <= floor]:
                 del d[key]
         self.quorum.forget(floor)
@@ -430,6 +432,7 @@ class AggregatorRole(RotationRole):
             if latency is not None:
                 announcement["report_s"] = latency
         self._announcements[(r, attempt)] = announcement
+        self._bases[(r, attempt)] = plan.roster
         await self._gossip_announcement(r, attempt)
         # stay in the round until every member that needs the result has it (bounded), so
         # the bytes it costs are counted in this round's record; a quorum round does not
@@ -467,11 +470,18 @@ class AggregatorRole(RotationRole):
         )
 
     # ------------------------------------------------------------------ partitions
+    def announced(self, round_no: int, attempt: int) -> dict[str, Any] | None:
+        """This node's announcement of ``(round_no, attempt)``, its roster whole (None: none)."""
+        return self._announcements.get((round_no, attempt))
+
     async def _gossip_announcement(self, round_no: int, attempt: int) -> None:
+        """Announce ``(round_no, attempt)``: the next roster by difference against the
+        round's (:func:`~p2pfl.rounds.rotation.roster.on_the_wire`)."""
+        key = (round_no, attempt)  # a protocol 2 peer heard: the roster whole, as it reads it
+        base = self._bases.get(key) if self.services.exchange.speaks >= 3 else None
+        body = on_the_wire(self._announcements[key], base)
         try:
-            await self.services.exchange.gossip(
-                round_no, self._announcements[(round_no, attempt)], kind="announce", attempt=attempt
-            )
+            await self.services.exchange.gossip(round_no, body, kind="announce", attempt=attempt)
         except TransportError as exc:
             log.warning("%s: round %d: announcement not sent: %s", self.id, round_no, exc)
 

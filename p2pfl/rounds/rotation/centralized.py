@@ -112,6 +112,7 @@ from p2pfl.rounds.rotation.plans import (
     live_members,
 )
 from p2pfl.rounds.rotation.role import RotationRole
+from p2pfl.rounds.rotation.roster import MissingBase, RosterRequests
 from p2pfl.rounds.rotation.rotation import ROUNDS_KEPT, Behind, Heard, Rotation
 from p2pfl.rounds.rotation.secure_round import KINDS as SECURE_KINDS
 from p2pfl.rounds.rotation.secure_round import SecureRounds
@@ -163,6 +164,8 @@ class CentralizedRounds(RotationRole):
             services, rot, self.hearing, self.member, self.role, self.audit, self.reach, self.secure
         )
         self.observer = Observer(services, rot, self.hearing, self.member)
+        # announcements whose roster came by difference against a base this node lacks
+        self.rosters_asked = RosterRequests(services)
 
     # ------------------------------------------------------------------ what it declares
     @classmethod
@@ -227,6 +230,8 @@ class CentralizedRounds(RotationRole):
 
     def on_gossip(self, env: Envelope) -> None:
         rot = self.rotation
+        if env.sender in self.members:
+            self.reach.alive(env.sender)  # a sign of life (docs/wire.md, "Partitions")
         if env.kind in SECURE_KINDS:
             self._secure_message(env)
             return
@@ -239,7 +244,7 @@ class CentralizedRounds(RotationRole):
         if rot.stale(env, "announce"):
             return
         if rot.too_far(env, "announce"):
-            self.observer.keep_newest(env)
+            self._keep_newest(env)
             return
         expected = rot.aggregator(env.round, env.attempt)
         if expected is not None and expected != env.sender:
@@ -247,16 +252,38 @@ class CentralizedRounds(RotationRole):
                 "not_aggregator", f"announce {env.round}/{env.attempt} from {env.sender}"
             )
             return
+        self._announce(env)
+
+    def _announce(self, env: Envelope) -> None:
+        """Note an announcement from its rightful aggregator, checked; one whose roster
+        comes by difference against a base this node lacks waits for the whole roster
+        (:class:`~p2pfl.rounds.rotation.roster.RosterRequests`)."""
         try:
-            body = rot.check(env.round, env.body)
+            body = self.rotation.check(env.round, env.body)
+        except MissingBase:
+            self.rosters_asked.tasks.spawn(self.rosters_asked.ask(env))
+            return
         except ValueError as exc:
             self.services.ledger.drop("malformed", f"announce from {env.sender}: {exc}")
             return
-        rot.note(Heard(env.round, env.attempt, env.sender, body))
+        self.rotation.note(Heard(env.round, env.attempt, env.sender, body))
         self.services.peers.notify()
 
     def on_inbox(self, env: Envelope) -> None:
         rot = self.rotation
+        if env.kind in ("probe_req", "probe_ack"):  # docs/wire.md, "Partitions"
+            if env.sender in self.members:
+                why = self.reach.on_message(env.sender, env.kind, env.body)
+                if why is not None and why.startswith("malformed"):
+                    self.services.ledger.drop("malformed", f"{env.kind} from {env.sender}: {why}")
+                elif why is not None:  # unasked, too soon, too busy: expected, not logged
+                    self.services.ledger.count("probe_refused")
+            return
+        if env.sender in self.members:
+            self.reach.alive(env.sender)
+        if env.kind in ("roster_req", "roster") and env.sender in self.members:
+            self._roster_message(env)
+            return
         if env.kind in SECURE_KINDS:
             self._secure_message(env)
             return
@@ -276,12 +303,43 @@ class CentralizedRounds(RotationRole):
         rot.wanted[env.round] = max(rot.wanted.get(env.round, 0), env.attempt)
         self.services.peers.notify()
 
+    def _roster_message(self, env: Envelope) -> None:
+        """A ``roster_req`` (answered from this node's announcement) or the ``roster`` it
+        asked for (the held announcement then goes on as if it had come whole)."""
+        asked = self.rosters_asked
+        if env.kind == "roster_req":
+            mine = self.role.announced(env.round, env.attempt)
+            asked.tasks.spawn(asked.serve(env, mine))
+            return
+        whole = asked.answer(env)
+        if isinstance(whole, str):
+            reason = "malformed" if whole.startswith("malformed") else "unexpected_roster"
+            self.services.ledger.drop(reason, f"roster from {env.sender}: {whole}")
+            return
+        if self.rotation.stale(whole, "announce"):
+            return
+        if self.rotation.too_far(whole, "announce"):
+            self._keep_newest(whole)
+        else:
+            self._announce(whole)
+
+    def _keep_newest(self, env: Envelope) -> None:
+        """An announcement too far ahead to use now, kept for a catch-up
+        (:meth:`~p2pfl.rounds.rotation.observe.Observer.keep_newest`); one whose roster came
+        by difference asks for it whole first."""
+        try:
+            self.observer.keep_newest(env)
+        except MissingBase:
+            self.rosters_asked.tasks.spawn(self.rosters_asked.ask(env))
+
     def on_peer_online(self, peer: str) -> None:
         """Nothing to resend: a member that comes online catches up from the next
         announcement (it observes a round first)."""
 
     async def serve_pull(self, env: Envelope) -> None:
         """This node's uploads and results (:meth:`AggregatorRole.serve_pull`)."""
+        if env.sender in self.members:
+            self.reach.alive(env.sender)  # transfer progress: it is reached
         await self.role.serve_pull(env)
 
     def _forget_old(self, round_no: int) -> None:
@@ -290,6 +348,7 @@ class CentralizedRounds(RotationRole):
         self.rotation.forget(floor)
         self.late.forget(floor)
         self.audit.forget(floor)
+        self.rosters_asked.forget(floor)
         if self.secure is not None:
             self.secure.forget(floor)
 
@@ -423,8 +482,12 @@ class CentralizedRounds(RotationRole):
         or falls :data:`~p2pfl.services.bundle.LAG_ROUNDS` behind), from the next announcement
         on (observing first). The announcements late reports ask for again go out while it
         runs."""
-        async with background(self.role.reannounce()):
-            await self._rounds()
+        try:
+            async with background(self.role.reannounce()):
+                await self._rounds()
+        finally:
+            await self.reach.aclose()
+            await self.rosters_asked.tasks.aclose()
 
     async def _rounds(self) -> None:
         svc, cfg, rot = self.services, self.cfg, self.rotation

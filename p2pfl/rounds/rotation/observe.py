@@ -15,6 +15,7 @@ import time
 
 from p2pfl.rounds.rotation.hearing import Hearing
 from p2pfl.rounds.rotation.member import Member
+from p2pfl.rounds.rotation.roster import MissingBase
 from p2pfl.rounds.rotation.rotation import Heard, Rotation
 from p2pfl.rounds.rotation.succession import Settled
 from p2pfl.services.bundle import NodeServices
@@ -40,13 +41,17 @@ class Observer:
 
     def keep_newest(self, env: Envelope) -> None:
         """Keep the announcement in ``env``, too far ahead to use now, when it is the newest
-        heard (one, checked, of a round live presence reports at most one ahead)."""
+        heard (one, checked, of a round live presence reports at most one ahead). Raises
+        :class:`~p2pfl.rounds.rotation.roster.MissingBase` when its roster came by difference
+        against a base this node lacks."""
         if self.newest is not None and self.newest.round >= env.round:
             return
         if env.round > self.rotation.swarm_round() + 1:
             return
         try:
             body = self.rotation.check(env.round, env.body)
+        except MissingBase:
+            raise  # the driver asks for the roster whole, then hands it back
         except ValueError:
             return
         self.newest = Heard(env.round, env.attempt, env.sender, body)

@@ -21,8 +21,16 @@ def member_reach(services: NodeServices) -> Reachability:
     """The reachability of ``services``' peers: presence (``online``), the direct lane (a
     probe, and any pull that went that way) and the bridges of its broker; a flip of a
     verdict wakes every wait of the node (:meth:`~p2pfl.services.peers.PeerView.notify`).
-    Each is looked up at its use."""
+    Each is looked up at its use. Its helpers' ``probe_req`` and ``probe_ack`` go to their
+    inbox (a send that fails is logged: an ack not sent is an ack not counted)."""
     exchange = services.exchange
+
+    async def ask(helper: str, kind: str, body: dict[str, Any]) -> None:
+        try:
+            await services.exchange.send(helper, kind, 0, body)
+        except TransportError as exc:
+            log.debug("%s: %s to %s not sent: %s", services.id, kind, helper, exc)
+
     return Reachability(
         services.id,
         online=lambda peer: services.peers.is_online(peer),
@@ -30,6 +38,8 @@ def member_reach(services: NodeServices) -> Reachability:
         bridge_down=lambda: exchange.bridge_down,
         changed=lambda: services.peers.notify(),
         answered=lambda peer: exchange.answered_directly(peer),
+        members=lambda: services.cfg.node_ids,
+        ask=ask,
     )
 
 

@@ -15,8 +15,9 @@ from typing import Any
 from p2pfl.errors import P2PFLError
 from p2pfl.rounds.rotation.audit import audit_active, auditor_of
 from p2pfl.rounds.rotation.election import succession
-from p2pfl.rounds.rotation.plans import check_announcement, drawn_of
+from p2pfl.rounds.rotation.plans import check_announcement, draw_plan, drawn_of
 from p2pfl.rounds.rotation.role import RotationRole
+from p2pfl.rounds.rotation.roster import resolve
 from p2pfl.services.bundle import NodeServices
 from p2pfl.wire.envelope import Envelope
 
@@ -100,13 +101,32 @@ class Rotation(RotationRole):
     # ------------------------------------------------------------------ announcements
     def check(self, round_no: int, body: Any) -> dict[str, Any]:
         """An untrusted announcement of ``round_no``, checked (:func:`check_announcement`,
-        and the next round's participants among the members its seed draws); ValueError
-        when it is malformed."""
+        and the next round's participants among the members its seed draws), its roster
+        whole (:func:`~p2pfl.rounds.rotation.roster.resolve` against this node's roster of
+        ``round_no``); ValueError when it is malformed,
+        :class:`~p2pfl.rounds.rotation.roster.MissingBase` when this node lacks that base."""
+        if isinstance(body, dict):
+            body = resolve(body, self.rosters.get(round_no), set(self.members))
+            if "participants" not in body and isinstance(body.get("server", {}), dict):
+                body = {**body, "participants": self._drawn(round_no + 1, body)}
         checked = check_announcement(body, self.members)
         drawn = drawn_of(self.alg, self.cfg.seed, round_no + 1, checked["roster"])
         if drawn is not None and not set(checked["participants"]) <= set(drawn):
             raise ValueError("participants outside the client fraction's draw")
         return checked
+
+    def _drawn(self, round_no: int, body: dict[str, Any]) -> list[str] | None:
+        """The participants of ``round_no`` an announcement that leaves them out gives: as
+        every member draws them from its roster and server state
+        (:func:`~p2pfl.rounds.rotation.plans.draw_plan`); None (refused by the check) when
+        the roster is not a list of members."""
+        roster = body.get("roster")
+        if not isinstance(roster, list) or not set(roster) <= set(self.members) or not roster:
+            return None
+        server = body.get("server", {})
+        return sorted(
+            draw_plan(self.alg, self.cfg.seed, round_no, sorted(set(roster)), server).participants
+        )
 
     def note(self, heard: Heard) -> None:
         """Keep an announcement heard (checked)."""
