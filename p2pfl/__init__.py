@@ -5,10 +5,11 @@ The Python API (:mod:`p2pfl.launch.api`): ``load_topology``, ``run_swarm`` (a ru
 """
 
 __version__ = "0.1.0"
-PROTOCOL_VERSION = 3  # what this release runs
+PROTOCOL_VERSION = 4  # what this release runs
 # the oldest protocol it still speaks, for swarms that upgrade device by device (README.md,
-# "Rolling upgrades"): 2's envelope is 3's, and 2 knows the BLAKE3 digest 3 then serves
-MIN_PROTOCOL_VERSION = 2
+# "Rolling upgrades"): 3's envelope is 4's; while a peer runs 3 a node sends only what 3
+# reads (whole announcements, none of 4's kinds: docs/wire.md, "Protocol versions")
+MIN_PROTOCOL_VERSION = 3
 
 # names imported on first use, so ``import p2pfl`` stays cheap (no torch): name → "module:attr"
 _LAZY = {

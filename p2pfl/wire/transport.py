@@ -331,9 +331,8 @@ class Transport:
     @property
     def digest_name(self) -> str:
         """The digest of the states this node serves (:func:`transfer_digest`): BLAKE3 in a
-        signed swarm, XXH3-128 in an unsigned one, BLAKE3 while it speaks protocol 2 (which
-        knows no XXH3)."""
-        return transfer_digest(self.security is not None or self.speaks < 3)
+        signed swarm, XXH3-128 in an unsigned one."""
+        return transfer_digest(self.security is not None)
 
     def _speak_changed(self) -> None:
         """Publish presence again in the version now spoken: a peer that runs an older

@@ -2,22 +2,24 @@
 "Protocol versions"; README.md, "Rolling upgrades").
 
 A node runs :data:`p2pfl.PROTOCOL_VERSION` and still speaks every version down to
-:data:`p2pfl.MIN_PROTOCOL_VERSION`: the envelope of protocol 2 is the envelope of protocol 3
-(3 added XXH3-128 transfer digests in unsigned swarms; a protocol 2 node knows only BLAKE3
-and SHA-256). So:
+:data:`p2pfl.MIN_PROTOCOL_VERSION`: the envelope of protocol 3 is the envelope of protocol 4
+(4 added announcements that carry the next roster by difference and leave out what a member
+derives, and the kinds of :data:`NEW_IN_4`, which a protocol 3 node drops as malformed). So:
 
 - an envelope of a version it speaks is accepted; one of any other version is dropped
   (``protocol_version``), with one log line per peer and version naming both versions and
   what to upgrade (:func:`refusal`);
 - a node **speaks the oldest version run by a peer it hears online**, or that such a peer
   hears run (:func:`speaking`, :class:`PeerVersions`): it stamps that version on what it
-  sends, and serves BLAKE3 digests while it is below 3, so a peer not yet upgraded reads
-  everything it sends. Each node says once per peer which older version the peer runs
-  (:func:`older_peer`).
+  sends and, while it speaks 3, sends announcements whole and asks no helper to probe
+  (:func:`speaks_4`), so a peer not yet upgraded reads everything it sends: of the kinds of
+  :data:`NEW_IN_4` it then sends only ``roster_req`` to an aggregator that announced by
+  difference and the answers to what a peer asked (both protocol 4 peers). Each node says
+  once per peer which older version the peer runs (:func:`older_peer`).
 
 What a peer *runs* comes from its presence (``protocol``, which every p2pfl node has always
-announced), not from the ``v`` of its envelopes: an upgraded node speaking protocol 2 for an
-old peer's sake still runs 3, so the swarm returns to 3 once the last old peer is upgraded
+announced), not from the ``v`` of its envelopes: an upgraded node speaking protocol 3 for an
+old peer's sake still runs 4, so the swarm returns to 4 once the last old peer is upgraded
 or offline. :class:`PeerVersions` keeps that view for one node.
 """
 
@@ -35,11 +37,22 @@ log = logging.getLogger("p2pfl.wire.transport")
 
 SPOKEN = range(MIN_PROTOCOL_VERSION, PROTOCOL_VERSION + 1)
 TOLD_MAX = 1024  # (peer, version) pairs logged once; past it the drop counters still count
+# the kinds protocol 4 added: indirect probes (docs/wire.md, "Partitions") and the whole
+# roster asked of an aggregator ("Roster by difference"); a protocol 3 node drops them
+NEW_IN_4 = frozenset({"probe_req", "probe_ack", "roster_req", "roster"})
 
 
 def speaks(version: object) -> bool:
     """Whether this build reads and writes envelopes of ``version``."""
     return isinstance(version, int) and not isinstance(version, bool) and version in SPOKEN
+
+
+def speaks_4(spoken: int) -> bool:
+    """Whether a node that speaks ``spoken`` may send what protocol 4 added unasked:
+    announcements by difference and ``probe_req``. False while a peer of protocol 3 is
+    heard: announcements then go whole and a suspicion is confirmed by the node's own probe
+    alone, as protocol 3 confirms it."""
+    return spoken >= 4
 
 
 def speaking(peers_run: Iterable[int]) -> int:
@@ -73,7 +86,8 @@ def older_peer(node_id: str, peer: str, version: int) -> str:
     """The log line of a peer heard running an older protocol that this node still speaks."""
     return (
         f"{node_id}: peer {peer!r} runs protocol {version}, {node_id} runs {PROTOCOL_VERSION}: "
-        f"accepted; {node_id} speaks protocol {version} (BLAKE3 digests) while a peer runs it. "
+        f"accepted; {node_id} speaks protocol {version} (whole announcements, no indirect probes) "
+        "while a peer runs it. "
         f"Upgrade {peer!r} to finish the rolling upgrade (README.md, 'Rolling upgrades')"
     )
 

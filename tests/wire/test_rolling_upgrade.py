@@ -1,8 +1,9 @@
 """A rolling upgrade half done (README.md, "Rolling upgrades"): three nodes of this release
-and one node of the protocol 2 release (its own code, from this repository's history) run
+and one node of the protocol 3 release (its own code, from this repository's history) run
 one swarm on a real broker, for a decentralized method (UA-PDFL) and a centralized one
 (FedAvg). Every node runs every round with every peer, and pulls cross the versions both
-ways."""
+ways. The FedAvg case proves that announcements reach the old node whole (it
+drops one by difference as malformed) and that no ``probe_req``/``roster_req`` reaches it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from wire_helpers import ROOT, protocol_2_release
+from wire_helpers import ROOT, protocol_3_release
 
 pytestmark = [pytest.mark.integration, pytest.mark.one_broker]
 
@@ -41,7 +42,7 @@ def records(run: Path, node: str) -> list[dict]:
     [("uapdfl", "{mu: 0.1, com: 2}", "ring"), ("fedavg", "{}", "full")],
 )
 def test_a_swarm_half_upgraded_runs_every_round(broker, tmp_path, method, params, edges):
-    release = protocol_2_release(tmp_path / "release2")
+    release = protocol_3_release(tmp_path / "release3")
     topology = tmp_path / "topology.yaml"
     topology.write_text(TOPOLOGY.format(method=method, params=params, edges=edges))
     address = f"{broker.host}:{broker.port}"
@@ -76,17 +77,20 @@ def test_a_swarm_half_upgraded_runs_every_round(broker, tmp_path, method, params
         assert [r["round"] for r in rows] == [1, 2, 3], (n, logs[-4000:])
     for n in "abc":
         assert all(r["dropped_total"] == 0 for r in new[n]), n
-    # only this release's first presences (protocol 3, before it heard d) were dropped by d
+    # only this release's first presences (protocol 4, before it heard d) were dropped by d
     assert old["d"][-1]["dropped_total"] <= 3
+    # and nothing else: no announcement by difference, no kind protocol 3 does not know
+    drops = [line for line in old_log.read_text().splitlines() if "d: dropped message (" in line]
+    assert all("(protocol_version)" in line for line in drops), drops
     # the nodes that hear d's presence say, once each, what it runs
-    heard = {n for n in "abc" if f"{n}: peer 'd' runs protocol 2" in logs}
-    assert heard and all(logs.count(f"{n}: peer 'd' runs protocol 2") == 1 for n in heard)
+    heard = {n for n in "abc" if f"{n}: peer 'd' runs protocol 3" in logs}
+    assert heard and all(logs.count(f"{n}: peer 'd' runs protocol 3") == 1 for n in heard)
     if method == "uapdfl":
         assert all(not r["pull_failed"] for rows in every.values() for r in rows)
         assert any(set(r["pulled"]) & {"a", "c"} for r in old["d"])  # d pulls from 3
         assert any("d" in r["pulled"] for n in "ac" for r in new[n])  # 3 pulls from d
     else:
-        # one aggregator per round, the same at every node; d (protocol 2) takes its turn
+        # one aggregator per round, the same at every node; d (protocol 3) takes its turn
         for i in range(3):
             assert len({rows[i]["aggregator"] for rows in every.values()}) == 1
         assert "d" in {r["aggregator"] for r in new["a"]}

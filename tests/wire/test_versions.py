@@ -1,7 +1,7 @@
 """Rolling upgrades (README.md, "Rolling upgrades"; docs/wire.md, "Protocol versions"):
 envelopes of the previous protocol are read, others refused with a line naming both versions;
 a node speaks the oldest version a peer online runs; on a real broker, a node of this release
-and a node of the protocol 2 release (its own code, from this repository's history) hear each
+and a node of the protocol 3 release (its own code, from this repository's history) hear each
 other and pull each other's states, and a peer of an unknown newer protocol is refused."""
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ import aiomqtt
 import pytest
 import torch
 from waiting import wait_until
-from wire_helpers import protocol_2_release
+from wire_helpers import protocol_3_release
 
 from p2pfl import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION
 from p2pfl.wire.codec import CodecError, decode
 from p2pfl.wire.discovery import parse_service, protocol_note
-from p2pfl.wire.envelope import SIGNED_MAGIC, Envelope, VersionError
+from p2pfl.wire.envelope import KINDS, SIGNED_MAGIC, Envelope, VersionError
 from p2pfl.wire.transfers import PreparedState
 from p2pfl.wire.transport import Transport
-from p2pfl.wire.versions import PeerVersions, refusal, speaking, speaks
+from p2pfl.wire.versions import NEW_IN_4, PeerVersions, refusal, speaking, speaks, speaks_4
 
 LIMIT = 1 << 20
 
@@ -73,58 +73,63 @@ def test_a_version_that_is_not_an_int_is_refused(v):
 
 
 def test_speaking_the_oldest_version_a_peer_online_runs():
+    assert (MIN_PROTOCOL_VERSION, PROTOCOL_VERSION) == (3, 4)
     assert speaking([]) == PROTOCOL_VERSION
-    assert speaking([3, 3]) == 3
-    assert speaking([3, 2, 3]) == 2
-    assert speaking([3, 1]) == 3  # a version it cannot speak is refused, not followed
-    assert speaking([4, 3]) == 3  # a newer peer speaks this one
-    assert speaks(2) and speaks(3) and not speaks(4) and not speaks(True) and not speaks("3")
+    assert speaking([4, 4]) == 4
+    assert speaking([4, 3, 4]) == 3
+    assert speaking([4, 2]) == 4  # a version it cannot speak is refused, not followed
+    assert speaking([5, 4]) == 4  # a newer peer speaks this one
+    assert speaks(3) and speaks(4) and not speaks(2) and not speaks(5)
+    assert not speaks(True) and not speaks("4")
+    # what protocol 4 added is sent unasked only while no protocol 3 peer is heard
+    assert speaks_4(4) and not speaks_4(3)
+    assert NEW_IN_4 == {"probe_req", "probe_ack", "roster_req", "roster"} <= KINDS
 
 
 def test_refusal_names_both_versions_and_who_to_upgrade():
     newer = refusal("n0", "n5", PROTOCOL_VERSION + 1)
-    assert (
-        f"protocol {PROTOCOL_VERSION + 1}" in newer and f"runs protocol {PROTOCOL_VERSION}" in newer
-    )
+    assert "sends protocol 5" in newer and "runs protocol 4 (speaks 3–4)" in newer
     assert "upgrade n0" in newer and "Rolling upgrades" in newer
-    older = refusal("n0", "n5", MIN_PROTOCOL_VERSION - 1)
-    assert "upgrade 'n5'" in older and f"protocol {MIN_PROTOCOL_VERSION - 1}" in older
+    older = refusal("n0", "n5", 2)
+    assert "sends protocol 2" in older and "runs protocol 4 (speaks 3–4)" in older
+    assert "upgrade 'n5'" in older and "speaks protocol 4" in older
 
 
 def test_peer_versions_follow_presence_not_envelopes(caplog):
     pv = PeerVersions("n0")
     with caplog.at_level(logging.WARNING, "p2pfl.wire.transport"):
-        assert not pv.presence("a", 3, {"status": "online", "protocol": 3})
-        assert pv.presence("b", 2, {"status": "online", "protocol": 2}) and pv.speak == 2
-        assert not pv.presence("b", 2, {"status": "online", "protocol": 2, "round": 4})
-        # an upgraded node speaking 2 for b's sake still runs 3: it holds nobody back
-        assert not pv.presence("c", 2, {"status": "online", "protocol": 3})
-        assert pv.presence("b", 2, {"status": "offline", "protocol": 2}) and pv.speak == 3
-        assert pv.presence("b", 2, {"status": "online"}) and pv.speak == 2  # v when unnamed
+        assert not pv.presence("a", 4, {"status": "online", "protocol": 4})
         assert pv.presence("b", 3, {"status": "online", "protocol": 3}) and pv.speak == 3
+        assert not pv.presence("b", 3, {"status": "online", "protocol": 3, "round": 4})
+        # an upgraded node speaking 3 for b's sake still runs 4: it holds nobody back
+        assert not pv.presence("c", 3, {"status": "online", "protocol": 4})
+        assert pv.presence("b", 3, {"status": "offline", "protocol": 3}) and pv.speak == 4
+        assert pv.presence("b", 3, {"status": "online"}) and pv.speak == 3  # v when unnamed
+        assert pv.presence("b", 4, {"status": "online", "protocol": 4}) and pv.speak == 4
         pv.refused("z", 9)
         pv.refused("z", 9)
     told = [r.getMessage() for r in caplog.records]
-    assert sum("peer 'b' runs protocol 2" in m for m in told) == 1  # once per peer
+    assert sum("peer 'b' runs protocol 3" in m for m in told) == 1  # once per peer
     assert sum("peer 'z' sends protocol 9" in m for m in told) == 1
-    assert any("now speaks protocol 2" in m for m in told)
+    assert any("now speaks protocol 3" in m for m in told)
+    assert any("whole announcements, no indirect probes" in m for m in told)
 
 
 def test_a_peer_that_hears_an_older_one_makes_this_node_speak_it_one_hop_only():
     a = PeerVersions("a")  # hears old directly
     b = PeerVersions("b")  # hears only a
-    assert a.presence("old", 2, {"status": "online", "protocol": 2})
-    assert (a.speak, a.oldest) == (2, 2)
-    assert b.presence("a", 2, {"status": "online", "protocol": 3, "oldest": a.oldest})
-    assert (b.speak, b.oldest) == (2, PROTOCOL_VERSION)  # b announces no "oldest": no echo
-    assert not a.presence("b", 2, {"status": "online", "protocol": 3})
-    # old goes: a returns to 3 and says so (no "oldest"), and so does b
-    assert a.presence("old", 2, {"status": "offline", "protocol": 2})
+    assert a.presence("old", 3, {"status": "online", "protocol": 3})
+    assert (a.speak, a.oldest) == (3, 3)
+    assert b.presence("a", 3, {"status": "online", "protocol": 4, "oldest": a.oldest})
+    assert (b.speak, b.oldest) == (3, PROTOCOL_VERSION)  # b announces no "oldest": no echo
+    assert not a.presence("b", 3, {"status": "online", "protocol": 4})
+    # old goes: a returns to 4 and says so (no "oldest"), and so does b
+    assert a.presence("old", 3, {"status": "offline", "protocol": 3})
     assert (a.speak, a.oldest) == (PROTOCOL_VERSION, PROTOCOL_VERSION)
-    assert b.presence("a", 2, {"status": "online", "protocol": 3})
+    assert b.presence("a", 3, {"status": "online", "protocol": 4})
     assert b.speak == PROTOCOL_VERSION
     # an "oldest" this build cannot speak is not followed
-    assert not b.presence("c", 3, {"status": "online", "protocol": 3, "oldest": 1})
+    assert not b.presence("c", 4, {"status": "online", "protocol": 4, "oldest": 2})
 
 
 # ----------------------------------------------------------------------------- on a broker
@@ -134,9 +139,9 @@ WAIT_S = 20.0  # how long a condition may take to hold
 
 
 @pytest.mark.integration
-async def test_a_peer_of_the_previous_protocol_is_spoken_to_and_a_newer_one_refused(broker, caplog):
-    """``old`` and ``future`` are raw MQTT clients that send envelopes of protocol 2 and of
-    a protocol after this one."""
+async def test_a_peer_of_the_previous_protocol_is_spoken_to_and_others_refused(broker, caplog):
+    """``old``, ``ancient`` and ``future`` are raw MQTT clients that send envelopes of
+    protocol 3 (the previous one), 2 (no longer spoken) and 5 (after this one)."""
     gossip: list[Envelope] = []
     heard_old: list[int] = []  # versions of new's presence as old would read them
     new = Transport("s", "new", broker.host, broker.port, connect_timeout=10)
@@ -145,50 +150,55 @@ async def test_a_peer_of_the_previous_protocol_is_spoken_to_and_a_newer_one_refu
         new.on_gossip = gossip.append
         assert new.speaks == PROTOCOL_VERSION and new.digest_name == "xxh3_128"
         await old.subscribe("p2pfl/s/presence/new", qos=1)
-        presence = {"presence": {"status": "online", "protocol": 2}}
+        presence = {"presence": {"status": "online", "protocol": 3}}
         await old.publish(
-            "p2pfl/s/presence/old", _envelope(2, "old", "presence", presence).pack(), 1, retain=True
+            "p2pfl/s/presence/old", _envelope(3, "old", "presence", presence).pack(), 1, retain=True
         )
-        await wait_until(lambda: new.speaks == 2, WAIT_S)
-        assert new.digest_name == "blake3"  # protocol 2 knows no XXH3
+        await wait_until(lambda: new.speaks == 3, WAIT_S)
+        assert new.digest_name == "xxh3_128"  # protocol 3 knows XXH3: no digest to change
 
         async def read_presence() -> None:
             async for message in old.messages:
                 env = decode(bytes(message.payload), LIMIT)
                 heard_old.append(env["v"])
-                if env["v"] == 2:
+                if env["v"] == 3:
                     return
 
-        await asyncio.wait_for(read_presence(), 20)  # new published it again, in protocol 2
-        await old.publish("p2pfl/s/gossip/old", _envelope(2, "old", body={"x": 2}).pack(), 1)
+        await asyncio.wait_for(read_presence(), 20)  # new published it again, in protocol 3
+        await old.publish("p2pfl/s/gossip/old", _envelope(3, "old", body={"x": 3}).pack(), 1)
         await wait_until(lambda: len(gossip) == 1, WAIT_S)
-        assert gossip[0].v == 2 and gossip[0].body == {"x": 2}
-        # a peer of a newer protocol: refused, counted, said once
+        assert gossip[0].v == 3 and gossip[0].body == {"x": 3}
+        # a peer of a newer protocol and one of a protocol no longer spoken: refused,
+        # counted, each said once
         for _ in range(3):
-            future = _envelope(PROTOCOL_VERSION + 1, "future", body={"x": 4}).pack()
+            future = _envelope(PROTOCOL_VERSION + 1, "future", body={"x": 5}).pack()
             await old.publish("p2pfl/s/gossip/future", future, 1)
-        await wait_until(lambda: new.dropped["protocol_version"] == 3, WAIT_S)
+            ancient = _envelope(2, "ancient", body={"x": 2}).pack()
+            await old.publish("p2pfl/s/gossip/ancient", ancient, 1)
+        await wait_until(lambda: new.dropped["protocol_version"] == 6, WAIT_S)
         assert len(gossip) == 1
-        offline = {"presence": {"status": "offline", "protocol": 2}}
+        offline = {"presence": {"status": "offline", "protocol": 3}}
         await old.publish(
-            "p2pfl/s/presence/old", _envelope(2, "old", "presence", offline).pack(), 1, retain=True
+            "p2pfl/s/presence/old", _envelope(3, "old", "presence", offline).pack(), 1, retain=True
         )
         await wait_until(lambda: new.speaks == PROTOCOL_VERSION, WAIT_S)
-        assert new.digest_name == "xxh3_128"
     told = [r.getMessage() for r in caplog.records]
     refused = [m for m in told if "peer 'future' sends protocol" in m]
     assert len(refused) == 1 and "upgrade new" in refused[0], told
-    assert f"protocol {PROTOCOL_VERSION + 1}" in refused[0]
-    assert sum("peer 'old' runs protocol 2" in m for m in told) == 1
-    assert new.inbound.versions.messages[2] >= 2
+    assert "sends protocol 5" in refused[0] and "runs protocol 4 (speaks 3–4)" in refused[0]
+    gone = [m for m in told if "peer 'ancient' sends protocol" in m]
+    assert len(gone) == 1 and "upgrade 'ancient'" in gone[0], told
+    assert "sends protocol 2" in gone[0] and "runs protocol 4 (speaks 3–4)" in gone[0]
+    assert sum("peer 'old' runs protocol 3" in m for m in told) == 1
+    assert new.inbound.versions.messages[3] >= 2
 
 
 @pytest.mark.integration
 @pytest.mark.one_broker
-async def test_a_node_of_the_protocol_2_release_and_one_of_this_release_work_together(
+async def test_a_node_of_the_protocol_3_release_and_one_of_this_release_work_together(
     broker, tmp_path, caplog
 ):
-    release = protocol_2_release(tmp_path / "release2")
+    release = protocol_3_release(tmp_path / "release3")
     torch.manual_seed(3)
     ours = {"g.w": torch.randn(32, 32)}
     torch.manual_seed(2)
@@ -204,7 +214,7 @@ async def test_a_node_of_the_protocol_2_release_and_one_of_this_release_work_tog
         gossip: list[Envelope] = []
         new.on_gossip = gossip.append
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, str(Path(__file__).with_name("protocol2_node.py")),
+            sys.executable, str(Path(__file__).with_name("protocol3_node.py")),
             broker.host, str(broker.port),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=release,
             env={**os.environ, "PYTHONPATH": str(release)},
@@ -215,32 +225,32 @@ async def test_a_node_of_the_protocol_2_release_and_one_of_this_release_work_tog
             return (await asyncio.wait_for(proc.stdout.readline(), 60)).decode().strip()
 
         try:
-            assert await line() == "runs 2"
-            assert await line() == "heard new"  # new's presence, in protocol 2
-            assert new.speaks == 2 and new.peers["old"]["protocol"] == 2
+            assert await line() == "runs 3"
+            assert await line() == "heard new"  # new's presence, in protocol 3
+            assert new.speaks == 3 and new.peers["old"]["protocol"] == 3
             await new.gossip(1, {"hello": PROTOCOL_VERSION})
             assert await line() == f'gossip {{"hello": {PROTOCOL_VERSION}}}'
             await wait_until(lambda: len(gossip) == 1, WAIT_S)
-            assert gossip[0].body == {"hello": 2} and gossip[0].v == 2
-            # old pulls new's state (BLAKE3, which it knows); new pulls old's
+            assert gossip[0].body == {"hello": 3} and gossip[0].v == 3
+            # old pulls new's state (XXH3-128, which protocol 3 knows); new pulls old's
             assert await line() == f"pulled {float(ours['g.w'].sum())}"
             got = await new.pull("old", 1, "all", timeout=20)
             assert torch.equal(got["g.w"], theirs["g.w"])
             dropped = json.loads((await line()).removeprefix("dropped "))
-            # new's first presence, in protocol 3, was all that old dropped
-            assert dropped.get("malformed", 0) <= 1 and set(dropped) <= {"malformed"}
+            # new's first presence, in protocol 4, was all that old dropped
+            assert dropped.get("protocol_version", 0) <= 1 and set(dropped) <= {"protocol_version"}
             proc.stdin.write(b"\n")
             await proc.stdin.drain()
             await asyncio.wait_for(proc.wait(), 30)
             assert proc.returncode == 0
-            await wait_until(lambda: new.speaks == PROTOCOL_VERSION, WAIT_S)  # old left: back to 3
+            await wait_until(lambda: new.speaks == PROTOCOL_VERSION, WAIT_S)  # old left: back to 4
             assert sum(new.dropped.values()) == 0
         finally:
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()
     told = [r.getMessage() for r in caplog.records]
-    assert sum("peer 'old' runs protocol 2" in m for m in told) == 1, told
+    assert sum("peer 'old' runs protocol 3" in m for m in told) == 1, told
 
 
 # ----------------------------------------------------------------------------- discovery

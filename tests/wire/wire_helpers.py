@@ -35,21 +35,22 @@ def serve_from(state_by_round, gate: asyncio.Event | None = None):
 
 
 ROOT = Path(__file__).resolve().parents[2]
-# the last commit of the protocol 2 release (the next one made XXH3 digests protocol 3)
-PROTOCOL_2_COMMIT = "380eaa639afe6a7e6f5d7775140a10ebd5a7f427"
+# the last commit of the protocol 3 release (the next ones sent announcements by difference
+# and the kinds of protocol 4: p2pfl.wire.versions.NEW_IN_4)
+PROTOCOL_3_COMMIT = "53ed8d3c87ae1b80f0e2ac0b71085f9425ed7d68"
 
 
-def protocol_2_release(into: Path) -> Path:
-    """This repository's ``p2pfl`` package as released with protocol 2, extracted under
+def protocol_3_release(into: Path) -> Path:
+    """This repository's ``p2pfl`` package as released with protocol 3, extracted under
     ``into``; skips where the clone lacks that history (a shallow clone)."""
     try:
         tar = subprocess.run(
-            ["git", "-C", str(ROOT), "archive", PROTOCOL_2_COMMIT, "p2pfl"],
+            ["git", "-C", str(ROOT), "archive", PROTOCOL_3_COMMIT, "p2pfl"],
             capture_output=True,
             check=True,
         ).stdout
     except (OSError, subprocess.CalledProcessError):
-        pytest.skip(f"commit {PROTOCOL_2_COMMIT[:8]} (protocol 2) is not in this clone")
+        pytest.skip(f"commit {PROTOCOL_3_COMMIT[:8]} (protocol 3) is not in this clone")
     with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
         archive.extractall(into, filter="data")
     return into

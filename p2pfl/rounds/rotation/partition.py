@@ -13,6 +13,7 @@ from p2pfl.rounds.rotation.lineage import Lineage, result_lineage
 from p2pfl.rounds.rotation.reach import UNREACHABLE, Reachability
 from p2pfl.services.bundle import NodeServices
 from p2pfl.wire.errors import TransportError
+from p2pfl.wire.versions import speaks_4
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +23,10 @@ def member_reach(services: NodeServices) -> Reachability:
     probe, and any pull that went that way) and the bridges of its broker; a flip of a
     verdict wakes every wait of the node (:meth:`~p2pfl.services.peers.PeerView.notify`).
     Each is looked up at its use. Its helpers' ``probe_req`` and ``probe_ack`` go to their
-    inbox (a send that fails is logged: an ack not sent is an ack not counted)."""
+    inbox (a send that fails is logged: an ack not sent is an ack not counted); no helper
+    is asked while this node speaks protocol 3 (a peer of the previous release is heard:
+    :func:`~p2pfl.wire.versions.speaks_4`), so a suspicion is then confirmed by its own
+    probe, as that release confirms it."""
     exchange = services.exchange
 
     async def ask(helper: str, kind: str, body: dict[str, Any]) -> None:
@@ -40,6 +44,7 @@ def member_reach(services: NodeServices) -> Reachability:
         answered=lambda peer: exchange.answered_directly(peer),
         members=lambda: services.cfg.node_ids,
         ask=ask,
+        may_ask=lambda: speaks_4(exchange.speaks),
     )
 
 

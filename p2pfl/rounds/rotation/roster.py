@@ -63,7 +63,7 @@ def by_difference(base: list[str], roster: list[str]) -> dict[str, Any]:
 
 def on_the_wire(announcement: dict[str, Any], base: list[str] | None) -> dict[str, Any]:
     """``announcement`` (whole, as the aggregator keeps it) as it is sent, against
-    ``base`` (the round's roster; None: whole, as protocol 2 reads it): the next roster by
+    ``base`` (the round's roster; None: whole, as protocol 3 reads it): the next roster by
     difference (:func:`by_difference`), and nothing a member derives itself: no
     ``participants`` (drawn from the roster and server state as every member draws them:
     :func:`~p2pfl.rounds.rotation.plans.draw_plan`), no ``aggregated`` (the keys of

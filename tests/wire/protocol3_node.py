@@ -1,8 +1,9 @@
-"""A node of an older release, for the rolling-upgrade test (tests/wire/test_versions.py).
+"""A node of the previous release (protocol 3), for the rolling-upgrade test
+(tests/wire/test_versions.py).
 Not a test module.
 
 Run with the older release's ``p2pfl`` package first on ``PYTHONPATH``:
-``python protocol2_node.py HOST PORT`` runs that release's own ``Transport`` as node ``old``
+``python protocol3_node.py HOST PORT`` runs that release's own ``Transport`` as node ``old``
 of swarm ``s`` and talks to node ``new``, printing one line per step:
 
 ``runs <v>`` → ``heard new`` (``new``'s presence reached it) → ``gossip <json>`` (``new``'s
