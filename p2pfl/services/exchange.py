@@ -289,6 +289,10 @@ class Exchange:
         docs/wire.md, "Protocol versions")."""
         return self._transport.speaks
 
+    def runs(self, peer: str) -> int | None:
+        """The protocol ``peer`` runs, from its latest presence heard (None: none heard)."""
+        return self._transport.runs(peer)
+
     @property
     def bridge_down(self) -> bool:
         """Whether a bridge of this node's broker to another site is down now."""

@@ -328,6 +328,10 @@ class Transport:
         it hears online (:mod:`p2pfl.wire.versions`)."""
         return self.inbound.versions.speak
 
+    def runs(self, peer: str) -> int | None:
+        """The protocol ``peer`` runs, from its latest presence heard (None: none heard)."""
+        return self.inbound.versions.runs.get(peer)
+
     @property
     def digest_name(self) -> str:
         """The digest of the states this node serves (:func:`transfer_digest`): BLAKE3 in a

@@ -256,6 +256,33 @@ async def test_a_hostile_peer_cannot_force_a_failover_alone(monkeypatch):
         await node.aclose()
 
 
+async def test_no_helper_is_asked_that_knows_no_probe_req(monkeypatch):
+    """``may_ask`` (p2pfl.rounds.rotation.partition: protocol 4, docs/wire.md "Protocol
+    versions"): a helper it refuses is never asked; refusing every one (a peer of protocol 3
+    is heard), a failed own probe confirms the suspicion at once, as protocol 3 did."""
+    monkeypatch.setattr("p2pfl.rounds.rotation.reach.PROBE_TTL_S", 0.0)
+    peers = _Peers()
+    peers.lane.update({"old": True, "h1": True, "a": False})
+    asked: list[tuple[str, str]] = []
+
+    async def ask(to: str, kind: str, body: dict) -> None:
+        asked.append((to, kind))
+
+    me = peers.reach(
+        members=lambda: ["me", "a", "old", "h1"], ask=ask, may_ask=lambda p: p != "old"
+    )
+    me.answered.add("a")
+    await me.refresh(["a"])  # h1 is asked and does not answer: confirmed all the same
+    assert asked == [("h1", "probe_req")] and me.cut_off("a") == UNREACHABLE
+    await me.aclose()
+    asked.clear()
+    me = peers.reach(members=lambda: ["me", "a", "old", "h1"], ask=ask, may_ask=lambda p: False)
+    me.answered.add("a")
+    await asyncio.wait_for(me.refresh(["a"]), 1.0)  # no wait for helpers
+    assert asked == [] and me.cut_off("a") == UNREACHABLE and me.suspected == 1
+    await me.aclose()
+
+
 @pytest.mark.parametrize(
     "kind, body, error",
     [

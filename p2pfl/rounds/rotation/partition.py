@@ -26,7 +26,7 @@ def member_reach(services: NodeServices) -> Reachability:
     inbox (a send that fails is logged: an ack not sent is an ack not counted); no helper
     is asked while this node speaks protocol 3 (a peer of the previous release is heard:
     :func:`~p2pfl.wire.versions.speaks_4`), so a suspicion is then confirmed by its own
-    probe, as that release confirms it."""
+    probe, as that release confirms it; nor ever a peer heard running protocol 3."""
     exchange = services.exchange
 
     async def ask(helper: str, kind: str, body: dict[str, Any]) -> None:
@@ -34,6 +34,10 @@ def member_reach(services: NodeServices) -> Reachability:
             await services.exchange.send(helper, kind, 0, body)
         except TransportError as exc:
             log.debug("%s: %s to %s not sent: %s", services.id, kind, helper, exc)
+
+    def may_ask(helper: str) -> bool:
+        runs = exchange.runs(helper)  # None: its presence is not heard here
+        return speaks_4(exchange.speaks) and (runs is None or speaks_4(runs))
 
     return Reachability(
         services.id,
@@ -44,7 +48,7 @@ def member_reach(services: NodeServices) -> Reachability:
         answered=lambda peer: exchange.answered_directly(peer),
         members=lambda: services.cfg.node_ids,
         ask=ask,
-        may_ask=lambda: speaks_4(exchange.speaks),
+        may_ask=may_ask,
     )
 
 

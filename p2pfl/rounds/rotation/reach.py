@@ -134,9 +134,10 @@ class Reachability:
     answered this node otherwise (a pull went that way), as a successful probe does;
     ``members()``: the swarm's members (whom it may ask to help, and how many wait on a
     peer); ``ask(helper, kind, body)``: send a ``probe_req`` or ``probe_ack`` (None: no
-    helpers, a suspicion is confirmed by this node's own probe alone); ``may_ask()``: whether
-    helpers may be asked now (False: as without ``ask``, while a peer that knows no
-    ``probe_req`` is heard; requests of others are still answered)."""
+    helpers, a suspicion is confirmed by this node's own probe alone); ``may_ask(helper)``:
+    whether ``helper`` may be asked now (never one that knows no ``probe_req``; none at all
+    while such a peer is heard: then, as without ``ask``, a suspicion is confirmed by this
+    node's own probe; requests of others are still answered)."""
 
     def __init__(
         self,
@@ -149,7 +150,7 @@ class Reachability:
         answered: Callable[[str], bool] = lambda _p: False,
         members: Callable[[], Iterable[str]] = lambda: (),
         ask: Callable[[str, str, dict[str, Any]], Awaitable[None]] | None = None,
-        may_ask: Callable[[], bool] = lambda: True,
+        may_ask: Callable[[str], bool] = lambda _p: True,
     ):
         self.id = node_id
         self._online = online
@@ -265,7 +266,7 @@ class Reachability:
         before = self.cut_off(peer)
         was_cut = before == UNREACHABLE
         early: asyncio.Future[dict[str, bool | None]] | None = None
-        if not was_cut and self._asking() and self.partition():
+        if not was_cut and self._ask is not None and self.partition():
             early = asyncio.ensure_future(self._indirect(peer))
         if self._slots is None:
             self._slots = asyncio.Semaphore(IN_FLIGHT)
@@ -309,17 +310,14 @@ class Reachability:
             )
             self._changed()
 
-    def _asking(self) -> bool:
-        """Whether a suspicion asks helpers now (``ask`` given and ``may_ask()``)."""
-        return self._ask is not None and self._may_ask()
-
     def _helpers(self, peer: str) -> list[str]:
         """:data:`HELPERS` other members to ask about ``peer``: those online first; none
-        that is offline or confirmed cut off (its answer would not come)."""
+        that is offline or confirmed cut off (its answer would not come), none that
+        ``may_ask`` refuses."""
         others = sorted(
             p
             for p in set(self._members()) - {self.id, peer}
-            if self.cut_off(p) is None  # not one it knows it cannot reach
+            if self.cut_off(p) is None and self._may_ask(p)  # it can reach and answer it
         )
         self.rng.shuffle(others)
         others.sort(key=lambda p: not self._online(p))
@@ -327,7 +325,7 @@ class Reachability:
 
     async def _indirect(self, peer: str) -> dict[str, bool | None]:
         """Ask helpers to probe ``peer``; their answers within the wait (None: no answer)."""
-        helpers = self._helpers(peer) if self._asking() else []
+        helpers = self._helpers(peer) if self._ask is not None else []
         if not helpers or self._ask is None:
             return {}
         answers: dict[str, bool | None] = dict.fromkeys(helpers)
