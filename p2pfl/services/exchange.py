@@ -34,6 +34,7 @@ from p2pfl.wire.envelope import Envelope
 from p2pfl.wire.streams import ServedStreams
 from p2pfl.wire.transfers import PreparedState
 from p2pfl.wire.transport import Transport
+from p2pfl.wire.versions import speaks_4
 
 log = logging.getLogger(__name__)
 
@@ -284,14 +285,17 @@ class Exchange:
         return peer in self._transport.direct_answered
 
     @property
-    def speaks(self) -> int:
-        """The protocol version this node speaks now (the oldest run by a peer it hears:
-        docs/wire.md, "Protocol versions")."""
-        return self._transport.speaks
+    def speaks_4(self) -> bool:
+        """Whether this node may send what protocol 4 added unasked (announcements by
+        difference, ``probe_req``): it speaks 4, no peer of protocol 3 is heard
+        (:func:`~p2pfl.wire.versions.speaks_4`; docs/wire.md, "Protocol versions")."""
+        return speaks_4(self._transport.speaks)
 
-    def runs(self, peer: str) -> int | None:
-        """The protocol ``peer`` runs, from its latest presence heard (None: none heard)."""
-        return self._transport.runs(peer)
+    def runs_4(self, peer: str) -> bool:
+        """Whether ``peer`` reads what protocol 4 added: it is not heard running an older
+        protocol (a peer whose presence is not heard here is taken to)."""
+        runs = self._transport.runs(peer)
+        return runs is None or speaks_4(runs)
 
     @property
     def bridge_down(self) -> bool:

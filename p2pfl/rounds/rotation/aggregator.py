@@ -68,7 +68,6 @@ from p2pfl.services.bundle import NodeServices
 from p2pfl.services.exchange import PreparedState
 from p2pfl.wire.envelope import Envelope
 from p2pfl.wire.errors import TransportError
-from p2pfl.wire.versions import speaks_4
 
 log = logging.getLogger(__name__)
 
@@ -479,7 +478,7 @@ class AggregatorRole(RotationRole):
         """Announce ``(round_no, attempt)``: the next roster by difference against the
         round's (:func:`~p2pfl.rounds.rotation.roster.on_the_wire`)."""
         key = (round_no, attempt)  # a protocol 3 peer heard: whole, as it reads it
-        base = self._bases.get(key) if speaks_4(self.services.exchange.speaks) else None
+        base = self._bases.get(key) if self.services.exchange.speaks_4 else None
         body = on_the_wire(self._announcements[key], base)
         try:
             await self.services.exchange.gossip(round_no, body, kind="announce", attempt=attempt)

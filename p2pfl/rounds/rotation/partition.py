@@ -13,7 +13,6 @@ from p2pfl.rounds.rotation.lineage import Lineage, result_lineage
 from p2pfl.rounds.rotation.reach import UNREACHABLE, Reachability
 from p2pfl.services.bundle import NodeServices
 from p2pfl.wire.errors import TransportError
-from p2pfl.wire.versions import speaks_4
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +24,7 @@ def member_reach(services: NodeServices) -> Reachability:
     Each is looked up at its use. Its helpers' ``probe_req`` and ``probe_ack`` go to their
     inbox (a send that fails is logged: an ack not sent is an ack not counted); no helper
     is asked while this node speaks protocol 3 (a peer of the previous release is heard:
-    :func:`~p2pfl.wire.versions.speaks_4`), so a suspicion is then confirmed by its own
+    :attr:`~p2pfl.services.exchange.Exchange.speaks_4`), so a suspicion is then confirmed by its own
     probe, as that release confirms it; nor ever a peer heard running protocol 3."""
     exchange = services.exchange
 
@@ -34,10 +33,6 @@ def member_reach(services: NodeServices) -> Reachability:
             await services.exchange.send(helper, kind, 0, body)
         except TransportError as exc:
             log.debug("%s: %s to %s not sent: %s", services.id, kind, helper, exc)
-
-    def may_ask(helper: str) -> bool:
-        runs = exchange.runs(helper)  # None: its presence is not heard here
-        return speaks_4(exchange.speaks) and (runs is None or speaks_4(runs))
 
     return Reachability(
         services.id,
@@ -48,7 +43,7 @@ def member_reach(services: NodeServices) -> Reachability:
         answered=lambda peer: exchange.answered_directly(peer),
         members=lambda: services.cfg.node_ids,
         ask=ask,
-        may_ask=may_ask,
+        may_ask=lambda helper: exchange.speaks_4 and exchange.runs_4(helper),
     )
 
 
