@@ -24,8 +24,9 @@ def member_reach(services: NodeServices) -> Reachability:
     Each is looked up at its use. Its helpers' ``probe_req`` and ``probe_ack`` go to their
     inbox (a send that fails is logged: an ack not sent is an ack not counted); no helper
     is asked while this node speaks protocol 3 (a peer of the previous release is heard:
-    :attr:`~p2pfl.services.exchange.Exchange.speaks_4`), so a suspicion is then confirmed by its own
-    probe, as that release confirms it; nor ever a peer heard running protocol 3."""
+    :attr:`~p2pfl.services.exchange.Exchange.speaks_4`), so a suspicion is then confirmed
+    by its own probe, as that release confirms it; nor ever a peer heard running
+    protocol 3 (:meth:`~p2pfl.services.exchange.Exchange.runs_4`)."""
     exchange = services.exchange
 
     async def ask(helper: str, kind: str, body: dict[str, Any]) -> None:
