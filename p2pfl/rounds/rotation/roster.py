@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from p2pfl.background import TaskSet
+from p2pfl.errors import P2PFLError
 from p2pfl.services.bundle import NodeServices
 from p2pfl.wire.envelope import Envelope
 from p2pfl.wire.errors import TransportError
@@ -36,7 +37,7 @@ DELTA_KEYS = ("roster_base", "roster_add", "roster_drop", "roster_digest")
 PENDING_KEPT = 64  # announcements held while their roster is asked for (the oldest goes)
 
 
-class MissingBase(ValueError):
+class MissingBase(P2PFLError, ValueError):
     """An announcement names its roster against a base this member does not hold."""
 
 
