@@ -50,7 +50,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from p2pfl.learning.defence import Defence
 from p2pfl.learning.hooks import ExtraLoss, LossFn, StepHook
 from p2pfl.learning.models import SplitModel
-from p2pfl.learning.state import State, layout_mismatch, select_part
+from p2pfl.learning.state import State, TensorStamp, layout_mismatch, select_part
 
 PullPlan = dict[str, str]  # peer id -> part ("g", "h" or "all")
 
@@ -117,8 +117,8 @@ class Method(ABC):
         self.params = self.Params.model_validate(params)
         self.ctx = ctx
         self.model = ctx.model
-        # model_state's latest copy, with the tensors and versions it was copied from
-        self._state_copy: tuple[tuple[torch.Tensor, ...], tuple[int, ...], State] | None = None
+        # model_state's latest copy, with the stamp of the tensors it was copied from
+        self._state_copy: tuple[TensorStamp, State] | None = None
 
     @classmethod
     def adapt_model(cls, model: SplitModel, params: BaseModel, num_classes: int) -> SplitModel:
@@ -134,23 +134,13 @@ class Method(ABC):
         copy's tensors are handed out again, so a round's snapshot, rollback point and
         checkpoint share one copy. Nobody may write into the returned tensors."""
         live = self.model.state_dict(keep_vars=True)
-        tensors = tuple(live.values())
-        try:
-            versions: tuple[int, ...] | None = tuple(t._version for t in tensors)
-        except (AttributeError, RuntimeError):  # not a tensor, or one that keeps no version
-            versions = None
+        stamp = TensorStamp.of(live.values())
         cached = getattr(self, "_state_copy", None)  # a user method may skip __init__
-        if (
-            versions is not None
-            and cached is not None
-            and len(cached[0]) == len(tensors)
-            and cached[1] == versions
-            and all(a is b for a, b in zip(cached[0], tensors, strict=True))
-            and list(cached[2]) == list(live)
-        ):
-            return dict(cached[2])
+        if stamp is not None and cached is not None:
+            if stamp.matches(cached[0]) and list(cached[1]) == list(live):
+                return dict(cached[1])
         state = {k: v.detach().to("cpu", copy=True) for k, v in live.items()}
-        self._state_copy = None if versions is None else (tensors, versions, state)
+        self._state_copy = None if stamp is None else (stamp, state)
         return dict(state)
 
     def model_changed(self) -> None:

@@ -139,11 +139,27 @@ def build_method(
     device: torch.device,
 ) -> Method:
     """Node ``node_id``'s method instance over the swarm's common initial model
-    (:func:`node_model`), on ``device``, from its data (:func:`method_over`)."""
+    (:func:`node_model`), on ``device``, from its data (:func:`method_on_data`)."""
+    return method_on_data(
+        cls, cfg, node_model(cls, cfg, node_id, data, device), node_id, data, rng, device
+    )
+
+
+def method_on_data(
+    cls: type[Method],
+    cfg: TopologyConfig,
+    model: SplitModel,
+    node_id: str,
+    data: NodeData,
+    rng: np.random.Generator,
+    device: torch.device,
+) -> Method:
+    """:func:`method_over` ``model`` with what node ``node_id``'s ``data`` says: its sample
+    count, classes, input shape and training labels."""
     return method_over(
         cls,
         cfg,
-        node_model(cls, cfg, node_id, data, device),
+        model,
         node_id=node_id,
         num_samples=len(data.train_y),
         num_classes=data.num_classes,

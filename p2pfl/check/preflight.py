@@ -20,7 +20,7 @@ import torch
 
 from p2pfl.algorithms import DecentralizedAlgorithm, get_algorithm
 from p2pfl.algorithms.base import Method, drawn_count
-from p2pfl.algorithms.build import adapt_for, method_over, node_model
+from p2pfl.algorithms.build import adapt_for, method_on_data, method_over, node_model
 from p2pfl.check.load import ConfigError
 from p2pfl.config.paths import PathBase, is_relative
 from p2pfl.config.schema import DatasetConfig, TopologyConfig, is_import_path
@@ -313,18 +313,7 @@ def node_method(
     except (UserModelError, RuntimeError, ValueError, TypeError) as exc:
         raise model_error(cfg, shape, exc, source) from None
     try:
-        return method_over(
-            cls,
-            cfg,
-            model,
-            node_id=node_id,
-            num_samples=len(data.train_y),
-            num_classes=data.num_classes,
-            input_shape=shape,
-            labels=data.train_y,
-            rng=rng,
-            device=device,
-        )
+        return method_on_data(cls, cfg, model, node_id, data, rng, device)
     except Exception as exc:  # the method meeting this node's model and data
         why = (
             f"node {node_id!r}: method {cfg.algorithm.name!r} cannot work with model "

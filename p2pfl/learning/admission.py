@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from p2pfl.learning.state import State, layout_mismatch
+from p2pfl.learning.state import State, TensorStamp, layout_mismatch
 
 
 def state_norm(state: Mapping[str, torch.Tensor], keys: list[str] | None = None) -> float:
@@ -90,27 +90,20 @@ class ReferenceNorms:
     counters) and the keys. :meth:`clear` forgets them (each round)."""
 
     def __init__(self) -> None:
-        self._norms: dict[tuple[str, ...], tuple[tuple[torch.Tensor, ...], tuple[int, ...], float]]
-        self._norms = {}
+        self._norms: dict[tuple[str, ...], tuple[TensorStamp, float]] = {}
 
     def clear(self) -> None:
         self._norms = {}
 
     def __call__(self, reference: State, keys: list[str]) -> float:
-        tensors = tuple(reference[k] for k in keys)
-        try:
-            versions = tuple(t._version for t in tensors)
-        except (AttributeError, RuntimeError):  # not a tensor, or one that keeps no version
+        stamp = TensorStamp.of(reference[k] for k in keys)
+        if stamp is None:
             return state_norm(reference, keys)
         hit = self._norms.get(tuple(keys))
-        if (
-            hit is not None
-            and hit[1] == versions
-            and all(a is b for a, b in zip(hit[0], tensors, strict=True))
-        ):
-            return hit[2]
+        if hit is not None and stamp.matches(hit[0]):
+            return hit[1]
         norm = state_norm(reference, keys)
-        self._norms[tuple(keys)] = (tensors, versions, norm)
+        self._norms[tuple(keys)] = (stamp, norm)
         return norm
 
 

@@ -12,11 +12,42 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
 State = dict[str, torch.Tensor]
 PARTS = ("g", "h", "all")
+
+
+@dataclass(frozen=True, eq=False)
+class TensorStamp:
+    """Which tensor objects, at which of torch's version counters (which every in-place
+    change, an optimizer step or a ``load_state_dict`` moves): what a cache of a value
+    computed from tensors keys on, so that the value is reused only while the very same
+    tensors are unchanged."""
+
+    tensors: tuple[torch.Tensor, ...]
+    versions: tuple[int, ...]
+
+    @classmethod
+    def of(cls, tensors: Iterable[torch.Tensor]) -> TensorStamp | None:
+        """The stamp of ``tensors``; None where one is not a tensor or keeps no version
+        (nothing can then be cached)."""
+        held = tuple(tensors)
+        try:
+            return cls(held, tuple(t._version for t in held))
+        except (AttributeError, RuntimeError):
+            return None
+
+    def matches(self, other: TensorStamp | None) -> bool:
+        """Whether ``other`` stamps the same tensor objects at the same versions."""
+        return (
+            other is not None
+            and len(self.tensors) == len(other.tensors)
+            and self.versions == other.versions
+            and all(a is b for a, b in zip(self.tensors, other.tensors, strict=True))
+        )
 
 
 def part_keys(keys: Iterable[str], part: str) -> list[str]:
