@@ -39,9 +39,18 @@ def describe_layout(
         "num_classes": int(num_classes),
         "tensors": tensor_specs(state),
     }
-    keyed = {**body, "tensors": sorted(body["tensors"])}  # a state's order carries no meaning
-    fp = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16]
-    return {"fp": fp, **body}
+    return {"fp": _fingerprint(body), **body}
+
+
+def _fingerprint(layout: Mapping[str, Any]) -> str:
+    """16 hex digits of SHA-256 over the layout but its ``fp``, tensors sorted by name (a
+    state's order carries no meaning)."""
+    keyed = {
+        "input_shape": list(layout["input_shape"]),
+        "num_classes": layout["num_classes"],
+        "tensors": sorted(layout["tensors"]),
+    }
+    return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def valid_tensor_specs(value: Any) -> bool:
@@ -62,8 +71,16 @@ def valid_tensor_specs(value: Any) -> bool:
     )
 
 
-def parse_layout(value: Any) -> dict[str, Any] | None:
-    """A peer's announced layout with its fields checked, or None when malformed."""
+def compact_layout(layout: Mapping[str, Any]) -> dict[str, Any]:
+    """What a protocol 4 presence carries: the layout without its tensor list
+    (``{fp, input_shape, num_classes}``); a peer whose ``fp`` differs asks for the list
+    (``layout_req``) to name the first difference."""
+    return {k: layout[k] for k in ("fp", "input_shape", "num_classes")}
+
+
+def parse_layout(value: Any, *, compact: bool = False) -> dict[str, Any] | None:
+    """A peer's announced layout with its fields checked, or None when malformed; with
+    ``compact``, one without its tensor list is taken too (:func:`compact_layout`)."""
     if not isinstance(value, Mapping):
         return None
     fp, shape, classes, tensors = (
@@ -73,13 +90,28 @@ def parse_layout(value: Any) -> dict[str, Any] | None:
         return None
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in shape):
         return None
-    if not isinstance(classes, int) or isinstance(classes, bool) or not valid_tensor_specs(tensors):
+    if not isinstance(classes, int) or isinstance(classes, bool):
+        return None
+    if compact and "tensors" not in value:
+        return {"fp": fp, "input_shape": shape, "num_classes": classes}
+    if not valid_tensor_specs(tensors):
         return None
     return {"fp": fp, "input_shape": shape, "num_classes": classes, "tensors": tensors}
 
 
+def fingerprint_holds(layout: Mapping[str, Any]) -> bool:
+    """Whether a whole parsed ``layout``'s ``fp`` is the hash of the rest
+    (:func:`describe_layout`)."""
+    return _fingerprint(layout) == layout["fp"]
+
+
 def summary(layout: Mapping[str, Any]) -> str:
-    """One line: fingerprint, input shape, classes, tensor and parameter counts."""
+    """One line: fingerprint, input shape, classes, tensor and parameter counts (a compact
+    layout, :func:`compact_layout`, has no counts)."""
+    if "tensors" not in layout:
+        return (
+            f"{layout['fp']} (input {list(layout['input_shape'])}, {layout['num_classes']} classes)"
+        )
     tensors = layout["tensors"]
     numel = 0
     for _, shape, _ in tensors:
@@ -96,13 +128,16 @@ def summary(layout: Mapping[str, Any]) -> str:
 def layout_difference(mine: Mapping[str, Any], theirs: Mapping[str, Any]) -> str | None:
     """None when the two layouts are equal; otherwise the first difference, in words:
     the input shape, the class count, or the first tensor (in this node's order) that is
-    missing, extra, or of another shape or dtype."""
+    missing, extra, or of another shape or dtype (``theirs`` compact: "the tensors
+    differ")."""
     if mine["fp"] == theirs["fp"]:
         return None
     if list(mine["input_shape"]) != list(theirs["input_shape"]):
         return f"input shape {list(mine['input_shape'])} here, {list(theirs['input_shape'])} there"
     if mine["num_classes"] != theirs["num_classes"]:
         return f"{mine['num_classes']} classes here, {theirs['num_classes']} there"
+    if "tensors" not in theirs:  # compact: the list is asked for
+        return "the tensors differ"
     their = {t[0]: t for t in theirs["tensors"]}
     for name, shape, dtype in mine["tensors"]:
         other = their.get(name)

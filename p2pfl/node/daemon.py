@@ -68,6 +68,7 @@ from p2pfl.node.wiring import announce, build_transport, load_security
 from p2pfl.rounds.driver import RoundDriver, driver_for
 from p2pfl.services.bundle import NodeServices
 from p2pfl.services.checkpoint import CheckpointError, checkpoint_path, load_checkpoint
+from p2pfl.services.layout_requests import ask_layouts, on_layout_message
 from p2pfl.wire.loop import quiet_closed_socket_races
 from p2pfl.wire.transport import BrokerLostError, Transport, TransportError
 
@@ -282,7 +283,7 @@ class Node:
         driver = self.driver = self.driver_cls(self.services)
         transport.on_presence = self._on_presence
         transport.on_gossip = driver.on_gossip
-        transport.on_inbox = driver.on_inbox
+        transport.on_inbox = self._on_inbox
         transport.on_request = self._serve_pull
         return transport
 
@@ -300,12 +301,21 @@ class Node:
         await self.driver.serve_pull(env)
 
     # ------------------------------------------------------------------ peers
+    def _on_inbox(self, env: Any) -> None:
+        """A peer's ``layout_req`` or ``layout`` is the refused-peer gate's
+        (:mod:`p2pfl.services.layout_requests`); every other inbox message goes to the round
+        driver."""
+        assert self.services is not None and self.driver is not None
+        if not on_layout_message(self.services, env, self.layout, self.neighbours):
+            self.driver.on_inbox(env)
+
     def _on_presence(self, peer: str, info: dict[str, Any]) -> None:
         online = info.get("status") == "online"
         assert self.services is not None and self.driver is not None
         peers = self.services.peers
         if online and peer in self.neighbours and self.layout is not None:
             online = peers.check_layout(peer, info, self.layout)  # refused: never a peer
+            ask_layouts(self.services)  # a tensor list names the first difference
         if online and peer not in self._online and peer in self.neighbours:
             self.driver.on_peer_online(peer)  # a neighbour (re)joined
         if online:

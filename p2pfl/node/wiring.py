@@ -21,6 +21,7 @@ from p2pfl import PROTOCOL_VERSION
 from p2pfl.check.load import ConfigError
 from p2pfl.config.emulation import access_links
 from p2pfl.config.schema import BrokerAddress, TopologyConfig
+from p2pfl.learning.layout import compact_layout
 from p2pfl.services.exchange import PACK_POOL
 from p2pfl.wire import direct
 from p2pfl.wire.direct import local_address
@@ -135,8 +136,10 @@ def build_transport(
             "swarm": cfg.name,
             "algorithm": cfg.algorithm.name,
             "protocol": PROTOCOL_VERSION,
-            "layout": layout,
+            # the tensor list on request (docs/wire.md, "Model layout")
+            "layout": None if layout is None else compact_layout(layout),
         },
+        presence_v3={"layout": layout},
         max_message_bytes=int(cfg.max_message_mb * 2**20),
         max_transfer_bytes=int(cfg.max_transfer_mb * 2**20),
         broker_timeout=cfg.timing.broker_timeout_s,

@@ -262,6 +262,15 @@ class Exchange:
         """Send one small message to ``to``'s inbox. Raises :class:`TransportError`."""
         await self._transport.send(to, kind, round_no, body, attempt=attempt)
 
+    def send_soon(self, to: str, kind: str, body: Any) -> None:
+        """Send one small message of no round to ``to``'s inbox in the background, best
+        effort; a failure is ignored."""
+        self._background.spawn(self._transport.send(to, kind, 0, body))
+
+    def drop(self, reason: str, detail: Any = "") -> None:
+        """Count (and log) a peer message dropped as ``reason``."""
+        self._transport.drop(reason, detail)
+
     # ------------------------------------------------------------------ hearing and reach
     async def hear(
         self, peers: Sequence[str] | None, fresh_within: float, members: Sequence[str] = ()

@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from p2pfl.learning.layout import layout_difference, parse_layout
+from p2pfl.learning.layout import fingerprint_holds, layout_difference, parse_layout
 from p2pfl.learning.layout import summary as layout_summary
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,11 @@ class PeerView:
         self._dropped = dropped
         self._changed = asyncio.Event()
         self._refused: dict[str, str] = {}
+        self._layout_asks: dict[str, str] = {}  # peer → the fp whose tensor list is asked
+        self._layouts_asked: set[tuple[str, str]] = set()  # (peer, fp) asked already
+        self._layouts_served: set[str] = set()  # askers answered
+        self._whole_layouts: dict[str, dict[str, Any]] = {}  # peer → its layout, as answered
+        self._refused_fp: dict[str, str | None] = {}  # peer → the fp its refusal is of
 
     # ------------------------------------------------------------------ presence view
     def status(self, peer: str) -> str:
@@ -128,7 +133,14 @@ class PeerView:
         trust: every state it sends still passes the layout check of its pull."""
         if "layout" not in info:
             return True
-        theirs = parse_layout(info.get("layout"))
+        theirs = parse_layout(info.get("layout"), compact=True)
+        if theirs is not None and "tensors" not in theirs and theirs["fp"] != own["fp"]:
+            known = self._whole_layouts.get(peer)
+            if known is not None and known["fp"] == theirs["fp"]:
+                theirs = known  # its tensor list came already
+            elif (peer, theirs["fp"]) not in self._layouts_asked:
+                self._layouts_asked.add((peer, theirs["fp"]))
+                self._layout_asks[peer] = theirs["fp"]
         if theirs is None:
             why = "its presence announces a malformed layout"
         else:
@@ -140,8 +152,42 @@ class PeerView:
                 f"its model layout {layout_summary(theirs)} differs from this node's "
                 f"{layout_summary(own)}: {diff}"
             )
-        if self._refused.get(peer) != why:
+        fp = None if theirs is None else theirs["fp"]
+        before = self._refused.get(peer)
+        if before != why:
             self._refused[peer] = why
-            self._dropped["layout_mismatch"] += 1
+            if before is None or self._refused_fp.get(peer) != fp:  # not its list, come later
+                self._dropped["layout_mismatch"] += 1
+            self._refused_fp[peer] = fp
             log.error("%s: refusing neighbour %s: %s", self.id, peer, why)
         return False
+
+    def layout_asks(self) -> list[str]:
+        """The peers whose tensor list this node should ask for now (``layout_req``): each
+        announced a compact layout (docs/wire.md, "Model layout") unlike this node's, once
+        per peer and fingerprint."""
+        asks = sorted(self._layout_asks)
+        self._layout_asks.clear()
+        return asks
+
+    def layout_answer(self, peer: str, body: Any, own: dict[str, Any]) -> str | None:
+        """Take ``peer``'s ``layout`` answer (``{layout}``, its whole layout) to name the
+        first difference of its refusal; or why it is dropped: not asked of it, malformed,
+        or not the layout its presence announced."""
+        info = self._presence.get(peer, {}).get("layout")
+        announced = info.get("fp") if isinstance(info, Mapping) else None
+        if (peer, announced) not in self._layouts_asked:
+            return "unexpected_layout"
+        whole = parse_layout(body.get("layout")) if isinstance(body, dict) else None
+        if whole is None or whole["fp"] != announced or not fingerprint_holds(whole):
+            return "malformed"
+        self._whole_layouts[peer] = whole
+        self.check_layout(peer, {"layout": whole}, own)
+        return None
+
+    def serves_layout(self, asker: str) -> bool:
+        """Whether a ``layout_req`` of ``asker`` is answered: once per asker."""
+        if asker in self._layouts_served:
+            return False
+        self._layouts_served.add(asker)
+        return True

@@ -44,6 +44,10 @@ KINDS = frozenset(
         # the next roster whole, asked of an aggregator (docs/wire.md, "Roster by difference")
         "roster_req",
         "roster",
+        # a peer's whole model layout, asked when its presence's differs (docs/wire.md,
+        # "Model layout")
+        "layout_req",
+        "layout",
         # secure aggregation (privacy.secagg; docs/wire.md, "Secure aggregation")
         "sa_keys",
         "sa_step",
@@ -64,6 +68,8 @@ INBOX_KINDS = frozenset(
         "probe_ack",
         "roster_req",
         "roster",
+        "layout_req",
+        "layout",
         "sa_step",
         "sa_shares",
         "sa_bundles",

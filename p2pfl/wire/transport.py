@@ -126,6 +126,7 @@ class Transport:
         port: int,
         *,
         presence: dict[str, Any] | None = None,
+        presence_v3: dict[str, Any] | None = None,
         max_message_bytes: int = 4 << 20,
         max_transfer_bytes: int = 2 << 30,
         chunk_bytes: int = CHUNK_BYTES,
@@ -149,6 +150,8 @@ class Transport:
         self.presence_info = dict(presence or {})
         # the protocol this node runs, whatever version it speaks (p2pfl.wire.versions)
         self.presence_info.setdefault("protocol", PROTOCOL_VERSION)
+        # the fields a presence carries otherwise while this node speaks protocol 3
+        self.presence_v3 = dict(presence_v3 or {})
         self.status = "online"
         self.max_message_bytes = max_message_bytes
         self.max_transfer_bytes = max_transfer_bytes
@@ -354,6 +357,8 @@ class Transport:
 
     def _presence_payload(self, status: str, will: bool = False) -> bytes:
         info = {**self.presence_info, "status": status}
+        if self.speaks < 4:
+            info.update(self.presence_v3)
         if self.inbound.versions.oldest < PROTOCOL_VERSION:  # a peer it hears runs it
             info["oldest"] = self.inbound.versions.oldest
         body: dict[str, Any] = {"presence": info}

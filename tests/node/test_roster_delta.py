@@ -35,7 +35,7 @@ def test_a_thousand_member_roster_travels_as_its_change():
 def test_a_roster_that_changed_more_than_it_stayed_travels_whole():
     assert by_difference(["a", "b", "c"], ["d"]) == {"roster": ["d"]}
     ann = {"roster": ["d"], "participants": ["d"]}
-    assert on_the_wire(ann, None) is ann  # no base: whole
+    assert on_the_wire(ann, None, MEMBERS) is ann  # no base: whole
 
 
 def test_a_member_without_the_base_gets_missing_base():
@@ -132,35 +132,78 @@ def test_an_announcement_on_the_wire_gives_back_the_whole_one():
         "roster": NEXT,
         "participants": NEXT,  # FedAvg at fraction 1: the whole roster, as draw_plan gives
         "server": {},
-        "receivers": [],
+        "receivers": ["a", "c"],
         "common": True,
         "aggregated": ["a", "c"],
         "claims": {"a": 5, "c": 7},
         "reports": {"a": {}, "c": {"loss": 0.5}},
         "lineage": "0",
     }
-    wire = on_the_wire(whole, BASE)
-    assert not {"roster", "participants", "aggregated"} & set(wire)
+    wire = on_the_wire(whole, BASE, d.services.cfg.node_ids)
+    assert not {"roster", "participants", "aggregated", "claims", "receivers"} & set(wire)
     assert wire["reports"] == {"c": {"loss": 0.5}}
     assert d.rotation.check(3, wire) == d.rotation.check(3, whole)
 
 
-def test_a_thousand_member_announcement_is_under_a_kilobyte():
+def _thousand_member_announcement() -> dict:
     ids = sorted(MEMBERS)
     drawn = ids[::10]  # fraction 0.1
-    whole = {
+    return {
         "roster": ids,
         "participants": drawn,
         "server": {},
-        "receivers": [],
+        "receivers": drawn,  # FedAvg: each uploader gets a result
         "common": True,
         "aggregated": drawn,
-        "claims": dict.fromkeys(drawn, 100),
+        "claims": {p: 60 + i for i, p in enumerate(drawn)},
         "reports": {p: {} for p in drawn},
         "lineage": "0",
     }
+
+
+def test_a_thousand_member_announcement_is_under_500_bytes():
+    whole = _thousand_member_announcement()
+    ids = whole["roster"]
+    wire = on_the_wire(whole, ids, MEMBERS)
     assert len(encode(whole)) > 7000
-    assert len(encode(on_the_wire(whole, ids))) < 1000
+    assert len(encode(wire)) < 500
+    back = resolve(wire, ids, MEMBERS)
+    assert back["claims"] == whole["claims"] and back["receivers"] == whole["receivers"]
+    assert back["aggregated"] == whole["aggregated"] and back["reports"] == whole["reports"]
+
+
+def test_receivers_other_than_the_aggregated_travel_as_they_are():
+    whole = {**_thousand_member_announcement(), "receivers": []}
+    ids = whole["roster"]
+    wire = on_the_wire(whole, ids, MEMBERS)
+    assert wire["receivers"] == [] and resolve(wire, ids, MEMBERS)["receivers"] == []
+
+
+@pytest.mark.parametrize(
+    "change, error",
+    [
+        ({"claims_of": b"\x01"}, "bitmap of 125 bytes"),
+        ({"claims_of": "1" * 125}, "bitmap of 125 bytes"),
+        ({"claims_n": [1, 2]}, "one count per member"),
+        ({"claims_n": None}, "one count per member"),
+        ({"claims": {"n0": 3}}, "exclusive"),
+    ],
+)
+def test_malformed_compact_claims_are_refused(change, error):
+    whole = _thousand_member_announcement()
+    ids = whole["roster"]
+    wire = {**on_the_wire(whole, ids, MEMBERS), **change}
+    with pytest.raises(ValueError, match=error):
+        resolve(wire, ids, MEMBERS)
+
+
+def test_a_claims_bitmap_past_the_members_is_refused():
+    members = {f"m{i}" for i in range(5)}  # 5 bits of one byte
+    whole = {"roster": sorted(members), "participants": ["m0"], "server": {}, "claims": {"m0": 1}}
+    wire = on_the_wire(whole, sorted(members), members)
+    assert wire["claims_of"] == b"\x01"
+    with pytest.raises(ValueError, match="past the members"):
+        resolve({**wire, "claims_of": b"\x21"}, sorted(members), members)
 
 
 async def test_a_far_announcement_by_difference_is_kept_once_its_roster_comes():

@@ -479,7 +479,7 @@ class AggregatorRole(RotationRole):
         round's (:func:`~p2pfl.rounds.rotation.roster.on_the_wire`)."""
         key = (round_no, attempt)  # a protocol 3 peer heard: whole, as it reads it
         base = self._bases.get(key) if self.services.exchange.speaks_4 else None
-        body = on_the_wire(self._announcements[key], base)
+        body = on_the_wire(self._announcements[key], base, self.services.cfg.node_ids)
         try:
             await self.services.exchange.gossip(round_no, body, kind="announce", attempt=attempt)
         except TransportError as exc:

@@ -62,19 +62,35 @@ def by_difference(base: list[str], roster: list[str]) -> dict[str, Any]:
     }
 
 
-def on_the_wire(announcement: dict[str, Any], base: list[str] | None) -> dict[str, Any]:
+def on_the_wire(
+    announcement: dict[str, Any], base: list[str] | None, members: Iterable[str]
+) -> dict[str, Any]:
     """``announcement`` (whole, as the aggregator keeps it) as it is sent, against
-    ``base`` (the round's roster; None: whole, as protocol 3 reads it): the next roster by
-    difference (:func:`by_difference`), and nothing a member derives itself: no
-    ``participants`` (drawn from the roster and server state as every member draws them:
-    :func:`~p2pfl.rounds.rotation.plans.draw_plan`), no ``aggregated`` (the keys of
-    ``claims``), no empty ``reports`` entry. :func:`resolve` and the announcement's check
-    give the whole announcement back."""
+    ``base`` (the round's roster; None: whole, as protocol 3 reads it) and ``members`` (the
+    swarm's): the next roster by difference (:func:`by_difference`), and nothing a member
+    derives itself: no ``participants`` (drawn from the roster and server state as every
+    member draws them: :func:`~p2pfl.rounds.rotation.plans.draw_plan`), no ``aggregated``
+    (the keys of ``claims``), no ``receivers`` when they are the aggregated members, no
+    empty ``reports`` entry, and ``claims`` as ``claims_of`` (which members, a bitmap over
+    the sorted members) and ``claims_n`` (their counts, in that order). :func:`resolve` and
+    the announcement's check give the whole announcement back."""
     if base is None:
         return announcement
     body = {k: v for k, v in announcement.items() if k not in ("roster", "participants")}
-    if body.get("aggregated") == sorted(body.get("claims", {})):
+    claims = body.pop("claims", {})
+    aggregated = sorted(claims)
+    if body.get("aggregated") == aggregated:
         del body["aggregated"]
+    if body.get("receivers") == aggregated:
+        del body["receivers"]
+    ids = sorted(set(members))
+    at = {m: i for i, m in enumerate(ids)}
+    if set(claims) <= at.keys():
+        bits = sum(1 << at[p] for p in claims)
+        body["claims_of"] = bits.to_bytes(_bitmap_bytes(len(ids)), "little")
+        body["claims_n"] = [claims[p] for p in aggregated]
+    else:  # not the swarm's members: sent as it is, for the check to refuse
+        body["claims"] = claims
     reports = {p: rep for p, rep in body.get("reports", {}).items() if rep != {}}
     if reports:
         body["reports"] = reports
@@ -82,6 +98,27 @@ def on_the_wire(announcement: dict[str, Any], base: list[str] | None) -> dict[st
         body.pop("reports", None)
     body.update(by_difference(base, announcement["roster"]))
     return body
+
+
+def _bitmap_bytes(n: int) -> int:
+    return (n + 7) // 8
+
+
+def _claims_of(body: dict[str, Any], members: set[str]) -> dict[str, Any]:
+    """``claims`` from ``claims_of`` and ``claims_n`` (:func:`on_the_wire`); ValueError when
+    they are malformed (the counts themselves are the announcement's check's)."""
+    bitmap, counts = body.get("claims_of"), body.get("claims_n")
+    ids = sorted(members)
+    if not isinstance(bitmap, (bytes, bytearray)) or len(bitmap) != _bitmap_bytes(len(ids)):
+        raise ValueError(f"claims_of must be a bitmap of {_bitmap_bytes(len(ids))} bytes")
+    bits = int.from_bytes(bitmap, "little")
+    if bits >> len(ids):
+        raise ValueError("claims_of sets bits past the members")
+    named = [m for i, m in enumerate(ids) if bits >> i & 1]
+    if not isinstance(counts, list) or len(counts) != len(named):
+        raise ValueError("claims_n must give one count per member claims_of sets")
+    rest = {k: v for k, v in body.items() if k not in ("claims_of", "claims_n")}
+    return {**rest, "claims": dict(zip(named, counts, strict=True))}
 
 
 def _digest(value: Any, what: str) -> str:
@@ -98,18 +135,28 @@ def _ids(value: Any, members: set[str], what: str) -> set[str]:
     return set(value)
 
 
-def _restored(body: dict[str, Any]) -> dict[str, Any]:
-    """``aggregated`` from the keys of ``claims`` when it is left out, and an empty
-    ``reports`` entry for each aggregated member without one (:func:`on_the_wire`)."""
+def _restored(body: dict[str, Any], members: set[str]) -> dict[str, Any]:
+    """An announcement as :func:`on_the_wire` sends it (it has no ``participants``) with
+    what it left out put back: ``claims`` from ``claims_of`` and ``claims_n``,
+    ``aggregated`` (the keys of ``claims``), ``receivers`` (the aggregated members), and an
+    empty ``reports`` entry for each aggregated member without one. ValueError when the
+    compact claims are malformed; other malformed fields are left to the check."""
+    if "participants" in body:
+        return body  # whole, as protocol 3 sends it
+    if "claims_of" in body or "claims_n" in body:
+        if "claims" in body:
+            raise ValueError("claims and claims_of are exclusive")
+        body = _claims_of(body, members)
     claims = body.get("claims", {})
-    if "aggregated" in body or not isinstance(claims, dict):
-        return body
+    if not isinstance(claims, dict):
+        return body  # the announcement's check refuses it
     aggregated = sorted(claims)
+    body = {"aggregated": aggregated, "receivers": aggregated, **body}
     reports = body.get("reports", {})
     if not isinstance(reports, dict):
-        return body  # the announcement's check refuses it
-    full = {p: reports.get(p, {}) for p in aggregated}
-    return {**body, "aggregated": aggregated, "reports": {**reports, **full}}
+        return body
+    full = {p: reports.get(p, {}) for p in body["aggregated"] if isinstance(p, str)}
+    return {**body, "reports": {**full, **reports}}
 
 
 def resolve(body: dict[str, Any], base: list[str] | None, members: set[str]) -> dict[str, Any]:
@@ -117,7 +164,7 @@ def resolve(body: dict[str, Any], base: list[str] | None, members: set[str]) -> 
     as it came, or rebuilt from the change against ``base`` (the roster this member holds of
     the announced round; None: none). Raises :class:`MissingBase` when the base is not the
     one named, ``ValueError`` when the fields are malformed or give another digest."""
-    body = _restored(body)
+    body = _restored(body, members)
     if "roster" in body or not any(k in body for k in DELTA_KEYS):
         return body  # whole (or missing: the announcement's own check says so)
     if not all(k in body for k in DELTA_KEYS):
