@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from p2pfl.algorithms.base import (
     REGISTRY,
+    SHARE_KINDS,
     Aggregate,
     AlgorithmContext,
     CentralizedAlgorithm,
@@ -37,11 +38,13 @@ from p2pfl.algorithms.base import (
     Method,
     PullPlan,
     Upload,
+    check_shares,
     register,
 )
 from p2pfl.config.suggest import with_suggestion
 
 __all__ = [
+    "SHARE_KINDS",
     "Aggregate",
     "DecentralizedAlgorithm",
     "CentralizedAlgorithm",
@@ -81,6 +84,7 @@ def register_method(cls: type[Method], *, name: str | None = None) -> type[Metho
     key = name or getattr(cls, "name", None)
     if not isinstance(key, str) or not key:
         raise ValueError(f"{cls.__name__}: a method needs a class attribute name = '...'")
+    check_shares(cls)
     _load_all()
     if REGISTRY.get(key) is cls:
         return cls

@@ -57,6 +57,12 @@ PullPlan = dict[str, str]  # peer id -> part ("g", "h" or "all")
 REGISTRY: dict[str, type[Method]] = {}
 
 
+SHARE_KINDS = ("whole_weights", "shared_part", "representations")
+"""What a method may send off its node: its whole model's weights (the personal part
+included), only the shared part ``g``, or representations of its data (UA-PDFL's unit and
+auxiliary representations)."""
+
+
 class Params(BaseModel):
     """Base for a method's knobs (unknown keys rejected)."""
 
@@ -78,10 +84,20 @@ class CentralizedParams(Params):
     )
 
 
+def check_shares(cls: type[Method]) -> None:
+    """Raise ``ValueError`` unless ``cls.shares`` is a frozenset of :data:`SHARE_KINDS`."""
+    shares = getattr(cls, "shares", None)
+    if not isinstance(shares, frozenset) or not shares <= set(SHARE_KINDS):
+        raise ValueError(
+            f"{cls.__name__}.shares must be a frozenset of {list(SHARE_KINDS)}, not {shares!r}"
+        )
+
+
 def register(cls: type[Method]) -> type[Method]:
     """Class decorator: make a method available under ``cls.name``."""
     if cls.name in REGISTRY:
         raise ValueError(f"algorithm {cls.name!r} registered twice")
+    check_shares(cls)
     REGISTRY[cls.name] = cls
     return cls
 
@@ -112,6 +128,9 @@ class Method(ABC):
     # its own arithmetic lists the rules that select whole states (docs/design.md,
     # "Robust aggregation"), checked at load
     defences: ClassVar[tuple[str, ...] | None] = None
+    # what leaves the node, of :data:`SHARE_KINDS` (a site's policy ``share`` is checked
+    # against it, not against the method's name); by default the whole model's weights
+    shares: ClassVar[frozenset[str]] = frozenset({"whole_weights"})
 
     def __init__(self, params: dict[str, Any], ctx: AlgorithmContext):
         self.params = self.Params.model_validate(params)

@@ -22,5 +22,6 @@ from p2pfl.algorithms.fedavg import FedAvg
 class FedPer(FedAvg):
     name = "fedper"
     upload_part = "g"
+    shares = frozenset({"shared_part"})
     # aggregate (mean of the uploaded g) and apply (load g only, strict=False after checking
     # the keys) are FedAvg's, driven by ``upload_part``.

@@ -18,6 +18,7 @@ from p2pfl.algorithms.base import DecentralizedAlgorithm, PullPlan, State, regis
 class Local(DecentralizedAlgorithm):
     name = "local"
     keeps_in_step = False  # a fixed training budget: never join late, never catch up
+    shares = frozenset()  # nothing leaves the node
 
     def gossip(self) -> dict[str, Any] | None:
         return None  # nothing to tell anyone

@@ -168,6 +168,9 @@ def decide(
 class UAPDFL(DecentralizedAlgorithm):
     name = "uapdfl"
     Params = UAPDFLParams
+    # g to every chosen peer, h to the low-divergence ones, and the unit and auxiliary
+    # representations in gossip
+    shares = frozenset({"whole_weights", "representations"})
 
     def __init__(self, params: dict[str, Any], ctx: AlgorithmContext):
         super().__init__(params, ctx)
