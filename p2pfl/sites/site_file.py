@@ -1,0 +1,126 @@
+"""A site's own file (``p2pfl daemon --site site.yaml``): who the site is, where its broker
+and certificates are, its data bindings and its policy (docs/design.md, "Site policy"). It
+belongs to the site and never comes from peers; a run names a binding, never a path.
+
+Relative paths (``certs``, ``state_dir``, each binding's ``root`` and ``stats``, and
+``policy`` when it names a file) resolve against the site file's folder, as a topology's do.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, PositiveInt, ValidationError, field_validator
+
+from p2pfl.check.load import ConfigError, load_yaml, validation_errors
+from p2pfl.config.dataset_schema import DatasetConfig
+from p2pfl.config.paths import PathBase, resolve_fields
+from p2pfl.config.strict import PathNotes, StrictModel
+from p2pfl.sites.policy import Policy
+
+SITE_PATHS = ("certs", "state_dir", "policy")
+"""The fields of a site file that hold paths (``policy`` when it is a file's name)."""
+
+BINDING_PATHS = ("root", "stats")
+"""The fields of a data binding that hold paths."""
+
+NAME = r"^[A-Za-z0-9_.-]{1,64}$"
+
+
+class Limits(StrictModel):
+    max_concurrent_runs: PositiveInt = Field(
+        default=1, description="the runs this site trains at once; more wait as pending"
+    )
+
+
+class Observability(StrictModel):
+    listen: str | None = Field(
+        default=None,
+        description="host:port of /livez, /readyz and /metrics (absent: not served)",
+    )
+    log_format: Literal["text", "json"] = "text"
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"listen must be 'host:port', got {value!r}")
+        return value
+
+
+class SiteFile(PathNotes):
+    """A site file, its relative paths resolved (:func:`load_site`)."""
+
+    site: str = Field(
+        pattern=NAME,
+        description="this site's node id in every run (its certificate's name under TLS)",
+    )
+    swarm: str = Field(pattern=NAME, description="the federation this site belongs to")
+    broker: str = Field(
+        default="127.0.0.1:1883", description="host:port, mdns (discover it) or embedded"
+    )
+    certs: str | None = Field(default=None, description="the swarm's certificate folder")
+    state_dir: str = Field(description="where the daemon keeps its ledger, runs and socket")
+    data: dict[str, DatasetConfig] = Field(
+        default_factory=dict, description="named data bindings (the reader fields of dataset:)"
+    )
+    policy: Policy = Field(default_factory=Policy)
+    limits: Limits = Field(default_factory=Limits)
+    observability: Observability = Field(default_factory=Observability)
+
+    @field_validator("broker")
+    @classmethod
+    def _broker(cls, value: str) -> str:
+        if value in ("mdns", "embedded"):
+            return value
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"broker must be 'host:port', 'mdns' or 'embedded', got {value!r}")
+        return value
+
+    @field_validator("data")
+    @classmethod
+    def _binding_names(cls, value: dict[str, DatasetConfig]) -> dict[str, DatasetConfig]:
+        bad = [name for name in value if not re.match(NAME, name)]
+        if bad:
+            raise ValueError(f"binding names are letters, digits, '_', '.', '-': {bad[0]!r}")
+        return value
+
+
+def load_site(path: str | Path) -> SiteFile:
+    """The site file at ``path``, validated, its relative paths resolved against its
+    folder and its ``policy`` read when it names a file; a :class:`ConfigError` naming the
+    file (the policy's, for an error in it) and the field otherwise."""
+    data = load_yaml(path)
+    base = PathBase.of_file(path)
+    policy = data.get("policy")
+    paths = [f for f in SITE_PATHS if f != "policy" or isinstance(policy, str)]
+    notes = resolve_fields(data, paths, base)
+    bindings = data.get("data")
+    for name, binding in bindings.items() if isinstance(bindings, dict) else ():
+        if isinstance(binding, dict):
+            for field, note in resolve_fields(binding, BINDING_PATHS, base).items():
+                notes[f"data.{name}.{field}"] = note
+    if isinstance(policy, str):
+        data["policy"] = _policy_file(data["policy"])
+    try:
+        site = SiteFile.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(str(path), validation_errors(exc, SiteFile)) from None
+    site.note_paths(notes)
+    return site
+
+
+def _policy_file(path: str) -> dict[str, Any]:
+    """The policy file at ``path`` (absolute), checked on its own so its errors name it."""
+    data = load_yaml(path)
+    try:
+        Policy.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(path, validation_errors(exc, Policy)) from None
+    return data
