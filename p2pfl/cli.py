@@ -498,6 +498,32 @@ def cmd_methods(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_policy(args: argparse.Namespace) -> int:
+    """``p2pfl policy check``: the site's decision on a run spec, with its reasons (the
+    vote the site's daemon would give); exit 1 when it would reject the run."""
+    from p2pfl.sites.policy import decide
+    from p2pfl.sites.run_spec import load_run_spec, run_facts, run_id
+    from p2pfl.sites.site_file import load_site
+
+    site = load_site(args.site)
+    spec = load_run_spec(args.spec)
+    facts = run_facts(spec, args.proposer or site.site)
+    decision = decide(facts, site.policy, site=site.site, bindings=set(site.data))
+    if args.json:
+        print(json.dumps({"run_id": run_id(spec), "site": site.site, **decision.as_record()}))
+    else:  # the command's answer: on stdout
+        out = Console(highlight=False, soft_wrap=True)
+        out.print(
+            f"{site.site}: run {run_id(spec)} ({spec.name}, {spec.algorithm.name}): "
+            f"[bold]{decision.vote}[/] under policy {decision.policy}"
+        )
+        for reason in decision.reasons:
+            out.print(f"  {reason.code}: {escape(reason.detail)}")
+        if decision.dp_epsilon is not None and decision.dp_epsilon != facts.dp_epsilon:
+            out.print(f"  this site trains with DP at epsilon {decision.dp_epsilon:g}")
+    return 1 if decision.vote == "reject" else 0
+
+
 # ----------------------------------------------------------------------------- parser
 
 
@@ -514,6 +540,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "export": cmd_export,
     "predict": cmd_predict,
     "methods": cmd_methods,
+    "policy": cmd_policy,
 }
 
 

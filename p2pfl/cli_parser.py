@@ -333,4 +333,12 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
 
     sp = sub.add_parser("methods", help="list the installed methods, their knobs and defaults")
     sp.add_argument("-v", "--verbose", action="store_true")
+
+    sp = sub.add_parser("policy", help="check a run spec against a site's policy (a dry run)")
+    sp.add_argument("action", choices=["check"], help="check: print the decision and reasons")
+    sp.add_argument("spec", help="the run spec (run.yaml)")
+    sp.add_argument("--site", required=True, help="the site file whose policy decides")
+    sp.add_argument("--proposer", help="who proposes the run (default: the site itself)")
+    sp.add_argument("--json", action="store_true", help="print the decision as JSON")
+    sp.add_argument("-v", "--verbose", action="store_true")
     return p

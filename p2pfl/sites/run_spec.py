@@ -1,0 +1,147 @@
+"""A run as a site daemon is asked to train it (``p2pfl submit run.yaml``): a topology
+without what belongs to a device (the broker, the data's paths, certificates, emulation,
+attacks, the node list), plus ``data`` (the name of the data binding each site trains on),
+``members`` (the sites named, or ``any``), ``quorum.min_accept`` and ``vote_deadline_s``
+(docs/design.md, "Site policy").
+
+The ``run_id`` is a hash of the canonical spec (:func:`run_id`), so every site names the
+same run alike; :func:`run_facts` is what a site's policy reads of it
+(:class:`~p2pfl.sites.policy.RunFacts`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, PositiveInt, ValidationError, model_validator
+
+from p2pfl.check.load import ConfigError, load_yaml, validation_errors
+from p2pfl.config import bounds as B
+from p2pfl.config.privacy_schema import PrivacyConfig
+from p2pfl.config.runtime_schema import TimingConfig, TransferConfig
+from p2pfl.config.schema import (
+    PARAMS_CHECK,
+    AlgorithmConfig,
+    DefenceConfig,
+    GeneratedEdges,
+    ModelConfig,
+    TrainingConfig,
+)
+from p2pfl.config.strict import StrictModel
+from p2pfl.sites.policy import RunFacts
+
+NAME = r"^[A-Za-z0-9_.-]{1,64}$"
+
+
+class Quorum(StrictModel):
+    min_accept: PositiveInt = Field(
+        default=2, le=B.MAX_NODES, description="the fewest accepting sites the run commits with"
+    )
+
+
+class RunSpec(StrictModel):
+    """What a proposer asks of the sites; every field but ``data``, ``members``, ``quorum``
+    and ``vote_deadline_s`` means what it means in a topology."""
+
+    name: str = Field(pattern=NAME)
+    seed: int = Field(0, ge=0, le=B.MAX_SEED)
+    rounds: int = Field(5, ge=1, le=B.MAX_ROUNDS)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    timing: TimingConfig = Field(default_factory=TimingConfig)
+    transfer: TransferConfig = Field(default_factory=TransferConfig)
+    defence: DefenceConfig = Field(default_factory=DefenceConfig)
+    privacy: PrivacyConfig | None = None
+    edges: GeneratedEdges = Field(
+        default_factory=lambda: GeneratedEdges(kind="full"),
+        description="the neighbours among the committed sites (a generated kind: the "
+        "members are known only at the commit)",
+    )
+    data: str = Field(pattern=NAME, description="the data binding each site trains on")
+    members: Literal["any"] | list[str] = Field(
+        default="any", description="the sites asked (any: every site that accepts)"
+    )
+    quorum: Quorum = Field(default_factory=Quorum)
+    vote_deadline_s: float = Field(
+        60.0, ge=1.0, le=7 * 86400.0, description="how long the sites have to vote"
+    )
+
+    @model_validator(mode="after")
+    def _members(self) -> RunSpec:
+        if isinstance(self.members, list):
+            bad = [m for m in self.members if not re.match(NAME, m)]
+            if bad:
+                raise ValueError(f"members: {bad[0]!r} is not a site name")
+            if len(set(self.members)) != len(self.members):
+                raise ValueError("members: a site is named twice")
+            if self.quorum.min_accept > len(self.members):
+                raise ValueError(
+                    f"quorum.min_accept: {self.quorum.min_accept} of {len(self.members)} members"
+                )
+        return self
+
+
+def canonical(spec: RunSpec) -> str:
+    """The spec as canonical JSON (defaults filled in, keys sorted, no spaces)."""
+    return json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+
+def run_id(spec: RunSpec) -> str:
+    """The run's id: 16 hex digits of SHA-256 over :func:`canonical`; equal specs, however
+    written, have one id."""
+    return hashlib.sha256(canonical(spec).encode()).hexdigest()[:16]
+
+
+def spec_from_dict(data: dict, source: str = "<run spec>") -> RunSpec:
+    """Validate a run spec mapping, the method's knobs included; a :class:`ConfigError`
+    naming ``source`` and the field otherwise."""
+    from p2pfl.algorithms import validate_params  # the registry imports torch
+
+    try:
+        return RunSpec.model_validate(data, context={PARAMS_CHECK: validate_params})
+    except ValidationError as exc:
+        raise ConfigError(source, validation_errors(exc, RunSpec)) from None
+
+
+def load_run_spec(path: str | Path) -> RunSpec:
+    """The run spec at ``path``, validated (:func:`spec_from_dict`)."""
+    return spec_from_dict(load_yaml(path), str(path))
+
+
+def names_plugins(spec: RunSpec) -> bool:
+    """Whether the run loads code from outside p2pfl: a ``package.module:name`` model or
+    method, or a method registered by a plugin."""
+    from p2pfl.algorithms import method_source
+
+    if ":" in spec.model.name or ":" in spec.algorithm.name:
+        return True
+    return method_source(spec.algorithm.name) != "built-in"
+
+
+def run_facts(spec: RunSpec, proposer: str, members: list[str] | None = None) -> RunFacts:
+    """What a site's policy reads of ``spec`` proposed by ``proposer``; ``members``: the
+    committed sites (None: the spec's). A run under DP by a noise multiplier asks no ε
+    in advance: it reads as unbounded, so a site's ``max_epsilon`` applies."""
+    from p2pfl.algorithms import get_algorithm
+
+    named = members if members is not None else spec.members
+    dp = spec.privacy.dp if spec.privacy is not None else None
+    epsilon = None if dp is None else (dp.target_epsilon or math.inf)
+    return RunFacts(
+        proposer=proposer,
+        method=spec.algorithm.name,
+        shares=get_algorithm(spec.algorithm.name).shares,
+        data=spec.data,
+        rounds=spec.rounds,
+        min_accept=spec.quorum.min_accept,
+        members=None if named == "any" else tuple(named),
+        plugins=names_plugins(spec),
+        dp_epsilon=epsilon,
+        secagg=spec.privacy is not None and spec.privacy.secagg,
+    )
