@@ -1,0 +1,69 @@
+"""How sites agree on a run without a server (docs/design.md, "Site policy"): the pure
+rules of propose, vote, commit.
+
+- :func:`tally`: the members a run commits with (every site that voted ``accept``, in
+  the spec's ``members`` when it names them), or why it aborts (fewer than ``min_accept``);
+- :func:`committers`: who commits, in order: the proposer first, then the accepting sites
+  ranked by a pure function of ``(run_id, site)``, so every site names the same fallback
+  committer without a vote on it (the rotating aggregator's handover, applied to commits);
+- :func:`winning_commit`: of several commits of one run (a partition let two committers
+  act), the one by the committer ranked first; members of another stop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+VoteValue = Literal["accept", "reject", "pending"]
+
+
+@dataclass(frozen=True)
+class Tally:
+    """A run's votes counted: ``members`` (sorted) when it commits, else ``aborted`` (why)."""
+
+    members: tuple[str, ...]
+    aborted: str | None = None
+
+
+def tally(
+    votes: Mapping[str, VoteValue], min_accept: int, members: Iterable[str] | None = None
+) -> Tally:
+    """The members a run commits with: every site whose vote is ``accept`` (of ``members``,
+    the sites the spec names; None: any site). Fewer than ``min_accept`` of them: aborted,
+    with the count and the sites still pending."""
+    named = None if members is None else set(members)
+    accepted = sorted(
+        s for s, v in votes.items() if v == "accept" and (named is None or s in named)
+    )
+    if len(accepted) >= min_accept:
+        return Tally(tuple(accepted))
+    pending = sorted(s for s, v in votes.items() if v == "pending")
+    why = f"{len(accepted)} of the {min_accept} accepting sites needed"
+    if pending:
+        why += f" ({len(pending)} still pending: {', '.join(pending)})"
+    return Tally((), why)
+
+
+def rank(run_id: str, site: str) -> str:
+    """The key that orders fallback committers: SHA-256 over ``run_id:site``."""
+    return hashlib.sha256(f"{run_id}:{site}".encode()).hexdigest()
+
+
+def committers(run_id: str, proposer: str, accepted: Iterable[str]) -> list[str]:
+    """Who commits ``run_id``, in order: its ``proposer``, then the other ``accepted`` sites
+    by :func:`rank`. The site at position ``k`` commits when no commit came ``k`` grace
+    periods after the vote deadline."""
+    rest = sorted({s for s in accepted if s != proposer}, key=lambda s: rank(run_id, s))
+    return [proposer, *rest]
+
+
+def winning_commit(run_id: str, proposer: str, commits: Mapping[str, tuple[str, ...]]) -> str:
+    """Of several commits of ``run_id`` (committer → the members it committed), the
+    committer whose commit stands: the one ranked first by :func:`committers` over every
+    committer. Raises ``ValueError`` when there is none."""
+    if not commits:
+        raise ValueError("no commit")
+    return next(s for s in committers(run_id, proposer, commits) if s in commits)

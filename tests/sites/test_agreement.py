@@ -1,0 +1,36 @@
+"""The pure rules of propose, vote, commit (:mod:`p2pfl.sites.agreement`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from p2pfl.sites.agreement import committers, rank, tally, winning_commit
+
+
+def test_a_run_commits_with_every_accepting_site():
+    votes = {"a": "accept", "b": "reject", "c": "accept", "d": "pending"}
+    assert tally(votes, 2).members == ("a", "c") and tally(votes, 2).aborted is None
+    assert tally(votes, 1, members=["a", "b"]).members == ("a",)  # c is not asked
+
+
+def test_too_few_accepting_sites_abort_the_run_with_the_reason():
+    t = tally({"a": "accept", "b": "reject", "d": "pending"}, 2)
+    assert t.members == () and t.aborted == "1 of the 2 accepting sites needed (1 still pending: d)"
+
+
+def test_every_site_names_the_same_fallback_committer():
+    order = committers("r1", "a", ["c", "b", "a", "d"])
+    assert order[0] == "a" and sorted(order) == ["a", "b", "c", "d"]
+    assert order == committers("r1", "a", ["d", "a", "b", "c"])  # whatever the order heard
+    assert [rank("r1", s) for s in order[1:]] == sorted(rank("r1", s) for s in order[1:])
+    other = committers("r2", "a", ["b", "c", "d"])
+    assert set(other) == set(order)  # another run, another order (in general)
+
+
+def test_of_two_commits_the_first_ranked_committers_stands():
+    order = committers("r1", "a", ["a", "b", "c", "d"])
+    both = {order[2]: ("b", "c"), order[1]: ("a", "b")}
+    assert winning_commit("r1", "a", both) == order[1]
+    assert winning_commit("r1", "a", {**both, "a": ("a",)}) == "a"  # the proposer's first
+    with pytest.raises(ValueError):
+        winning_commit("r1", "a", {})
