@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, TypeVar, get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -35,6 +35,8 @@ from p2pfl.config.paths import (
 from p2pfl.config.schema import PARAMS_CHECK, BrokerAddress, NodeOverrides, TopologyConfig
 from p2pfl.config.suggest import with_suggestion
 from p2pfl.errors import P2PFLError
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 class ConfigError(P2PFLError, ValueError):
@@ -296,15 +298,23 @@ def _names_user_code(data: dict[str, Any]) -> bool:
     return False
 
 
+def validated(
+    model: type[ModelT], data: Any, source: str | Path, context: dict[str, Any] | None = None
+) -> ModelT:
+    """``data`` validated as ``model`` (with ``context``), or a :class:`ConfigError` naming
+    ``source`` and each field (:func:`validation_errors`)."""
+    try:
+        return model.model_validate(data, context=context)
+    except ValidationError as exc:
+        raise ConfigError(str(source), validation_errors(exc, model)) from None
+
+
 def load_node_overrides(path: str | Path) -> NodeOverrides:
     """A device's ``nodes/`` file, its ``data_root`` and ``certs`` resolved against its
     folder; a ``ConfigError`` naming the file and the field otherwise."""
     data = load_yaml(path)
     notes = resolve_fields(data, NODE_PATHS, PathBase.of_file(path))
-    try:
-        over = NodeOverrides.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(str(path), validation_errors(exc, NodeOverrides)) from None
+    over = validated(NodeOverrides, data, path)
     over.note_paths(notes)
     return over
 

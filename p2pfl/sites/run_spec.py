@@ -18,9 +18,9 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, PositiveInt, ValidationError, model_validator
+from pydantic import Field, PositiveInt, model_validator
 
-from p2pfl.check.load import ConfigError, load_yaml, validation_errors
+from p2pfl.check.load import load_yaml, validated
 from p2pfl.config import bounds as B
 from p2pfl.config.privacy_schema import PrivacyConfig
 from p2pfl.config.runtime_schema import TimingConfig, TransferConfig
@@ -99,14 +99,11 @@ def run_id(spec: RunSpec) -> str:
 
 
 def spec_from_dict(data: dict, source: str = "<run spec>") -> RunSpec:
-    """Validate a run spec mapping, the method's knobs included; a :class:`ConfigError`
+    """Validate a run spec mapping, the method's knobs included; a :class:`~p2pfl.check.load.ConfigError`
     naming ``source`` and the field otherwise."""
     from p2pfl.algorithms import validate_params  # the registry imports torch
 
-    try:
-        return RunSpec.model_validate(data, context={PARAMS_CHECK: validate_params})
-    except ValidationError as exc:
-        raise ConfigError(source, validation_errors(exc, RunSpec)) from None
+    return validated(RunSpec, data, source, context={PARAMS_CHECK: validate_params})
 
 
 def load_run_spec(path: str | Path) -> RunSpec:

@@ -12,9 +12,9 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, PositiveInt, ValidationError, field_validator
+from pydantic import Field, PositiveInt, field_validator
 
-from p2pfl.check.load import ConfigError, load_yaml, validation_errors
+from p2pfl.check.load import load_yaml, validated
 from p2pfl.config.dataset_schema import DatasetConfig
 from p2pfl.config.paths import PathBase, resolve_fields
 from p2pfl.config.strict import PathNotes, StrictModel
@@ -94,7 +94,7 @@ class SiteFile(PathNotes):
 
 def load_site(path: str | Path) -> SiteFile:
     """The site file at ``path``, validated, its relative paths resolved against its
-    folder and its ``policy`` read when it names a file; a :class:`ConfigError` naming the
+    folder and its ``policy`` read when it names a file; a :class:`~p2pfl.check.load.ConfigError` naming the
     file (the policy's, for an error in it) and the field otherwise."""
     data = load_yaml(path)
     base = PathBase.of_file(path)
@@ -108,10 +108,7 @@ def load_site(path: str | Path) -> SiteFile:
                 notes[f"data.{name}.{field}"] = note
     if isinstance(policy, str):
         data["policy"] = _policy_file(data["policy"])
-    try:
-        site = SiteFile.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(str(path), validation_errors(exc, SiteFile)) from None
+    site = validated(SiteFile, data, path)
     site.note_paths(notes)
     return site
 
@@ -119,8 +116,5 @@ def load_site(path: str | Path) -> SiteFile:
 def _policy_file(path: str) -> dict[str, Any]:
     """The policy file at ``path`` (absolute), checked on its own so its errors name it."""
     data = load_yaml(path)
-    try:
-        Policy.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(path, validation_errors(exc, Policy)) from None
+    validated(Policy, data, path)
     return data
