@@ -47,6 +47,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from p2pfl.config.schema import SHARE_KINDS
 from p2pfl.learning.defence import Defence
 from p2pfl.learning.hooks import ExtraLoss, LossFn, StepHook
 from p2pfl.learning.models import SplitModel
@@ -55,12 +56,6 @@ from p2pfl.learning.state import State, TensorStamp, layout_mismatch, select_par
 PullPlan = dict[str, str]  # peer id -> part ("g", "h" or "all")
 
 REGISTRY: dict[str, type[Method]] = {}
-
-
-SHARE_KINDS = ("whole_weights", "shared_part", "representations")
-"""What a method may send off its node: its whole model's weights (the personal part
-included), only the shared part ``g``, or representations of its data (UA-PDFL's unit and
-auxiliary representations)."""
 
 
 class Params(BaseModel):

@@ -281,10 +281,7 @@ def topology_from_dict(data: dict[str, Any], source: str = "<config>") -> Topolo
     code_dir = data.get("code_dir")
     if isinstance(code_dir, str) and os.path.isabs(code_dir) and _names_user_code(data):
         use_code_dir(code_dir)  # before validation: a method's path is imported there
-    try:
-        return TopologyConfig.model_validate(data, context={PARAMS_CHECK: validate_params})
-    except ValidationError as exc:
-        raise ConfigError(source, validation_errors(exc, TopologyConfig)) from None
+    return validated(TopologyConfig, data, source, context={PARAMS_CHECK: validate_params})
 
 
 def _names_user_code(data: dict[str, Any]) -> bool:

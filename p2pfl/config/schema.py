@@ -39,6 +39,16 @@ from p2pfl.config.strict import PathNotes, StrictModel
 from p2pfl.config.suggest import with_suggestion
 
 PARAMS_CHECK = "validate_params"
+
+ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+"""A node id, a swarm's name (and a site's, a run's, a data binding's): what a topic level
+and a file name may hold."""
+
+ShareKind = Literal["whole_weights", "shared_part", "representations"]
+SHARE_KINDS: tuple[str, ...] = get_args(ShareKind)
+"""What a method may send off its node (``Method.shares``, which a site's policy ``share``
+checks): its whole model's weights (the personal part included), only the shared part
+``g``, or representations of its data (UA-PDFL's unit and auxiliary representations)."""
 """The validation-context key under which a loader passes the check of a method's knobs:
 ``check(name, params) -> params with defaults``, raising ``ValueError`` on a wrong knob."""
 
@@ -191,7 +201,7 @@ class GeneratedEdges(StrictModel):
 
 
 class NodeSpec(StrictModel):
-    id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    id: str = Field(pattern=ID_PATTERN)
     host: str | None = Field(
         None,
         pattern=r"^[A-Za-z0-9_.-]{1,253}$",
@@ -329,7 +339,7 @@ class AttackSpec(StrictModel):
 class TopologyConfig(PathNotes):
     """One swarm: nodes, edges, algorithm, data, model, training."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    name: str = Field(pattern=ID_PATTERN)
     seed: int = Field(0, ge=0, le=B.MAX_SEED)
     broker: BrokerAddress = Field(default_factory=BrokerAddress)
     rounds: int = Field(5, ge=1, le=B.MAX_ROUNDS)

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from p2pfl.background import background
+from p2pfl.config.schema import ID_PATTERN
 from p2pfl.errors import P2PFLError
 from p2pfl.security.certs import BRIDGE_CN, SwarmCerts, check_not_revoked
 
@@ -68,7 +69,7 @@ class BridgeError(P2PFLError, ValueError):
     """A malformed or impossible ``--bridge``; the message names the flag."""
 
 
-NODE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # as a topology's node ids
+NODE_ID = re.compile(ID_PATTERN)  # as a topology's node ids
 
 
 @dataclass(frozen=True)

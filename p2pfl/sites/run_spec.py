@@ -25,6 +25,7 @@ from p2pfl.config import bounds as B
 from p2pfl.config.privacy_schema import PrivacyConfig
 from p2pfl.config.runtime_schema import TimingConfig, TransferConfig
 from p2pfl.config.schema import (
+    ID_PATTERN,
     PARAMS_CHECK,
     AlgorithmConfig,
     DefenceConfig,
@@ -34,8 +35,6 @@ from p2pfl.config.schema import (
 )
 from p2pfl.config.strict import StrictModel
 from p2pfl.sites.policy import RunFacts
-
-NAME = r"^[A-Za-z0-9_.-]{1,64}$"
 
 
 class Quorum(StrictModel):
@@ -48,7 +47,7 @@ class RunSpec(StrictModel):
     """What a proposer asks of the sites; every field but ``data``, ``members``, ``quorum``
     and ``vote_deadline_s`` means what it means in a topology."""
 
-    name: str = Field(pattern=NAME)
+    name: str = Field(pattern=ID_PATTERN)
     seed: int = Field(0, ge=0, le=B.MAX_SEED)
     rounds: int = Field(5, ge=1, le=B.MAX_ROUNDS)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
@@ -63,7 +62,7 @@ class RunSpec(StrictModel):
         description="the neighbours among the committed sites (a generated kind: the "
         "members are known only at the commit)",
     )
-    data: str = Field(pattern=NAME, description="the data binding each site trains on")
+    data: str = Field(pattern=ID_PATTERN, description="the data binding each site trains on")
     members: Literal["any"] | list[str] = Field(
         default="any", description="the sites asked (any: every site that accepts)"
     )
@@ -75,7 +74,7 @@ class RunSpec(StrictModel):
     @model_validator(mode="after")
     def _members(self) -> RunSpec:
         if isinstance(self.members, list):
-            bad = [m for m in self.members if not re.match(NAME, m)]
+            bad = [m for m in self.members if not re.match(ID_PATTERN, m)]
             if bad:
                 raise ValueError(f"members: {bad[0]!r} is not a site name")
             if len(set(self.members)) != len(self.members):

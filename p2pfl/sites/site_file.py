@@ -17,6 +17,7 @@ from pydantic import Field, PositiveInt, field_validator
 from p2pfl.check.load import load_yaml, validated
 from p2pfl.config.dataset_schema import DatasetConfig
 from p2pfl.config.paths import PathBase, resolve_fields
+from p2pfl.config.schema import ID_PATTERN
 from p2pfl.config.strict import PathNotes, StrictModel
 from p2pfl.sites.policy import Policy
 
@@ -25,8 +26,6 @@ SITE_PATHS = ("certs", "state_dir", "policy")
 
 BINDING_PATHS = ("root", "stats")
 """The fields of a data binding that hold paths."""
-
-NAME = r"^[A-Za-z0-9_.-]{1,64}$"
 
 
 class Limits(StrictModel):
@@ -57,10 +56,10 @@ class SiteFile(PathNotes):
     """A site file, its relative paths resolved (:func:`load_site`)."""
 
     site: str = Field(
-        pattern=NAME,
+        pattern=ID_PATTERN,
         description="this site's node id in every run (its certificate's name under TLS)",
     )
-    swarm: str = Field(pattern=NAME, description="the federation this site belongs to")
+    swarm: str = Field(pattern=ID_PATTERN, description="the federation this site belongs to")
     broker: str = Field(
         default="127.0.0.1:1883", description="host:port, mdns (discover it) or embedded"
     )
@@ -86,7 +85,7 @@ class SiteFile(PathNotes):
     @field_validator("data")
     @classmethod
     def _binding_names(cls, value: dict[str, DatasetConfig]) -> dict[str, DatasetConfig]:
-        bad = [name for name in value if not re.match(NAME, name)]
+        bad = [name for name in value if not re.match(ID_PATTERN, name)]
         if bad:
             raise ValueError(f"binding names are letters, digits, '_', '.', '-': {bad[0]!r}")
         return value
