@@ -508,13 +508,14 @@ def cmd_policy(args: argparse.Namespace) -> int:
     site = load_site(args.site)
     spec = load_run_spec(args.spec)
     facts = run_facts(spec, args.proposer or site.site)
-    decision = decide(facts, site.policy, site=site.site, bindings=set(site.data))
+    decision = decide(facts, site.policy, bindings=set(site.data))
+    rid = run_id(spec)
     if args.json:
-        print(json.dumps({"run_id": run_id(spec), "site": site.site, **decision.as_record()}))
+        print(json.dumps({"run_id": rid, "site": site.site, **decision.as_record()}))
     else:  # the command's answer: on stdout
         out = Console(highlight=False, soft_wrap=True)
         out.print(
-            f"{site.site}: run {run_id(spec)} ({spec.name}, {spec.algorithm.name}): "
+            f"{site.site}: run {rid} ({spec.name}, {spec.algorithm.name}): "
             f"[bold]{decision.vote}[/] under policy {decision.policy}"
         )
         for reason in decision.reasons:

@@ -42,7 +42,7 @@ class PeerView:
         self._dropped = dropped
         self._changed = asyncio.Event()
         self._refused: dict[str, str] = {}
-        self._layout_asks: dict[str, str] = {}  # peer → the fp whose tensor list is asked
+        self._layout_asks: set[str] = set()  # peers whose tensor list is to be asked now
         self._layouts_asked: set[tuple[str, str]] = set()  # (peer, fp) asked already
         self._layouts_served: set[str] = set()  # askers answered
         self._whole_layouts: dict[str, dict[str, Any]] = {}  # peer → its layout, as answered
@@ -140,7 +140,7 @@ class PeerView:
                 theirs = known  # its tensor list came already
             elif (peer, theirs["fp"]) not in self._layouts_asked:
                 self._layouts_asked.add((peer, theirs["fp"]))
-                self._layout_asks[peer] = theirs["fp"]
+                self._layout_asks.add(peer)
         if theirs is None:
             why = "its presence announces a malformed layout"
         else:

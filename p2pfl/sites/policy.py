@@ -38,10 +38,8 @@ from typing import Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
+from p2pfl.config.schema import SHARE_KINDS, ShareKind
 from p2pfl.config.strict import StrictModel
-
-SHARES = ("whole_weights", "shared_part", "representations")
-"""What a site may let leave it (the methods' own declaration, ``Method.shares``)."""
 
 REASON_CODES = (
     "proposer_not_allowed",
@@ -134,8 +132,8 @@ class Policy(StrictModel):
         description="the data bindings a run may name, each for which methods "
         "(absent: every binding, for any method)",
     )
-    share: list[Literal["whole_weights", "shared_part", "representations"]] = Field(
-        default_factory=lambda: list(SHARES), description="what may leave this site"
+    share: list[ShareKind] = Field(
+        default_factory=lambda: list(SHARE_KINDS), description="what may leave this site"
     )
     privacy: PrivacyRule = Field(default_factory=PrivacyRule)
     peers: PeersRule = Field(default_factory=PeersRule)
@@ -219,12 +217,11 @@ def decide(
     run: RunFacts,
     policy: Policy,
     *,
-    site: str,
     bindings: frozenset[str] | set[str],
     stage: Stage = "vote",
     hours_trained: float = 0.0,
 ) -> Decision:
-    """``site``'s decision on ``run`` under ``policy`` at ``stage`` (``vote``, ``commit``,
+    """A site's decision on ``run`` under its ``policy`` at ``stage`` (``vote``, ``commit``,
     ``round``; ``hours_trained``: the hours its node has trained the run so far).
     ``bindings``: the names of the site's data bindings. ``reject`` when any rule fails
     (every failing rule is a reason); else ``pending`` under ``approve: manual`` at the vote;

@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from p2pfl.algorithms import SHARE_KINDS, get_algorithm, known_algorithms
-from p2pfl.sites.policy import REASON_CODES, SHARES, Policy, RunFacts, decide, policy_digest
+from p2pfl.sites.policy import REASON_CODES, Policy, RunFacts, decide, policy_digest
 
 RUN = RunFacts(
     proposer="hospital-a",
@@ -28,7 +28,6 @@ def _decide(policy: dict, **change):
     return decide(
         dataclasses.replace(RUN, **change),
         Policy.model_validate(policy),
-        site="hospital-b",
         bindings=BINDINGS,
     )
 
@@ -93,20 +92,20 @@ def test_manual_approval_holds_a_passing_run_at_the_vote_only():
     assert d.vote == "pending" and [r.code for r in d.reasons] == ["manual_approval"]
     assert _decide({"approve": "manual", "resources": {"max_rounds": 1}}).vote == "reject"
     policy = Policy(approve="manual")
-    assert decide(RUN, policy, site="b", bindings=BINDINGS, stage="commit").vote == "accept"
+    assert decide(RUN, policy, bindings=BINDINGS, stage="commit").vote == "accept"
 
 
 def test_hours_are_checked_every_round():
     policy = Policy.model_validate({"resources": {"max_hours": 2}})
-    ok = decide(RUN, policy, site="b", bindings=BINDINGS, stage="round", hours_trained=1.5)
-    over = decide(RUN, policy, site="b", bindings=BINDINGS, stage="round", hours_trained=2.5)
+    ok = decide(RUN, policy, bindings=BINDINGS, stage="round", hours_trained=1.5)
+    over = decide(RUN, policy, bindings=BINDINGS, stage="round", hours_trained=2.5)
     assert ok.vote == "accept" and [r.code for r in over.reasons] == ["over_time"]
 
 
 def test_the_digest_names_the_policy_however_written():
     a = Policy.model_validate({"methods": {"allow": ["fedavg"]}})
     b = Policy.model_validate(
-        {"methods": {"allow": ["fedavg"]}, "approve": "auto", "share": list(SHARES)}
+        {"methods": {"allow": ["fedavg"]}, "approve": "auto", "share": list(SHARE_KINDS)}
     )
     assert policy_digest(a) == policy_digest(b) != policy_digest(Policy())
     assert len(policy_digest(a)) == 32
@@ -129,7 +128,7 @@ def test_every_method_declares_what_it_shares():
     """``share`` is checked against a method's declaration: every built-in method makes
     one of the kinds a policy names, and a centralized method that uploads only g declares
     the shared part alone."""
-    assert tuple(SHARES) == tuple(SHARE_KINDS)
+    assert Policy().share == list(SHARE_KINDS)  # the default lets every kind leave
     for name in known_algorithms():
         cls = get_algorithm(name)
         assert cls.shares <= set(SHARE_KINDS), name
