@@ -342,7 +342,11 @@ def run_swarm(
             spawn_worker(config_path, ids, str(broker), out_dir, verbose, source, digest)
             for ids in groups
         ]
-        tracking.follow(lambda: {n for w in workers if w.proc.poll() is None for n in w.ids})
+
+        def running() -> set[str]:  # the nodes of the processes still running
+            return {n for w in workers if w.proc.poll() is None for n in w.ids}
+
+        tracking.follow(running)
         console.print(
             f"[bold]swarm[/] {cfg.name}: {len(cfg.node_ids)} nodes in {len(workers)} "
             f"processes, {cfg.rounds} rounds of {cfg.algorithm.name} → {out_dir}"
@@ -368,7 +372,7 @@ def run_swarm(
                 if live is not None:
                     live.update(progress_table(cfg, out_dir, workers, t0))
                 elif plain is not None:
-                    plain.update({n for w in workers if w.proc.poll() is None for n in w.ids})
+                    plain.update(running())
         if live is None and plain is not None:
             plain.finish()
         failed = [w for w in workers if w.proc.poll() not in (0, None)]
