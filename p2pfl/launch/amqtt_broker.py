@@ -175,6 +175,12 @@ async def serve(host: str, port: int, max_packet: int) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    # stop listening first: amqtt closes its listeners last, after ending every session, and
+    # a client that reconnects meanwhile is accepted by a broker about to exit (it then takes
+    # itself for connected while its peers' Wills say they are gone)
+    for server in broker._servers.values():
+        if server.instance is not None:
+            server.instance.close()
     try:
         await asyncio.wait_for(broker.shutdown(), 10)
     except (asyncio.TimeoutError, Exception) as e:  # exiting anyway
