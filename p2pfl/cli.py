@@ -25,6 +25,7 @@ from p2pfl.check.load import ConfigError, load_node_overrides, load_topology
 from p2pfl.cli_parser import build_parser
 from p2pfl.config.schema import BrokerAddress
 from p2pfl.errors import P2PFLError
+from p2pfl.sites.commands import site_commands
 
 console = Console(stderr=True)
 
@@ -542,6 +543,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "predict": cmd_predict,
     "methods": cmd_methods,
     "policy": cmd_policy,
+    **site_commands(),
 }
 
 

@@ -341,4 +341,56 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     sp.add_argument("--proposer", help="who proposes the run (default: the site itself)")
     sp.add_argument("--json", action="store_true", help="print the decision as JSON")
     sp.add_argument("-v", "--verbose", action="store_true")
+    _site_commands(sub)
     return p
+
+
+def _site_commands(sub: Any) -> None:
+    """A standing federation: the site daemon and the commands that talk to it through its
+    admin socket (docs/design.md, "Site policy")."""
+    sp = sub.add_parser("daemon", help="run this site's daemon: admit runs by its policy")
+    sp.add_argument("--site", help="the site file (site.yaml)")
+    sp.add_argument(
+        "--print-systemd-unit",
+        action="store_true",
+        help="print a systemd unit (Type=notify) that runs this daemon, and exit",
+    )
+    sp.add_argument("--user", help="--print-systemd-unit: the User= it runs as")
+    sp.add_argument("-v", "--verbose", action="store_true")
+
+    sp = sub.add_parser("submit", help="propose a run to the federation through this site")
+    sp.add_argument("spec", help="the run spec (run.yaml)")
+    sp.add_argument("--site", required=True, help="the proposing site's file")
+    sp.add_argument("--json", action="store_true")
+    sp.add_argument("-v", "--verbose", action="store_true")
+
+    sp = sub.add_parser("vote", help="decide a run this site's policy left pending")
+    sp.add_argument("run_id")
+    way = sp.add_mutually_exclusive_group(required=True)
+    way.add_argument("--accept", action="store_true")
+    way.add_argument("--reject", action="store_true")
+    sp.add_argument("--site", required=True, help="the site file")
+    sp.add_argument("-v", "--verbose", action="store_true")
+
+    sp = sub.add_parser("runs", help="the runs a site's daemon knows, with votes and status")
+    sp.add_argument("--site", required=True, help="the site file")
+    sp.add_argument("--json", action="store_true")
+    sp.add_argument("-v", "--verbose", action="store_true")
+
+    sp = sub.add_parser("logs", help="a run's worker log at this site")
+    sp.add_argument("run_id")
+    sp.add_argument("--site", required=True, help="the site file")
+    sp.add_argument("--node", help="the node (this site's own: the only log it holds)")
+    sp.add_argument(
+        "--tail", type=lambda t: _positive_int(t, "a number of lines"), help="the last lines"
+    )
+    sp.add_argument("-v", "--verbose", action="store_true")
+
+    sp = sub.add_parser("cancel", help="stop a run (its proposer) or leave it (a member)")
+    sp.add_argument("run_id")
+    sp.add_argument("--site", required=True, help="the site file")
+    sp.add_argument("-v", "--verbose", action="store_true")
+
+    sp = sub.add_parser("drain", help="no new runs; finish the current round, leave, stop")
+    sp.add_argument("--site", required=True, help="the site file")
+    sp.add_argument("-v", "--verbose", action="store_true")

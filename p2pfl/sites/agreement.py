@@ -67,3 +67,10 @@ def winning_commit(run_id: str, proposer: str, commits: Mapping[str, tuple[str, 
     if not commits:
         raise ValueError("no commit")
     return next(s for s in committers(run_id, proposer, commits) if s in commits)
+
+
+def grace_s(vote_deadline_s: float) -> float:
+    """How long each fallback committer waits after the one before it: a quarter of the
+    vote's deadline, between 3 s and 60 s (a pure function of the spec, so every site
+    counts the same turns)."""
+    return min(60.0, max(3.0, vote_deadline_s / 4))

@@ -54,6 +54,8 @@ REASON_CODES = (
     "too_many_rounds",
     "over_time",
     "manual_approval",
+    "operator_rejected",
+    "draining",
 )
 """Every reason a decision gives (bounded: a metric's label takes them)."""
 

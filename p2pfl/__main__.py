@@ -1,0 +1,7 @@
+"""``python -m p2pfl``: the ``p2pfl`` command (how a site daemon starts its run workers)."""
+
+import sys
+
+from p2pfl.cli import main
+
+sys.exit(main())

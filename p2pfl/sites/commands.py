@@ -1,0 +1,170 @@
+"""The command line of a standing federation: ``p2pfl daemon``, and the commands that talk
+to a site's daemon through its admin socket (``submit``, ``vote``, ``runs``, ``logs``,
+``cancel``, ``drain``). Each finds the socket in the site file's ``state_dir``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from p2pfl.sites.admin import call
+
+log = logging.getLogger("p2pfl.sites")
+out = Console(highlight=False, soft_wrap=True)  # a command's answer: on stdout
+
+
+def _site(args: argparse.Namespace):
+    from p2pfl.sites.site_file import load_site
+
+    return load_site(args.site)
+
+
+def cmd_daemon(args: argparse.Namespace) -> int:
+    """Run the site's daemon in the foreground until drained (0) or stopped by a signal."""
+    if args.print_systemd_unit:
+        from p2pfl.sites.systemd import unit_text
+
+        if not args.site:
+            raise SystemExit("p2pfl daemon --print-systemd-unit: give --site site.yaml")
+        _site(args)  # the unit names a site file that loads
+        exe = shutil.which("p2pfl") or f"{sys.executable} -m p2pfl"
+        sys.stdout.write(unit_text(Path(args.site).resolve(), executable=exe, user=args.user))
+        return 0
+    if not args.site:
+        raise SystemExit("p2pfl daemon: give --site site.yaml")
+    site = _site(args)
+    if site.observability.log_format == "json":
+        from p2pfl.sites.json_log import use_json_logs
+
+        use_json_logs(logging.DEBUG if args.verbose else logging.INFO)
+    return asyncio.run(_serve(site))
+
+
+async def _serve(site) -> int:
+    from p2pfl.sites.daemon import SiteDaemon, install_signal_handlers
+
+    broker = None
+    address = site.broker
+    if site.broker == "embedded":  # this daemon hosts the federation's broker
+        from p2pfl.launch.broker import make_broker
+
+        broker = make_broker("embedded", "127.0.0.1", 1883, workdir=Path(site.state_dir) / "broker")
+        broker.start()
+        address = broker.address
+    elif site.broker == "mdns":
+        from p2pfl.wire.discovery import find_broker
+
+        address = str(await find_broker(site.swarm, 60.0))
+        log.info("%s: broker of swarm %s found at %s (mDNS)", site.site, site.swarm, address)
+    try:
+        daemon = SiteDaemon(site, broker=address)
+        task = asyncio.current_task()
+        assert task is not None
+        install_signal_handlers(task)
+        try:
+            return await daemon.run()
+        except asyncio.CancelledError:
+            log.warning("%s: site daemon stopped by signal", site.site)
+            return 0
+    finally:
+        if broker is not None:
+            broker.stop()
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from p2pfl.check.load import load_yaml
+    from p2pfl.sites.run_spec import load_run_spec
+
+    site = _site(args)
+    load_run_spec(args.spec)  # its errors name the file, before the daemon is asked
+    answer = call(site.state_dir, "submit", spec=load_yaml(args.spec), source=str(args.spec))
+    if args.json:
+        print(json.dumps({k: v for k, v in answer.items() if k != "ok"}))
+    else:
+        out.print(
+            f"{site.site}: proposed run {answer['run_id']} ({answer['name']}); the sites "
+            f"vote within {answer['vote_deadline_s']:g} s (p2pfl runs --site {args.site})"
+        )
+    return 0
+
+
+def cmd_vote(args: argparse.Namespace) -> int:
+    site = _site(args)
+    answer = call(site.state_dir, "vote", run_id=args.run_id, accept=bool(args.accept))
+    out.print(f"{site.site}: run {args.run_id}: {answer['vote']}")
+    return 0
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    site = _site(args)
+    runs = call(site.state_dir, "runs")["runs"]
+    if args.json:
+        print(json.dumps(runs, indent=1))
+        return 0
+    if not runs:
+        out.print(f"{site.site}: no runs yet")
+        return 0
+    table = Table(title=f"runs at site {site.site}", title_justify="left")
+    for col in ("run_id", "name", "proposer", "status", "round", "members", "votes"):
+        table.add_column(col)
+    for r in runs:
+        votes = ", ".join(
+            f"{s} {v['vote']}" + (f" ({v['reasons'][0]['code']})" if v["reasons"] else "")
+            for s, v in sorted(r["votes"].items())
+        )
+        status = r["status"] + (f": {r['why']}" if r["why"] else "")
+        table.add_row(
+            r["run_id"],
+            escape(r["name"]),
+            r["proposer"],
+            escape(status),
+            f"{r['round']}/{r['rounds']}",
+            ", ".join(r["members"]),
+            escape(votes),
+        )
+    out.print(table)
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    site = _site(args)
+    answer = call(site.state_dir, "logs", run_id=args.run_id, node=args.node, tail=args.tail)
+    sys.stdout.write(answer["text"])
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    site = _site(args)
+    answer = call(site.state_dir, "cancel", run_id=args.run_id)
+    what = "cancelled it" if answer["cancelled"] == "run" else "left it"
+    out.print(f"{site.site}: run {args.run_id}: {what}")
+    return 0
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    site = _site(args)
+    call(site.state_dir, "drain")
+    out.print(f"{site.site}: draining: no new runs; running ones leave after their round")
+    return 0
+
+
+def site_commands() -> dict[str, Callable[[argparse.Namespace], int]]:
+    return {
+        "daemon": cmd_daemon,
+        "submit": cmd_submit,
+        "vote": cmd_vote,
+        "runs": cmd_runs,
+        "logs": cmd_logs,
+        "cancel": cmd_cancel,
+        "drain": cmd_drain,
+    }

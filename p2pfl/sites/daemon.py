@@ -1,0 +1,533 @@
+"""The site daemon (``p2pfl daemon --site site.yaml``): long-lived, in the foreground, one
+per site. It joins its federation's broker, admits runs by the site's own policy and trains
+each admitted run in a worker process (docs/design.md, "Site policy").
+
+Agreement without a server, on retained messages (:mod:`p2pfl.sites.messages`) under
+``p2pfl/<swarm>/sites/``:
+
+1. **spec**: ``p2pfl submit`` asks the local daemon to publish a run spec; its ``run_id``
+   is the hash of the canonical spec (:func:`~p2pfl.sites.run_spec.run_id`).
+2. **vote**: every daemon the spec names (or every daemon, for ``members: any``) checks its
+   policy (:func:`~p2pfl.sites.policy.decide`) and publishes ``accept``, ``reject`` or
+   ``pending`` with the reasons and the digest of the policy it checked. ``p2pfl vote``
+   decides a pending one.
+3. **commit**: at the deadline (the spec's time + ``vote_deadline_s``) the proposer
+   publishes the accepted sites (:func:`~p2pfl.sites.agreement.tally`), or ``aborted`` with
+   the reason. Without a commit, the accepted sites commit in turn, one grace period apart
+   (:func:`~p2pfl.sites.agreement.committers`, :func:`~p2pfl.sites.agreement.grace_s`). Of
+   several commits, the first-ranked committer's stands
+   (:func:`~p2pfl.sites.agreement.winning_commit`): a member of another stops.
+4. **run**: a committed member checks its policy again (stage ``commit``), and starts a
+   worker (:class:`~p2pfl.sites.worker.RunWorker`) when a slot is free
+   (``limits.max_concurrent_runs``; else the run waits as ``pending`` with the reason). Its
+   policy is checked again at every round the worker finishes (stage ``round``).
+5. **cancel**: the proposer's cancel stops the run everywhere; a member's means it leaves.
+
+A commit is taken from the proposer or from a site whose ``accept`` this daemon heard, and
+only once every member it names has been heard accepting; one published before the deadline
+(by the signer's clock) is refused. Every message that fails these checks, or
+:func:`~p2pfl.sites.messages.decode`, is dropped, logged and counted.
+
+The ledger (:class:`~p2pfl.sites.ledger.ConsentLedger`, ``state_dir/ledger.sqlite``) keeps
+every spec, vote and commit as its signed bytes, and the run's status at this site.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+import uuid
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import aiomqtt
+
+from p2pfl.check.load import ConfigError
+from p2pfl.sites import messages as M
+from p2pfl.sites.admin import AdminServer
+from p2pfl.sites.agreement import committers, grace_s, tally, winning_commit
+from p2pfl.sites.json_log import run_context
+from p2pfl.sites.ledger import FINAL, NEXT, ConsentLedger, LedgerError
+from p2pfl.sites.observe import ObservabilityServer, SiteMetrics, parse_listen
+from p2pfl.sites.policy import Decision, Reason, decide
+from p2pfl.sites.run_spec import run_facts, run_id, spec_from_dict
+from p2pfl.sites.run_state import RunState
+from p2pfl.sites.site_admin import AdminCommands
+from p2pfl.sites.site_file import SiteFile
+from p2pfl.sites.site_workers import WorkerSlots
+from p2pfl.sites.systemd import Notifier
+
+log = logging.getLogger(__name__)
+
+VOTES = ("accept", "reject", "pending")
+EARLY_SLACK_S = 1.0  # a commit this much before the deadline (clock skew) is still taken
+MAX_EARLY = 10_000  # votes, commits and cancels kept for runs whose spec is not heard yet
+
+
+class SiteDaemon(WorkerSlots, AdminCommands):
+    """The daemon of ``site`` (a loaded site file). Run it with :meth:`run`: it returns 0
+    once drained, and stops (its workers too) when cancelled."""
+
+    def __init__(self, site: SiteFile, *, broker: str | None = None):
+        self.site = site
+        self.name = site.site
+        self.swarm = site.swarm
+        self.broker = broker or site.broker  # host:port, resolved by the CLI from mdns
+        self.state_dir = Path(site.state_dir)
+        self.identity: M.SiteIdentity | None = None
+        self.verifier: M.SiteVerifier | None = None
+        if site.certs is not None:
+            self.identity = M.SiteIdentity.from_certs(site.certs, site.site)
+            self.verifier = M.SiteVerifier.from_certs(site.certs)
+        self.metrics = SiteMetrics(site.site)
+        self.runs: dict[str, RunState] = {}
+        self._early: dict[str, list[tuple[M.SiteMessage, bytes]]] = defaultdict(list)
+        self._client: aiomqtt.Client | None = None
+        self._connected = asyncio.Event()
+        self._draining = False
+        self._drained = asyncio.Event()
+        self.dropped: Counter[str] = Counter()
+        self.ledger: ConsentLedger | None = None
+        self.notifier = Notifier()
+
+    # ------------------------------------------------------------------ lifecycle
+    async def run(self) -> int:
+        """Serve until drained (0) or cancelled; workers still running are stopped."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.ledger = ConsentLedger(self.state_dir / "ledger.sqlite")
+        self._recover()
+        if self.identity is None:
+            log.warning(
+                "%s: no certs in the site file: specs, votes and commits travel unsigned "
+                "and unsigned ones are taken (a trial on one machine only)",
+                self.name,
+            )
+        http = None
+        if self.site.observability.listen is not None:
+            host, port = parse_listen(self.site.observability.listen)
+            http = ObservabilityServer(host, port, self.metrics, self.not_ready)
+        admin = AdminServer(self.state_dir, self.handle)
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(admin)
+            if http is not None:
+                await stack.enter_async_context(http)
+            mqtt = asyncio.create_task(self._mqtt_loop())
+            pulse = asyncio.create_task(self._watchdog())
+            try:
+                await self._connected.wait()
+                self.notifier.ready(f"site {self.name}: connected to {self.broker}")
+                log.info(
+                    "%s: site daemon of swarm %s ready (broker %s, admin socket %s)",
+                    self.name,
+                    self.swarm,
+                    self.broker,
+                    admin.path,
+                )
+                await self._drained.wait()
+                return 0
+            finally:
+                self.notifier.stopping()
+                await self._stop_workers("the site daemon stopped")
+                for task in (mqtt, pulse):
+                    task.cancel()
+                await asyncio.gather(mqtt, pulse, return_exceptions=True)
+                for st in self.runs.values():
+                    for t in st.tasks:
+                        t.cancel()
+                self.ledger.close()
+
+    def _recover(self) -> None:
+        """A run this site was training when its daemon stopped has lost its worker."""
+        assert self.ledger is not None
+        for entry in self.ledger.runs():
+            if entry.status == "running":
+                self.ledger.set_status(entry.run_id, "failed", "the site daemon stopped")
+        self._count_runs()
+
+    async def _watchdog(self) -> None:
+        interval = self.notifier.watchdog_interval()
+        while True:
+            await asyncio.sleep(interval or 3600)
+            if interval:
+                self.notifier.watchdog()
+
+    def not_ready(self) -> list[str]:
+        """Why the daemon is not ready (``/readyz``): none when it is."""
+        why = []
+        if not self._connected.is_set():
+            why.append(f"broker {self.broker} not connected")
+        if self._draining:
+            why.append("draining")
+        if self.identity is not None:
+            problem = self.identity.problem()
+            if problem:
+                why.append(f"certificate: {problem}")
+        for name, binding in self.site.data.items():
+            if binding.root is not None and "{id}" not in binding.root:
+                if not Path(binding.root).exists():
+                    why.append(f"data binding {name}: {binding.root} does not exist")
+        return why
+
+    # ------------------------------------------------------------------ the broker
+    def _host_port(self) -> tuple[str, int]:
+        host, _, port = self.broker.rpartition(":")
+        return host, int(port)
+
+    async def _mqtt_loop(self) -> None:
+        host, port = self._host_port()
+        tls = None
+        if self.site.certs is not None:
+            from p2pfl.security.signing import tls_context
+
+            tls = tls_context(self.site.certs, self.name)
+        backoff = 0.5
+        while True:
+            try:
+                async with aiomqtt.Client(
+                    host,
+                    port,
+                    identifier=f"p2pfl-site-{self.swarm}-{self.name}-{uuid.uuid4().hex[:6]}",
+                    keepalive=30,
+                    tls_context=tls,
+                    max_queued_outgoing_messages=1000,
+                ) as client:
+                    await client.subscribe(M.subscription(self.swarm), qos=1)
+                    self._client = client
+                    self._connected.set()
+                    backoff = 0.5
+                    async for message in client.messages:
+                        payload = message.payload
+                        if not isinstance(payload, (bytes, bytearray)):
+                            payload = b"" if payload is None else str(payload).encode()
+                        self._on_message(str(message.topic), bytes(payload))
+            except aiomqtt.MqttError as exc:
+                if self._connected.is_set():
+                    log.warning(
+                        "%s: broker %s lost (%s); reconnecting", self.name, self.broker, exc
+                    )
+                else:
+                    log.debug("%s: broker %s: %s", self.name, self.broker, exc)
+            self._client = None
+            self._connected.clear()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    async def _publish(self, kind: str, run: str, body: dict[str, Any]) -> None:
+        """Publish this site's signed, retained ``kind`` message on ``run``; retried until
+        the broker takes it."""
+        topic, payload = M.encode(self.swarm, kind, run, self.name, body, self.identity)
+        while True:
+            await self._connected.wait()
+            client = self._client
+            if client is None:
+                await asyncio.sleep(0.1)
+                continue
+            try:
+                await client.publish(topic, payload, qos=1, retain=True)
+            except aiomqtt.MqttError as exc:
+                log.warning("%s: %s of run %s not published yet: %s", self.name, kind, run, exc)
+                await asyncio.sleep(0.5)
+                continue
+            break
+        # this site's own message is applied as it comes back from the broker
+
+    def _spawn(self, st: RunState | None, coro) -> asyncio.Task:
+        with run_context(run_id=st.run_id if st else None, node=self.name):
+            task = asyncio.create_task(coro)
+        if st is not None:
+            st.tasks.append(task)
+            task.add_done_callback(lambda t: st.tasks.remove(t) if t in st.tasks else None)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s: a daemon task failed", self.name, exc_info=task.exception())
+
+    def _drop(self, topic: str, reason: str, detail: str = "") -> None:
+        self.dropped[reason] += 1
+        self.metrics.dropped(reason)
+        log.warning(
+            "%s: dropped %s: %s%s", self.name, topic, reason, f" ({detail})" if detail else ""
+        )
+
+    # ------------------------------------------------------------------ what comes in
+    def _on_message(self, topic: str, payload: bytes) -> None:
+        try:
+            msg = M.decode(self.swarm, topic, payload, self.verifier)
+        except M.MessageRefused as exc:
+            self._drop(topic, exc.reason, str(exc))
+            return
+        if msg is None:  # a retained message cleared
+            return
+        try:
+            self._apply(msg, payload, topic)
+        except (LedgerError, ValueError, KeyError, TypeError) as exc:
+            self._drop(topic, "bad_body", str(exc))
+
+    def _apply(self, msg: M.SiteMessage, payload: bytes, topic: str) -> None:
+        if msg.kind == "spec":
+            self._on_spec(msg, payload, topic)
+            return
+        st = self.runs.get(msg.run_id)
+        if st is None:  # retained messages come in any order: the spec may follow
+            if sum(len(v) for v in self._early.values()) < MAX_EARLY:
+                self._early[msg.run_id].append((msg, payload))
+            return
+        {"vote": self._on_vote, "commit": self._on_commit, "cancel": self._on_cancel}[msg.kind](
+            st, msg, payload
+        )
+
+    def _on_spec(self, msg: M.SiteMessage, payload: bytes, topic: str) -> None:
+        if msg.run_id in self.runs:
+            return
+        try:
+            spec = spec_from_dict(msg.body.get("spec"), f"spec of run {msg.run_id}")
+        except ConfigError as exc:
+            self._drop(topic, "bad_spec", str(exc).splitlines()[0])
+            return
+        if run_id(spec) != msg.run_id:
+            self._drop(topic, "mismatch", "the run_id is not the spec's hash")
+            return
+        assert self.ledger is not None
+        try:
+            self.ledger.propose(
+                msg.run_id, spec.name, msg.site, spec.model_dump(mode="json"), payload
+            )
+        except LedgerError as exc:
+            self._drop(topic, "conflict", str(exc))
+            return
+        st = RunState(msg.run_id, spec, msg.site, msg.ts)
+        self.runs[msg.run_id] = st
+        for early, raw in self._early.pop(msg.run_id, []):
+            self._apply(early, raw, "")
+        entry = self.ledger.run(st.run_id)
+        assert entry is not None
+        if entry.status in FINAL:
+            return
+        asked = spec.members == "any" or self.name in spec.members
+        if asked and self.name not in entry.votes and self.name not in st.votes:
+            self._vote(st)
+        elif self.name in entry.votes and st.decision is None:
+            st.decision = self._decide(st, "vote")
+        self._spawn(st, self._commit_turns(st))
+        self._count_runs()
+
+    def _decide(self, st: RunState, stage: str, members: tuple[str, ...] | None = None):
+        facts = run_facts(st.spec, st.proposer, list(members) if members else None)
+        return decide(
+            facts,
+            self.site.policy,
+            bindings=set(self.site.data),
+            stage=stage,  # type: ignore[arg-type]
+            hours_trained=st.worker.hours() if st.worker else 0.0,
+        )
+
+    def _vote(self, st: RunState, operator: bool | None = None) -> None:
+        """Decide on ``st`` and publish the vote (``operator``: a pending one decided)."""
+        decision = self._decide(st, "vote")
+        if self._draining and decision.vote != "reject":
+            decision = Decision(
+                "reject",
+                (Reason("draining", "this site takes no new runs (p2pfl drain)"),),
+                decision.policy,
+                decision.dp_epsilon,
+            )
+        elif operator is not None and decision.vote == "pending":
+            vote = "accept" if operator else "reject"
+            reasons = () if operator else (Reason("operator_rejected", "rejected by p2pfl vote"),)
+            decision = Decision(vote, reasons, decision.policy, decision.dp_epsilon)
+        st.decision = decision
+        if decision.vote == "reject":
+            for reason in decision.reasons:
+                self.metrics.rejected(reason.code)
+        log.info(
+            "%s: run %s (%s, proposed by %s): %s%s",
+            self.name,
+            st.run_id,
+            st.spec.name,
+            st.proposer,
+            decision.vote,
+            "".join(f"; {r.code}: {r.detail}" for r in decision.reasons),
+        )
+        self._spawn(st, self._publish("vote", st.run_id, decision.as_record()))
+
+    def _on_vote(self, st: RunState, msg: M.SiteMessage, payload: bytes) -> None:
+        body = msg.body
+        if body.get("vote") not in VOTES or not isinstance(body.get("reasons", []), list):
+            raise ValueError("a vote is accept, reject or pending, with a list of reasons")
+        if not isinstance(body.get("policy", ""), str):
+            raise ValueError("a vote's policy is a digest")
+        assert self.ledger is not None
+        self.ledger.vote(st.run_id, msg.site, body, payload)
+        st.votes[msg.site] = body
+        for committer, (held, raw) in list(st.held.items()):  # commits waiting on votes
+            if self._commit_ok(st, committer, held) is None:
+                del st.held[committer]
+                self._take_commit(st, committer, held, raw)
+
+    # ------------------------------------------------------------------ commits
+    async def _commit_turns(self, st: RunState) -> None:
+        """Commit ``st`` when it is this site's turn and no commit came: the proposer at the
+        deadline, the k-th ranked accepted site k grace periods later. A site that is not a
+        committer stops following once every committer's turn is long past."""
+        grace = grace_s(st.spec.vote_deadline_s)
+        while not st.commits and not self._final(st):
+            accepted = st.accepted()
+            if st.decision is not None and st.decision.vote == "accept":
+                accepted.add(self.name)  # its own vote may not be back from the broker
+            order = committers(st.run_id, st.proposer, accepted)
+            now = time.time()
+            if self.name in order:
+                if now >= st.deadline + order.index(self.name) * grace:
+                    await self._commit(st)
+                    return
+            elif now > st.deadline + (len(order) + 2) * grace:
+                return
+            await asyncio.sleep(0.25)
+
+    async def _commit(self, st: RunState) -> None:
+        counted = tally(
+            {s: v["vote"] for s, v in st.votes.items()},
+            st.spec.quorum.min_accept,
+            None if st.spec.members == "any" else st.spec.members,
+        )
+        body = {"members": list(counted.members), "aborted": counted.aborted}
+        log.info(
+            "%s: commits run %s: %s",
+            self.name,
+            st.run_id,
+            f"aborted, {counted.aborted}" if counted.aborted else ", ".join(counted.members),
+        )
+        await self._publish("commit", st.run_id, body)
+
+    def _commit_ok(self, st: RunState, committer: str, body: dict) -> str | None:
+        """Why a commit cannot be taken yet (its votes may still be on their way): None
+        when it can."""
+        if committer != st.proposer and committer not in st.accepted():
+            return "the committer neither proposed the run nor accepted it"
+        missing = [m for m in body["members"] if m not in st.accepted()]
+        if missing:
+            return f"no accept heard from {', '.join(missing)}"
+        return None
+
+    def _on_commit(self, st: RunState, msg: M.SiteMessage, payload: bytes) -> None:
+        body = msg.body
+        members = body.get("members")
+        aborted = body.get("aborted")
+        if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
+            raise ValueError("a commit's members is a list of site names")
+        if aborted is not None and not isinstance(aborted, str):
+            raise ValueError("a commit's aborted is the reason or none")
+        if aborted is None and len(members) < st.spec.quorum.min_accept:
+            raise ValueError(f"{len(members)} members, fewer than quorum.min_accept")
+        if msg.ts < st.deadline - EARLY_SLACK_S:
+            self._drop(f"commit of {st.run_id} by {msg.site}", "early_commit")
+            return
+        why = self._commit_ok(st, msg.site, body)
+        if why is not None:
+            st.held[msg.site] = (body, payload)
+            log.info("%s: commit of %s by %s held: %s", self.name, st.run_id, msg.site, why)
+            return
+        self._take_commit(st, msg.site, body, payload)
+
+    def _take_commit(self, st: RunState, committer: str, body: dict, payload: bytes) -> None:
+        assert self.ledger is not None
+        self.ledger.commit(st.run_id, committer, body["members"], payload)
+        st.commits[committer] = body
+        winner = winning_commit(
+            st.run_id, st.proposer, {c: tuple(b["members"]) for c, b in st.commits.items()}
+        )
+        if winner == st.acted_on:
+            return
+        chosen = st.commits[winner]
+        st.acted_on = winner
+        if chosen["aborted"] is not None:
+            self._end(st, "aborted", f"aborted by {winner}'s commit: {chosen['aborted']}")
+            return
+        members = tuple(sorted(chosen["members"]))
+        previous, st.members = st.members, members
+        if self.name not in members:
+            if previous is not None and st.worker is not None:  # a lesser commit ran here
+                log.warning(
+                    "%s: run %s: %s's commit stands, without this site: leaving",
+                    self.name,
+                    st.run_id,
+                    winner,
+                )
+            self._end(st, "aborted", f"not among the members {winner} committed")
+            return
+        if previous is not None:
+            return  # already under way with this site
+        self._status(st, "committed", f"committed by {winner}: {', '.join(members)}")
+        decision = self._decide(st, "commit", members)
+        if decision.vote == "reject":
+            for reason in decision.reasons:
+                self.metrics.rejected(reason.code)
+            why = "; ".join(f"{r.code}: {r.detail}" for r in decision.reasons)
+            self._end(st, "aborted", f"policy at commit: {why}")
+            self._spawn(st, self._publish("cancel", st.run_id, {"scope": "leave", "why": why}))
+            return
+        st.decision = decision
+        self._start_waiting()
+
+    # ------------------------------------------------------------------ cancel
+    def _on_cancel(self, st: RunState, msg: M.SiteMessage, payload: bytes) -> None:
+        scope = msg.body.get("scope")
+        if scope not in ("run", "leave"):
+            raise ValueError("a cancel's scope is run or leave")
+        if scope == "run":
+            if msg.site != st.proposer:
+                self._drop(f"cancel of {st.run_id} by {msg.site}", "not_proposer")
+                return
+            self._end(st, "cancelled", f"cancelled by its proposer {msg.site}")
+        elif msg.site != self.name:
+            log.info("%s: %s left run %s: %s", self.name, msg.site, st.run_id, msg.body.get("why"))
+
+    # ------------------------------------------------------------------ status
+    def _status_of(self, st: RunState) -> str:
+        assert self.ledger is not None
+        entry = self.ledger.run(st.run_id)
+        return entry.status if entry is not None else "proposed"
+
+    def _final(self, st: RunState) -> bool:
+        return self._status_of(st) in FINAL
+
+    def _status(self, st: RunState, status: str, why: str = "") -> None:
+        assert self.ledger is not None
+        self.ledger.set_status(st.run_id, status, why)
+        log.info("%s: run %s %s%s", self.name, st.run_id, status, f": {why}" if why else "")
+        self._count_runs()
+
+    def _end(self, st: RunState, status: str, why: str) -> None:
+        """Move ``st`` to a final ``status`` (once), stopping its worker."""
+        current = self._status_of(st)
+        if current in FINAL:
+            return
+        if status not in NEXT[current]:  # e.g. a running run left out: it is cancelled here
+            status = "cancelled"
+        self._status(st, status, why)
+        if st.worker is not None and st.worker.running:
+            self._spawn(None, st.worker.stop())
+        self._start_waiting()
+
+    def _count_runs(self) -> None:
+        if self.ledger is None:
+            return
+        counts: Counter[str] = Counter()
+        for entry in self.ledger.runs():
+            st = self.runs.get(entry.run_id)
+            pending = st is not None and entry.status == "committed" and bool(st.waiting)
+            counts["pending" if pending else entry.status] += 1
+        self.metrics.set_runs(counts)
+
+
+def install_signal_handlers(task: asyncio.Task) -> None:
+    """SIGTERM and SIGINT stop the daemon (its workers too): systemd's stop, Ctrl-C."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)

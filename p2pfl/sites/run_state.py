@@ -1,0 +1,39 @@
+"""One run as a site daemon follows it: the spec, the votes and commits heard, the commit
+this site acted on, its decision, its worker (rebuilt from the retained messages when the
+daemon starts)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from p2pfl.sites.policy import Decision
+from p2pfl.sites.run_spec import RunSpec
+from p2pfl.sites.worker import RunWorker
+
+
+@dataclass
+class RunState:
+    """One run as this daemon follows it (rebuilt from the retained messages at start)."""
+
+    run_id: str
+    spec: RunSpec
+    proposer: str
+    proposed_ts: float
+    votes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    commits: dict[str, dict[str, Any]] = field(default_factory=dict)  # committer → body
+    held: dict[str, tuple[dict[str, Any], bytes]] = field(default_factory=dict)  # waiting
+    members: tuple[str, ...] | None = None  # the commit this site acted on
+    acted_on: str | None = None  # its committer
+    decision: Decision | None = None
+    worker: RunWorker | None = None
+    waiting: str = ""  # why a committed run waits for a slot
+    tasks: list[asyncio.Task] = field(default_factory=list)
+
+    @property
+    def deadline(self) -> float:
+        return self.proposed_ts + self.spec.vote_deadline_s
+
+    def accepted(self) -> set[str]:
+        return {s for s, v in self.votes.items() if v.get("vote") == "accept"}

@@ -1,0 +1,159 @@
+"""A site daemon's runs at this site: slots for workers (``limits.max_concurrent_runs``),
+each worker's life, the rounds it records (metered, and checked against the policy at stage
+``round``), leaving a run, and draining (docs/design.md, "The site daemon").
+
+:class:`WorkerSlots` is a part of :class:`~p2pfl.sites.daemon.SiteDaemon`, kept apart so each
+module holds one job; it reads the daemon's ``runs``, ``site``, ``metrics`` and status
+methods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+
+from p2pfl.sites.policy import policy_digest
+from p2pfl.sites.run_state import RunState
+from p2pfl.sites.worker import RunWorker
+from p2pfl.sites.worker_topology import worker_topology
+
+log = logging.getLogger("p2pfl.sites.daemon")
+
+RECORD_POLL_S = 1.0  # how often a running worker's new records are read
+
+
+class WorkerSlots:
+    """The daemon's workers (a mixin of :class:`~p2pfl.sites.daemon.SiteDaemon`)."""
+
+    def _active(self) -> list[RunState]:
+        """The runs holding a slot: a worker started or starting, not ended."""
+        return [st for st in self.runs.values() if st.worker is not None and not self._final(st)]
+
+    def _start_waiting(self) -> None:
+        """Start committed runs in commit order while slots are free; the others wait as
+        ``pending`` with the reason."""
+        limit = self.site.limits.max_concurrent_runs
+        waiting = [
+            st
+            for st in self.runs.values()
+            if st.worker is None and self._status_of(st) == "committed" and not self._draining
+        ]
+        for st in sorted(waiting, key=lambda s: s.deadline):
+            active = self._active()
+            if len(active) < limit:
+                st.waiting = ""
+                st.worker = RunWorker(self.state_dir / "runs" / st.run_id, st.run_id, self.name)
+                self._spawn(st, self._run_worker(st))
+            else:
+                names = ", ".join(a.run_id for a in active)
+                st.waiting = f"limits.max_concurrent_runs {limit} reached (running: {names})"
+        self._count_runs()
+
+    async def _run_worker(self, st: RunState) -> None:
+        assert st.worker is not None and st.members is not None and st.decision is not None
+        worker = st.worker
+        binding = self.site.data[st.spec.data]
+        topology = worker_topology(
+            st.spec,
+            run_id=st.run_id,
+            site=self.name,
+            members=list(st.members),
+            binding=binding,
+            broker=self.broker,
+            certs=self.site.certs,
+            epsilon=st.decision.dp_epsilon,
+        )
+        facts = {
+            "run_id": st.run_id,
+            "policy": policy_digest(self.site.policy),
+            "members": list(st.members),
+            "committer": st.acted_on,
+            "proposer": st.proposer,
+            "dp_epsilon": st.decision.dp_epsilon,
+        }
+        try:
+            await worker.start(topology, facts)
+        except OSError as exc:
+            self._end(st, "failed", f"the worker did not start: {exc}")
+            return
+        self._status(st, "running", f"worker pid {worker.proc.pid if worker.proc else '?'}")
+        watch = self._spawn(st, self._watch_records(st))
+        code = await worker.wait()
+        watch.cancel()
+        self._read_records(st)
+        if self._status_of(st) == "running":
+            if code == 0:
+                self._end(st, "finished", f"{worker.last_round} rounds")
+            else:
+                self._end(st, "failed", f"the worker exited with {code} (see {worker.log_path})")
+        self._start_waiting()
+
+    async def _watch_records(self, st: RunState) -> None:
+        while True:
+            await asyncio.sleep(RECORD_POLL_S)
+            self._read_records(st)
+
+    def _read_records(self, st: RunState) -> None:
+        """Meter each round the worker finished, and check the policy (stage ``round``)."""
+        worker = st.worker
+        if worker is None:
+            return
+        for rec in worker.new_records():
+            if isinstance(rec.get("round_s"), (int, float)):
+                self.metrics.observe_round(float(rec["round_s"]))
+            sent, direct = rec.get("bytes_sent"), rec.get("direct_bytes_sent")
+            if isinstance(sent, int) and isinstance(direct, int):
+                self.metrics.add_bytes("direct", direct)
+                self.metrics.add_bytes("mqtt", max(0, sent - direct))
+            if isinstance(rec.get("peers"), list):
+                self.metrics.set_peers_online(len(rec["peers"]))
+            eps = rec.get("epsilon")
+            if isinstance(eps, (int, float)) and math.isfinite(eps):
+                self.metrics.set_epsilon(float(eps))
+        if worker.running and self._status_of(st) == "running":
+            decision = self._decide(st, "round", st.members)
+            if decision.vote == "reject":
+                for reason in decision.reasons:
+                    self.metrics.rejected(reason.code)
+                why = "; ".join(f"{r.code}: {r.detail}" for r in decision.reasons)
+                self._leave(st, f"policy at round {worker.last_round}: {why}")
+
+    def _leave(self, st: RunState, why: str, status: str = "cancelled") -> None:
+        """Stop this site's part of ``st`` and say so to the others."""
+        self._end(st, status, why)
+        self._spawn(st, self._publish("cancel", st.run_id, {"scope": "leave", "why": why}))
+
+    async def _stop_workers(self, why: str) -> None:
+        stopping = []
+        for st in self.runs.values():
+            if st.worker is not None and st.worker.running:
+                stopping.append(st.worker.stop())
+                self._end(st, "failed", why)
+        await asyncio.gather(*stopping, return_exceptions=True)
+
+    async def _drain(self) -> None:
+        """No new runs; each running worker finishes its current round and leaves; then the
+        daemon stops."""
+        if self._draining:
+            return
+        self._draining = True
+        log.warning("%s: draining: no new runs; running ones leave after their round", self.name)
+        for st in self.runs.values():
+            if st.worker is None and self._status_of(st) == "committed":
+                self._end(st, "cancelled", "the site drained before it started")
+
+        async def leave_after_round(st: RunState) -> None:
+            worker = st.worker
+            assert worker is not None
+            self._read_records(st)
+            done = worker.last_round
+            while worker.running and worker.last_round <= done:
+                await asyncio.sleep(0.2)
+                self._read_records(st)
+            if worker.running:
+                self._leave(st, f"drained after round {worker.last_round}")
+                await worker.stop()
+
+        await asyncio.gather(*(leave_after_round(st) for st in self._active()))
+        self._drained.set()
