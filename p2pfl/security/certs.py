@@ -220,6 +220,9 @@ def mosquitto_acl(swarm: str | None) -> str:
     "Status telemetry") is readable by any client with a swarm certificate, for observers.
     ``swarm=None``: every swarm.
 
+    A site daemon (``p2pfl daemon``, username its site) writes only its own site messages
+    (``p2pfl/<swarm>/sites/<kind>/<run_id>/<site>``) and reads every site's.
+
     The bridge of another site's broker (username :data:`BRIDGE_CN`) reads and writes every
     topic of the swarm, since it relays all of them both ways, and its connection state
     (``$SYS/broker/connection/<id>/state``: its notifications and its Will).
@@ -241,6 +244,9 @@ def mosquitto_acl(swarm: str | None) -> str:
             f"pattern write p2pfl/{s}/inbox/+",
             f"pattern write p2pfl/{s}/status/%u",
             f"pattern read p2pfl/{s}/status/+",
+            "# site daemons (p2pfl daemon): each writes only its own specs, votes, commits",
+            f"pattern write p2pfl/{s}/sites/+/+/%u",
+            f"pattern read p2pfl/{s}/sites/#",
             "# every client may read the state of the broker's bridges (reachability)",
             "pattern read $SYS/broker/connection/+/state",
             "# the dashboard's observer reads presence and status telemetry, publishes nothing",
@@ -266,6 +272,7 @@ def observer_denied(swarm: str) -> list[str]:
         f"p2pfl/{swarm}/gossip/+",
         f"p2pfl/{swarm}/presence/{OBSERVER_CN}",
         f"p2pfl/{swarm}/status/{OBSERVER_CN}",
+        f"p2pfl/{swarm}/sites/#",
     ]
 
 

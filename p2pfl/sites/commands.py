@@ -15,7 +15,6 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from p2pfl.sites.admin import call
 
@@ -114,25 +113,18 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if not runs:
         out.print(f"{site.site}: no runs yet")
         return 0
-    table = Table(title=f"runs at site {site.site}", title_justify="left")
-    for col in ("run_id", "name", "proposer", "status", "round", "members", "votes"):
-        table.add_column(col)
+    out.print(f"runs at site {site.site}:")
     for r in runs:
-        votes = ", ".join(
-            f"{s} {v['vote']}" + (f" ({v['reasons'][0]['code']})" if v["reasons"] else "")
-            for s, v in sorted(r["votes"].items())
+        why = f" ({escape(r['why'])})" if r["why"] else ""
+        out.print(
+            f"[bold]{r['run_id']}[/]  {escape(r['name'])}  proposed by {r['proposer']}  "
+            f"[bold]{r['status']}[/]{why}  round {r['round']}/{r['rounds']}"
         )
-        status = r["status"] + (f": {r['why']}" if r["why"] else "")
-        table.add_row(
-            r["run_id"],
-            escape(r["name"]),
-            r["proposer"],
-            escape(status),
-            f"{r['round']}/{r['rounds']}",
-            ", ".join(r["members"]),
-            escape(votes),
-        )
-    out.print(table)
+        if r["members"]:
+            out.print(f"  members: {', '.join(r['members'])}")
+        for voter, v in sorted(r["votes"].items()):
+            reasons = "; ".join(f"{x['code']}: {x['detail']}" for x in v["reasons"])
+            out.print(f"  {voter}: {v['vote']}" + (f" ({escape(reasons)})" if reasons else ""))
     return 0
 
 

@@ -28,6 +28,7 @@ class RunState:
     acted_on: str | None = None  # its committer
     decision: Decision | None = None
     worker: RunWorker | None = None
+    leaving: str | None = None  # why this site stops its worker on purpose (drained)
     waiting: str = ""  # why a committed run waits for a slot
     tasks: list[asyncio.Task] = field(default_factory=list)
 

@@ -58,8 +58,8 @@ class AdminCommands:
             if self._final(st):
                 raise ValueError(f"run {st.run_id} is {self._status_of(st)} already")
             if st.proposer == self.name:
-                await self._publish("cancel", st.run_id, {"scope": "run"})
                 self._end(st, "cancelled", "cancelled by this site, its proposer")
+                await self._publish("cancel", st.run_id, {"scope": "run"})
                 return {"cancelled": "run"}
             self._leave(st, "left by this site's operator (p2pfl cancel)")
             return {"cancelled": "left"}

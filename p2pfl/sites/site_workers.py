@@ -85,6 +85,8 @@ class WorkerSlots:
         if self._status_of(st) == "running":
             if code == 0:
                 self._end(st, "finished", f"{worker.last_round} rounds")
+            elif st.leaving is not None:  # stopped on purpose: the rounds it finished count
+                self._leave(st, f"{st.leaving} after round {worker.last_round}")
             else:
                 self._end(st, "failed", f"the worker exited with {code} (see {worker.log_path})")
         self._start_waiting()
@@ -99,7 +101,8 @@ class WorkerSlots:
         worker = st.worker
         if worker is None:
             return
-        for rec in worker.new_records():
+        records = worker.new_records()
+        for rec in records:
             if isinstance(rec.get("round_s"), (int, float)):
                 self.metrics.observe_round(float(rec["round_s"]))
             sent, direct = rec.get("bytes_sent"), rec.get("direct_bytes_sent")
@@ -111,7 +114,7 @@ class WorkerSlots:
             eps = rec.get("epsilon")
             if isinstance(eps, (int, float)) and math.isfinite(eps):
                 self.metrics.set_epsilon(float(eps))
-        if worker.running and self._status_of(st) == "running":
+        if records and worker.running and self._status_of(st) == "running":
             decision = self._decide(st, "round", st.members)
             if decision.vote == "reject":
                 for reason in decision.reasons:
@@ -152,8 +155,10 @@ class WorkerSlots:
                 await asyncio.sleep(0.2)
                 self._read_records(st)
             if worker.running:
-                self._leave(st, f"drained after round {worker.last_round}")
+                st.leaving = "drained"
                 await worker.stop()
+            while not self._final(st):  # its end is told by _run_worker
+                await asyncio.sleep(0.05)
 
         await asyncio.gather(*(leave_after_round(st) for st in self._active()))
         self._drained.set()

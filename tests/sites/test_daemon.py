@@ -140,7 +140,7 @@ def test_a_killed_worker_fails_its_run_at_that_site_only(sites):
     s1 = sites("s1")
     s2 = sites("s2")
     s3 = sites("s3", observability={"listen": f"127.0.0.1:{port}"})
-    rid = s1.ask("submit", spec=spec(rounds=4))["run_id"]
+    rid = s1.ask("submit", spec=spec(rounds=40))["run_id"]
     s3.wait_status(rid, {"running"}, 90)
     wait(lambda: len(s3.records(rid)) >= 1, 120, "s3's first round")
     os.kill(s3.worker_pid(rid), signal.SIGKILL)
@@ -149,7 +149,7 @@ def test_a_killed_worker_fails_its_run_at_that_site_only(sites):
     assert s3.proc.poll() is None  # the daemon stays up
     assert _http(f"http://127.0.0.1:{port}/readyz")[0] == 200
     for site in (s1, s2):
-        assert site.wait_status(rid, {"finished"}, 180)["round"] == 4
+        assert site.wait_status(rid, {"finished"}, 240)["round"] == 40
 
 
 def test_two_runs_at_once_and_a_third_waits_pending(sites):
@@ -225,3 +225,61 @@ def test_drain_leaves_after_the_current_round_and_a_centralized_run_goes_on(site
     assert len(s3.records(rid)) == left_at < 30
     for site in (s1, s2):
         assert site.wait_status(rid, {"finished"}, 240)["round"] == 30
+
+
+def test_a_signed_federation_refuses_unsigned_messages(tmp_path):
+    """With certs: TLS to the broker, every spec, vote and commit signed, and the run trains
+    signed; an unsigned spec, even from a holder of a swarm certificate, is dropped and
+    counted."""
+    import asyncio
+
+    import aiomqtt
+
+    from p2pfl.launch.broker import BrokerTLS, MosquittoBroker
+    from p2pfl.security.certs import make_swarm_certs
+    from p2pfl.security.signing import tls_context
+    from p2pfl.sites import messages as M
+
+    certs = tmp_path / "certs"
+    make_swarm_certs(certs, "fed", ["s1", "s2", "s3"], ["127.0.0.1"])
+    made: list[Site] = []
+    with MosquittoBroker(workdir=tmp_path / "broker", tls=BrokerTLS(certs, None)) as broker:
+        try:
+            s1, s2 = (
+                Site(tmp_path, name, broker.address, certs=str(certs)) for name in ("s1", "s2")
+            )
+            made += [s1.start(), s2.start()]
+            assert s1.ask("status")["signed"]
+            rid = s1.ask("submit", spec=spec())["run_id"]
+            for site in (s1, s2):
+                assert site.wait_status(rid, {"finished"}, 180)["members"] == ["s1", "s2"]
+            topo = (s1.state_dir / "runs" / rid / "topology.yaml").read_text()
+            assert "sign: true" in topo and "tls: true" in topo
+
+            async def forge() -> None:  # s3 holds a certificate, and publishes unsigned
+                topic, payload = M.encode("fed", "spec", "f" * 16, "s3", {"spec": {}}, None)
+                async with aiomqtt.Client(
+                    "127.0.0.1", broker.port, tls_context=tls_context(certs, "s3")
+                ) as client:
+                    await client.publish(topic, payload, qos=1, retain=True)
+
+            asyncio.run(forge())
+            wait(lambda: s2.ask("status")["dropped"].get("unsigned", 0) >= 1, 30, "the drop")
+            assert "f" * 16 not in s2.runs()
+        finally:
+            for site in made:
+                site.stop()
+
+
+def test_a_site_leaves_when_its_policy_fails_at_a_round(sites):
+    """Checked every round: s2 allows 2 s of training (max_hours); it leaves the run after
+    the round that passes it, says why, and s1 trains on alone."""
+    s1 = sites("s1")
+    s2 = sites("s2", {"resources": {"max_hours": 2 / 3600}})
+    rid = s1.ask("submit", spec=spec(rounds=400, vote_deadline_s=2))["run_id"]
+    run = s2.wait_status(rid, {"cancelled"}, 120)
+    assert "over_time" in run["why"] and run["why"].startswith("policy at round"), run
+    assert not run["why"].startswith("policy at round 0")
+    assert s1.wait_status(rid, {"finished", "running"}, 60)["status"] in ("finished", "running")
+    s1.ask("cancel", run_id=rid)  # its proposer stops it
+    assert s1.wait_status(rid, {"cancelled"}, 30)["why"].startswith("cancelled by this site")

@@ -18,6 +18,7 @@ def _line(record_fn) -> dict:
 
     handler = Keep()
     logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
     try:
         record_fn(logger)
     finally:
