@@ -23,6 +23,13 @@ Agreement without a server, on retained messages (:mod:`p2pfl.sites.messages`) u
    policy is checked again at every round the worker finishes (stage ``round``).
 5. **cancel**: the proposer's cancel stops the run everywhere; a member's means it leaves.
 
+A site votes only before the deadline, and joins a committed run only when it holds a vote
+of its own on it: one cast in this life, or kept in its ledger across a restart. A daemon
+that comes back on an empty ``state_dir`` hears its old accept among the retained messages,
+and does not train that run again (:data:`NO_VOTE`). A commit turn comes no sooner than
+:data:`SETTLE_S` after the spec was heard, so the retained commit of a finished run arrives
+first.
+
 A commit is taken from the proposer or from a site whose ``accept`` this daemon heard, and
 only once every member it names has been heard accepting; one published before the deadline
 (by the signer's clock) is refused. Every message that fails these checks, or
@@ -64,6 +71,11 @@ from p2pfl.sites.systemd import Notifier
 log = logging.getLogger(__name__)
 
 VOTES = ("accept", "reject", "pending")
+NO_VOTE = (
+    "this site holds no vote of its own on the run (it came after the vote, or its state_dir "
+    "was reset since it voted): it does not join"
+)
+SETTLE_S = 2.0  # a spec heard this recently may still have its retained commit on the way
 EARLY_SLACK_S = 1.0  # a commit this much before the deadline (clock skew) is still taken
 MAX_EARLY = 10_000  # votes, commits and cancels kept for runs whose spec is not heard yet
 
@@ -295,7 +307,7 @@ class SiteDaemon(WorkerSlots, AdminCommands):
             return
         assert self.ledger is not None
         try:
-            self.ledger.propose(
+            fresh = self.ledger.propose(
                 msg.run_id, spec.name, msg.site, spec.model_dump(mode="json"), payload
             )
         except LedgerError as exc:
@@ -310,10 +322,10 @@ class SiteDaemon(WorkerSlots, AdminCommands):
         if entry.status in FINAL:
             return
         asked = spec.members == "any" or self.name in spec.members
-        if asked and self.name not in entry.votes and self.name not in st.votes:
-            self._vote(st)
-        elif self.name in entry.votes and st.decision is None:
+        if not fresh and self.name in entry.votes:  # this ledger voted, before a restart
             st.decision = self._decide(st, "vote")
+        elif asked and self.name not in st.votes and time.time() < st.deadline:
+            self._vote(st)
         self._spawn(st, self._commit_turns(st))
         self._count_runs()
 
@@ -382,7 +394,8 @@ class SiteDaemon(WorkerSlots, AdminCommands):
                 accepted.add(self.name)  # its own vote may not be back from the broker
             order = committers(st.run_id, st.proposer, accepted)
             now = time.time()
-            if self.name in order:
+            settled = time.monotonic() - st.heard_at >= SETTLE_S
+            if self.name in order and settled:
                 if now >= st.deadline + order.index(self.name) * grace:
                     await self._commit(st)
                     return
@@ -463,6 +476,9 @@ class SiteDaemon(WorkerSlots, AdminCommands):
             return
         if previous is not None:
             return  # already under way with this site
+        if st.decision is None:
+            self._end(st, "aborted", NO_VOTE)
+            return
         self._status(st, "committed", f"committed by {winner}: {', '.join(members)}")
         decision = self._decide(st, "commit", members)
         if decision.vote == "reject":

@@ -5,6 +5,7 @@ daemon starts)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,7 @@ class RunState:
     acted_on: str | None = None  # its committer
     decision: Decision | None = None
     worker: RunWorker | None = None
+    heard_at: float = field(default_factory=time.monotonic)  # when this daemon heard it
     leaving: str | None = None  # why this site stops its worker on purpose (drained)
     waiting: str = ""  # why a committed run waits for a slot
     tasks: list[asyncio.Task] = field(default_factory=list)

@@ -283,3 +283,21 @@ def test_a_site_leaves_when_its_policy_fails_at_a_round(sites):
     assert s1.wait_status(rid, {"finished", "running"}, 60)["status"] in ("finished", "running")
     s1.ask("cancel", run_id=rid)  # its proposer stops it
     assert s1.wait_status(rid, {"cancelled"}, 30)["why"].startswith("cancelled by this site")
+
+
+def test_a_site_whose_state_was_reset_does_not_rejoin_an_old_run(sites):
+    """The broker keeps a finished run's spec, votes and commit. A site daemon restarted on
+    an empty state_dir hears them, its own old accept among them, after the vote's deadline:
+    it holds no vote of its own, so it neither votes, nor commits, nor trains that run again."""
+    import shutil
+
+    s1, s2 = sites("s1"), sites("s2")
+    rid = s1.ask("submit", spec=spec())["run_id"]
+    s2.wait_status(rid, {"finished"}, 180)
+    s2.stop()
+    shutil.rmtree(s2.state_dir)
+    s2.start()
+    run = s2.wait_status(rid, {"aborted"}, 60)
+    assert "holds no vote of its own" in run["why"]
+    assert not (s2.state_dir / "runs" / rid).exists()
+    assert "commits run" not in s2.log().split("stopped by signal")[-1]
