@@ -81,7 +81,7 @@ class Federation:
             folder.mkdir(parents=True)
             body = {
                 "site": name,
-                "swarm": "bench",
+                "swarm": f"bench-{root.name}",  # a federation of its own: no old retained runs
                 "broker": broker,
                 "state_dir": "state",
                 "data": {"local": BINDING},

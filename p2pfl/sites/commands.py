@@ -36,7 +36,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         if not args.site:
             raise SystemExit("p2pfl daemon --print-systemd-unit: give --site site.yaml")
         _site(args)  # the unit names a site file that loads
-        exe = shutil.which("p2pfl") or f"{sys.executable} -m p2pfl"
+        exe = shutil.which("p2pfl") or [sys.executable, "-m", "p2pfl"]
         sys.stdout.write(unit_text(Path(args.site).resolve(), executable=exe, user=args.user))
         return 0
     if not args.site:

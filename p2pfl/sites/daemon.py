@@ -61,7 +61,7 @@ from p2pfl.sites.json_log import run_context
 from p2pfl.sites.ledger import FINAL, NEXT, ConsentLedger, LedgerError
 from p2pfl.sites.observe import ObservabilityServer, SiteMetrics, parse_listen
 from p2pfl.sites.policy import Decision, Reason, decide
-from p2pfl.sites.run_spec import run_facts, run_id, spec_from_dict
+from p2pfl.sites.run_spec import RunSpec, run_facts, run_id, spec_from_dict
 from p2pfl.sites.run_state import RunState
 from p2pfl.sites.site_admin import AdminCommands
 from p2pfl.sites.site_file import SiteFile
@@ -97,6 +97,7 @@ class SiteDaemon(WorkerSlots, AdminCommands):
             self.verifier = M.SiteVerifier.from_certs(site.certs)
         self.metrics = SiteMetrics(site.site)
         self.runs: dict[str, RunState] = {}
+        self._checking: set[str] = set()  # run ids whose spec is being validated
         self._early: dict[str, list[tuple[M.SiteMessage, bytes]]] = defaultdict(list)
         self._client: aiomqtt.Client | None = None
         self._connected = asyncio.Event()
@@ -295,13 +296,32 @@ class SiteDaemon(WorkerSlots, AdminCommands):
         )
 
     def _on_spec(self, msg: M.SiteMessage, payload: bytes, topic: str) -> None:
-        if msg.run_id in self.runs:
+        if msg.run_id in self.runs or msg.run_id in self._checking:
             return
+        self._checking.add(msg.run_id)
+        self._spawn(None, self._check_spec(msg, payload, topic))
+
+    async def _check_spec(self, msg: M.SiteMessage, payload: bytes, topic: str) -> None:
+        """Validate a spec off the event loop (the first one imports the method registry,
+        torch included: seconds, during which the daemon still answers), then take it."""
         try:
-            spec = spec_from_dict(msg.body.get("spec"), f"spec of run {msg.run_id}")
+            spec = await asyncio.to_thread(
+                spec_from_dict, msg.body.get("spec"), f"spec of run {msg.run_id}"
+            )
         except ConfigError as exc:
             self._drop(topic, "bad_spec", str(exc).splitlines()[0])
             return
+        except (ValueError, TypeError, AttributeError) as exc:  # not even a mapping
+            self._drop(topic, "bad_spec", str(exc))
+            return
+        finally:
+            self._checking.discard(msg.run_id)
+        try:
+            self._take_spec(msg, payload, topic, spec)
+        except (LedgerError, ValueError, KeyError, TypeError) as exc:
+            self._drop(topic, "bad_body", str(exc))
+
+    def _take_spec(self, msg: M.SiteMessage, payload: bytes, topic: str, spec: RunSpec) -> None:
         if run_id(spec) != msg.run_id:
             self._drop(topic, "mismatch", "the run_id is not the spec's hash")
             return

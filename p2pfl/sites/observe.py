@@ -99,7 +99,10 @@ class SiteMetrics:
             "p2pfl_peers_online", "peers heard in the last finished round", registry=r
         )
         self.messages_dropped = Counter(
-            "p2pfl_messages_dropped_total", "site messages dropped, by reason", ["reason"], registry=r
+            "p2pfl_messages_dropped_total",
+            "site messages dropped, by reason",
+            ["reason"],
+            registry=r,
         )
         self.policy_rejections = Counter(
             "p2pfl_policy_rejections_total", "policy refusals by reason", ["reason"], registry=r
@@ -249,18 +252,18 @@ class ObservabilityServer:
         await self.aclose()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One connection: read a request, answer it, close. Never raises but for its own
-        cancellation (:meth:`aclose`)."""
+        """One connection: read a request, answer it, close. Never raises."""
         task = asyncio.current_task()
         if task is not None:
             self._handlers.add(task)
+        unread = False  # the client may have sent more than was read (an error answer)
         try:
             try:
                 lines = await asyncio.wait_for(_read_head(reader), self.read_timeout)
             except asyncio.TimeoutError:
                 return  # a client that says nothing in time is dropped unanswered
             except _HeadTooLarge:
-                answer, method = _plain(431, "request header fields too large"), "GET"
+                answer, method, unread = _plain(431, "request header fields too large"), "GET", True
             except _BadRequest as exc:
                 answer, method = _plain(400, f"bad request: {exc}"), "GET"
             else:
@@ -269,20 +272,33 @@ class ObservabilityServer:
                 try:
                     method, target = _request_line(lines)
                 except _BadRequest as exc:
-                    answer, method = _plain(400, f"bad request: {exc}"), "GET"
+                    answer, method, unread = _plain(400, f"bad request: {exc}"), "GET", True
                 else:
                     answer = self._answer(method, target)
             writer.write(_response(answer, head_only=method == "HEAD"))
             await asyncio.wait_for(writer.drain(), self.read_timeout)
+            if unread and writer.can_write_eof():
+                # closing with bytes still unread would reset the connection, and the
+                # client could lose the answer: end our side, let it finish sending
+                writer.write_eof()
+                await asyncio.wait_for(_discard(reader), self.read_timeout)
             writer.close()
             await asyncio.wait_for(writer.wait_closed(), self.read_timeout)
         except (asyncio.TimeoutError, OSError):
-            pass  # the client went away or would not take the answer: reset below
+            writer.transport.abort()  # gone, or will not take the answer: reset
+        except asyncio.CancelledError:
+            # aclose ends the connection. The task is the stream server's own, awaited by
+            # no caller, so it ends quietly: re-raised, Python 3.11's stream callback logs
+            # the cancellation as an error
+            pass
         except Exception:
             log.exception("observability: a request failed")
         finally:
-            if not writer.is_closing():
-                writer.transport.abort()
+            if not writer.is_closing():  # returned early, or cancelled by aclose
+                if writer.transport.get_write_buffer_size():
+                    writer.transport.abort()  # close() would wait for the client to read
+                else:
+                    writer.close()
             if task is not None:
                 self._handlers.discard(task)
 
@@ -354,6 +370,13 @@ def _request_line(lines: list[bytes]) -> tuple[str, str]:
         if not sep or not name or name != name.strip():
             raise _BadRequest("a header line is not 'Name: value'")
     return method, target
+
+
+async def _discard(reader: asyncio.StreamReader) -> None:
+    """Read and drop what the client still sends, up to its end or 64 KiB."""
+    left = 65536
+    while left > 0 and (chunk := await reader.read(min(left, 8192))):
+        left -= len(chunk)
 
 
 def _plain(code: int, text: str) -> Answer:

@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import re
+import threading
 from pathlib import Path
 from typing import Literal
 
@@ -35,6 +36,10 @@ from p2pfl.config.schema import (
 )
 from p2pfl.config.strict import StrictModel
 from p2pfl.sites.policy import RunFacts
+
+_REGISTRY_LOCK = threading.Lock()
+"""Held while a spec is validated: a thread must not read the method registry while
+another one is still importing it (it would find no method)."""
 
 
 class Quorum(StrictModel):
@@ -100,9 +105,10 @@ def run_id(spec: RunSpec) -> str:
 def spec_from_dict(data: dict, source: str = "<run spec>") -> RunSpec:
     """Validate a run spec mapping, the method's knobs included; a :class:`~p2pfl.check.load.ConfigError`
     naming ``source`` and the field otherwise."""
-    from p2pfl.algorithms import validate_params  # the registry imports torch
+    with _REGISTRY_LOCK:  # a daemon validates off its loop: one thread imports the registry
+        from p2pfl.algorithms import validate_params  # the registry imports torch
 
-    return validated(RunSpec, data, source, context={PARAMS_CHECK: validate_params})
+        return validated(RunSpec, data, source, context={PARAMS_CHECK: validate_params})
 
 
 def load_run_spec(path: str | Path) -> RunSpec:

@@ -56,9 +56,7 @@ def _command(executable: str | Sequence[str]) -> list[str]:
     return words
 
 
-def unit_text(
-    site_file: Path, *, executable: str | Sequence[str], user: str | None = None
-) -> str:
+def unit_text(site_file: Path, *, executable: str | Sequence[str], user: str | None = None) -> str:
     """A systemd service unit that runs ``<executable> daemon --site <site_file>``.
 
     ``executable``: the ``p2pfl`` command, an absolute path (``/opt/p2pfl/bin/p2pfl``), a
@@ -160,7 +158,11 @@ class Notifier:
         variables may be inherited by a child systemd did not ask); else None."""
         usec = os.environ.get("WATCHDOG_USEC", "")
         pid = os.environ.get("WATCHDOG_PID")
-        if not (usec.isascii() and usec.isdigit()) or int(usec) == 0 or (pid and pid != str(os.getpid())):
+        if (
+            not (usec.isascii() and usec.isdigit())
+            or int(usec) == 0
+            or (pid and pid != str(os.getpid()))
+        ):
             return None
         return int(usec) / 2e6
 

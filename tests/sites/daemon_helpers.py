@@ -27,7 +27,7 @@ SYNTHETIC = {
 
 
 def spec(name: str = "trial", **over: Any) -> dict[str, Any]:
-    """A small run spec: UA-PDFL on the synthetic binding ``syn``, two rounds, a vote of 3 s."""
+    """A small run spec: UA-PDFL on the synthetic binding ``syn``, two rounds, a vote of 6 s."""
     body: dict[str, Any] = {
         "name": name,
         "rounds": 2,
@@ -38,7 +38,7 @@ def spec(name: str = "trial", **over: Any) -> dict[str, Any]:
         "data": "syn",
         "members": "any",
         "quorum": {"min_accept": 2},
-        "vote_deadline_s": 3,
+        "vote_deadline_s": 6,
     }
     body.update(over)
     return body

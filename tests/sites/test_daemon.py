@@ -124,7 +124,7 @@ def test_the_proposer_dies_another_site_commits_and_a_late_site_votes(sites):
     s1 = sites("s1")
     s2 = sites("s2")
     s3 = sites("s3", start=False)
-    rid = s1.ask("submit", spec=spec(members=["s2", "s3"], vote_deadline_s=4))["run_id"]
+    rid = s1.ask("submit", spec=spec(members=["s2", "s3"], vote_deadline_s=8))["run_id"]
     s2.wait_status(rid, {"proposed"}, 30)
     s1.kill()
     s3.start()
@@ -276,7 +276,7 @@ def test_a_site_leaves_when_its_policy_fails_at_a_round(sites):
     the round that passes it, says why, and s1 trains on alone."""
     s1 = sites("s1")
     s2 = sites("s2", {"resources": {"max_hours": 2 / 3600}})
-    rid = s1.ask("submit", spec=spec(rounds=400, vote_deadline_s=2))["run_id"]
+    rid = s1.ask("submit", spec=spec(rounds=400))["run_id"]
     run = s2.wait_status(rid, {"cancelled"}, 120)
     assert "over_time" in run["why"] and run["why"].startswith("policy at round"), run
     assert not run["why"].startswith("policy at round 0")

@@ -1,34 +1,113 @@
-"""The unit ``p2pfl daemon --print-systemd-unit`` writes verifies with systemd-analyze, and
-sd_notify reaches a real datagram socket."""
+"""The unit ``p2pfl daemon --print-systemd-unit`` writes verifies with systemd-analyze (paths
+with spaces, ``%`` and ``$`` included), and sd_notify reaches a real datagram socket."""
 
 from __future__ import annotations
 
+import logging
+import os
 import shutil
 import socket
 import subprocess
 import sys
+import threading
+from pathlib import Path
 
 import pytest
 
 from p2pfl.sites.systemd import Notifier, unit_text
 
+needs_systemd_analyze = pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None, reason="no systemd-analyze"
+)
 
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
-def test_the_unit_verifies(tmp_path):
-    site = tmp_path / "my site" / "site.yaml"
-    site.parent.mkdir()
-    site.write_text("site: s1\n")
-    unit = tmp_path / "p2pfl-site.service"
-    unit.write_text(unit_text(site, executable=f"{sys.executable} -m p2pfl", user="root"))
-    text = unit.read_text()
-    assert "Type=notify" in text and "WatchdogSec=" in text and "StateDirectory=p2pfl" in text
-    assert f'--site "{site}"' in text
+
+def _verify(unit: Path) -> None:
+    """``systemd-analyze verify`` passes and says nothing about ``unit`` (it may warn about
+    the host's own units: those lines are left out)."""
     done = subprocess.run(
         ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60
     )
     complaints = [line for line in done.stderr.splitlines() if unit.name in line]
     assert complaints == [], done.stderr
     assert done.returncode == 0, done.stderr
+
+
+def _site(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    site = folder / "site.yaml"
+    site.write_text("site: s1\nswarm: fed\nstate_dir: /var/lib/p2pfl\n")
+    return site
+
+
+@needs_systemd_analyze
+def test_the_unit_verifies(tmp_path):
+    site = _site(tmp_path / "my site")
+    unit = tmp_path / "p2pfl-site.service"
+    unit.write_text(unit_text(site, executable=[sys.executable, "-m", "p2pfl"], user="root"))
+    text = unit.read_text()
+    for line in (
+        "Type=notify",
+        "NotifyAccess=main",
+        "WatchdogSec=30",
+        "Restart=on-failure",
+        "RestartSec=5",
+        "StateDirectory=p2pfl",
+        "User=root",
+        "After=network-online.target",
+        "Wants=network-online.target",
+        "WantedBy=multi-user.target",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=full",
+        f'ExecStart={sys.executable} -m p2pfl daemon --site "{site}"',
+    ):
+        assert line in text.splitlines(), line
+    _verify(unit)
+
+
+@needs_systemd_analyze
+def test_a_program_path_with_spaces_percent_and_dollar_verifies(tmp_path):
+    # systemd-analyze checks the program exists: a path quoted or escaped wrong is not found
+    bin_dir = tmp_path / "my bin %i $HOME"
+    bin_dir.mkdir()
+    program = bin_dir / "p2pfl"
+    program.write_text("#!/bin/sh\nexit 0\n")
+    program.chmod(0o755)
+    site = _site(tmp_path / "sites 100%" / "$USER")
+    unit = tmp_path / "p2pfl-site.service"
+    text = unit_text(site, executable=str(program))  # a file's name: one word, spaces and all
+    unit.write_text(text)
+    assert 'ExecStart="' + str(bin_dir).replace("%", "%%") + '/p2pfl" daemon' in text
+    assert "sites 100%%/$$USER/site.yaml" in text  # an argument: % and $ both doubled
+    assert "User=" not in text
+    _verify(unit)
+
+
+def test_an_executable_string_is_split_into_words(tmp_path):
+    text = unit_text(tmp_path / "site.yaml", executable=f"{sys.executable} -m p2pfl")
+    assert f"ExecStart={sys.executable} -m p2pfl daemon --site {tmp_path}/site.yaml" in text
+
+
+def test_a_relative_site_file_is_made_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    text = unit_text(Path("site.yaml"), executable=sys.executable)
+    assert f"--site {tmp_path}/site.yaml\n" in text
+
+
+@pytest.mark.parametrize(
+    ("site", "executable", "user"),
+    [
+        ("site.yaml", "p2pfl", None),  # systemd's search path is not the caller's PATH
+        ("site.yaml", "bin/p2pfl", None),
+        ("site.yaml", [], None),
+        ("site.yaml", "/usr/bin/p2pfl", "two words"),
+        ("site.yaml", "/usr/bin/p2pfl", ""),
+        ("site.yaml", ["/usr/bin/p2pfl\nExecStartPre=/bin/false"], None),
+        ("site\n.yaml", "/usr/bin/p2pfl", None),
+    ],
+)
+def test_bad_input_is_refused(tmp_path, site, executable, user):
+    with pytest.raises(ValueError):
+        unit_text(tmp_path / site, executable=executable, user=user)
 
 
 def test_the_cli_prints_the_unit(tmp_path):
@@ -44,26 +123,88 @@ def test_the_cli_prints_the_unit(tmp_path):
     assert done.stdout.startswith("[Unit]") and str(site) in done.stdout
 
 
-def test_notify_sends_datagrams(tmp_path, monkeypatch):
+@pytest.fixture
+def notify_socket(tmp_path, monkeypatch):
+    """A datagram socket standing in for systemd's, named in ``$NOTIFY_SOCKET``."""
     path = tmp_path / "notify.sock"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         sock.bind(str(path))
-        sock.settimeout(5)
+        sock.settimeout(10)
         monkeypatch.setenv("NOTIFY_SOCKET", str(path))
-        n = Notifier()
-        n.ready("up")
-        n.watchdog()
-        n.status("two runs")
-        n.stopping()
-        got = [sock.recv(1024).decode() for _ in range(4)]
-    assert got == ["READY=1\nSTATUS=up", "WATCHDOG=1", "STATUS=two runs", "STOPPING=1"]
+        yield sock
+
+
+def test_notify_sends_datagrams(notify_socket):
+    n = Notifier()
+    assert n.enabled
+    n.ready("up")
+    n.ready()
+    n.watchdog()
+    n.status("two runs\nFAKE=1")  # a line break cannot add a field
+    n.stopping()
+    got = [notify_socket.recv(1024).decode() for _ in range(5)]
+    assert got == [
+        "READY=1\nSTATUS=up",
+        "READY=1",
+        "WATCHDOG=1",
+        "STATUS=two runs FAKE=1",
+        "STOPPING=1",
+    ]
+
+
+def test_notify_reaches_an_abstract_socket(monkeypatch):
+    name = f"p2pfl-test-{os.getpid()}-{threading.get_ident()}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind("\0" + name)
+        sock.settimeout(10)
+        monkeypatch.setenv("NOTIFY_SOCKET", "@" + name)
+        Notifier().watchdog()
+        assert sock.recv(1024) == b"WATCHDOG=1"
+
+
+def test_a_full_socket_never_blocks_the_sender(notify_socket):
+    n = Notifier()
+    sender = threading.Thread(target=lambda: [n.watchdog() for _ in range(5000)], daemon=True)
+    sender.start()  # nobody reads: the socket's queue fills after a few hundred datagrams
+    sender.join(timeout=30)
+    assert not sender.is_alive()
+    assert notify_socket.recv(1024) == b"WATCHDOG=1"
+
+
+def test_a_failed_send_is_logged_not_raised(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "nobody-listens.sock"))
+    with caplog.at_level(logging.DEBUG, logger="p2pfl.sites.systemd"):
+        Notifier().ready("up")
+    assert any("READY=1" in r.getMessage() for r in caplog.records)
 
 
 def test_without_systemd_it_is_a_no_op(monkeypatch):
     monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
-    Notifier().ready()  # nothing to reach, nothing raised
-    monkeypatch.setenv("WATCHDOG_USEC", "30000000")
-    monkeypatch.delenv("WATCHDOG_PID", raising=False)
-    assert Notifier.watchdog_interval() == 15.0
-    monkeypatch.setenv("WATCHDOG_PID", "1")
-    assert Notifier.watchdog_interval() is None
+    n = Notifier()
+    assert not n.enabled
+    n.ready("up")  # nothing to reach, nothing raised
+    n.status("x")
+    n.watchdog()
+    n.stopping()
+
+
+@pytest.mark.parametrize(
+    ("usec", "pid", "interval"),
+    [
+        (None, None, None),
+        ("30000000", None, 15.0),
+        ("30000000", "own", 15.0),
+        ("30000000", "1", None),
+        ("0", None, None),
+        ("", None, None),
+        ("thirty", None, None),
+        ("-5", None, None),
+    ],
+)
+def test_watchdog_interval(monkeypatch, usec, pid, interval):
+    for name, value in (("WATCHDOG_USEC", usec), ("WATCHDOG_PID", pid)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, str(os.getpid()) if value == "own" else value)
+    assert Notifier.watchdog_interval() == interval
