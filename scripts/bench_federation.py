@@ -69,6 +69,15 @@ def run_body(name: str, rounds: int, deadline: float, min_accept: int) -> dict:
     }
 
 
+def spread(seconds: list[float]) -> dict[str, float]:
+    """The median, the spread (max - min) and the max of per-site times."""
+    return {
+        "median_s": round(statistics.median(seconds), 2),
+        "spread_s": round(max(seconds) - min(seconds), 2),
+        "max_s": round(max(seconds), 2),
+    }
+
+
 class Federation:
     """``count`` site daemons on ``broker`` under ``root``."""
 
@@ -246,11 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                 firsts = [t - t0 for t in fed.first_rounds(rid).values()]
             finally:
                 fed.close()
-            result["first_round"][str(count)] = {
-                "median_s": round(statistics.median(firsts), 2),
-                "spread_s": round(max(firsts) - min(firsts), 2),
-                "max_s": round(max(firsts), 2),
-            }
+            result["first_round"][str(count)] = spread(firsts)
             print(f"{count} sites: submit to first round {result['first_round'][str(count)]}")
         result["agreement"] = {}
         for count in args.agreement_sites:
@@ -264,11 +269,7 @@ def main(argv: list[str] | None = None) -> int:
                 done = [t - t0 for t in fed.ended_at(rid).values()]
             finally:
                 fed.close()
-            result["agreement"][str(count)] = {
-                "median_s": round(statistics.median(done), 2),
-                "spread_s": round(max(done) - min(done), 2),
-                "max_s": round(max(done), 2),
-            }
+            result["agreement"][str(count)] = spread(done)
             print(f"{count} sites: submit to commit {result['agreement'][str(count)]}")
         result["idle_rss_mb"] = round(statistics.median(idle_rss), 1)
         result["idle_holds_torch"] = holds_torch
