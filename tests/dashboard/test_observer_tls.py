@@ -77,7 +77,8 @@ def test_certs_issue_a_read_only_observer_identity(certs, tmp_path):
     start = lines.index(f"user {OBSERVER_CN}") + 1
     end = next(i for i in range(start, len(lines)) if lines[i].startswith(("user ", "#")))
     observer = lines[start:end]  # the observer's own entries
-    assert len(observer) == 6, observer
+    assert len(observer) == 7, observer
+    assert "topic deny p2pfl/obs/sites/#" in observer  # site daemons' messages
     assert "topic read p2pfl/obs/presence/+" in observer
     assert "topic read p2pfl/obs/status/+" in observer
     assert "topic deny p2pfl/obs/inbox/+" in observer
