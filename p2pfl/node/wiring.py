@@ -131,10 +131,7 @@ def build_transport(
         node_id,
         broker.host,
         broker.port,
-        presence={
-            "node": node_id,
-            "swarm": cfg.name,
-            "algorithm": cfg.algorithm.name,
+        presence={  # the node and swarm are the envelope's (`from`, `swarm`)
             "protocol": PROTOCOL_VERSION,
             # the tensor list on request (docs/wire.md, "Model layout")
             "layout": None if layout is None else compact_layout(layout),

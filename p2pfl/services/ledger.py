@@ -201,7 +201,11 @@ class Ledger:
 
     async def report_round(self, round_no: int, *, joined: int | None = None) -> None:
         """Tell peers (presence) that this node finished ``round_no`` (or skipped to the
-        round after it), and, with ``joined``, the first round it runs since it (re)joined."""
+        round after it), and, with ``joined``, the first round it runs since it (re)joined.
+        The last round is not reported here: the node's ``done`` presence, which follows at
+        once, says it (one presence delivered to every listener instead of two)."""
+        if joined is None and round_no >= self.cfg.rounds:
+            return
         info: dict[str, Any] = {"round": round_no}
         if joined is not None:
             info["joined"] = joined
