@@ -556,9 +556,7 @@ class SiteDaemon(WorkerSlots, AdminCommands):
             return
         counts: Counter[str] = Counter()
         for entry in self.ledger.runs():
-            st = self.runs.get(entry.run_id)
-            pending = st is not None and entry.status == "committed" and bool(st.waiting)
-            counts["pending" if pending else entry.status] += 1
+            counts[self.shown_status(entry)[0]] += 1
         self.metrics.set_runs(counts)
 
 

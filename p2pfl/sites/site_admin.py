@@ -12,6 +12,7 @@ import datetime as dt
 from typing import Any
 
 from p2pfl.sites.agreement import winning_commit
+from p2pfl.sites.ledger import RunEntry
 from p2pfl.sites.run_spec import run_id, spec_from_dict
 from p2pfl.sites.run_state import RunState
 
@@ -80,6 +81,14 @@ class AdminCommands:
         await self._publish("spec", rid, {"spec": spec.model_dump(mode="json")})
         return {"run_id": rid, "name": spec.name, "vote_deadline_s": spec.vote_deadline_s}
 
+    def shown_status(self, entry: RunEntry) -> tuple[str, str]:
+        """A ledger entry's status at this site as ``p2pfl runs`` and the metrics show it,
+        and why: ``pending`` (with its reason) for a committed run that waits for a slot."""
+        st = self.runs.get(entry.run_id)
+        if st is not None and entry.status == "committed" and st.waiting:
+            return "pending", st.waiting
+        return entry.status, entry.why
+
     def describe_runs(self) -> list[dict[str, Any]]:
         """Every run this site holds (``p2pfl runs``): its id, name, proposer, status at
         this site (``pending`` for a committed run that waits for a slot) and why, the votes
@@ -88,9 +97,7 @@ class AdminCommands:
         out = []
         for entry in self.ledger.runs():
             st = self.runs.get(entry.run_id)
-            status, why = entry.status, entry.why
-            if st is not None and status == "committed" and st.waiting:
-                status, why = "pending", st.waiting
+            status, why = self.shown_status(entry)
             winner = None
             if entry.commits:
                 winner = winning_commit(
