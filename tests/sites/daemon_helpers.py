@@ -26,6 +26,19 @@ SYNTHETIC = {
 }
 
 
+def p2pfl_cli(
+    *args: str, cwd: Path | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """``python -m p2pfl ARGS`` run to its end, its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "p2pfl", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=timeout,
+    )
+
+
 def spec(name: str = "trial", **over: Any) -> dict[str, Any]:
     """A small run spec: UA-PDFL on the synthetic binding ``syn``, two rounds, a vote of 6 s."""
     body: dict[str, Any] = {

@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from daemon_helpers import Site, spec, wait
+from daemon_helpers import Site, p2pfl_cli, spec, wait
 from prometheus_client.parser import text_string_to_metric_families
 
 from p2pfl.launch.broker import free_port
@@ -89,20 +89,10 @@ def test_a_site_refuses_the_method_and_a_dp_site_trains_under_its_own_bound(site
     # the admin socket is the operator's alone
     assert stat.S_IMODE(os.stat(socket_path(s1.state_dir)).st_mode) == 0o600
     # the CLI reads the same daemon
-    cli = subprocess.run(
-        [sys.executable, "-m", "p2pfl", "runs", "--site", str(s3.path), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    cli = p2pfl_cli("runs", "--site", str(s3.path), "--json")
     assert cli.returncode == 0, cli.stderr
     assert json.loads(cli.stdout)[0]["votes"]["s3"]["reasons"][0]["code"] == "method_not_allowed"
-    logs = subprocess.run(
-        [sys.executable, "-m", "p2pfl", "logs", rid, "--site", str(s1.path), "--tail", "5"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    logs = p2pfl_cli("logs", rid, "--site", str(s1.path), "--tail", "5")
     assert logs.returncode == 0 and logs.stdout.strip(), logs.stderr
 
 
@@ -190,12 +180,7 @@ def test_a_site_requiring_manual_approval_waits_for_its_operator(sites):
         30,
         "s2's pending vote",
     )
-    cli = subprocess.run(
-        [sys.executable, "-m", "p2pfl", "vote", rid, "--accept", "--site", str(s2.path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    cli = p2pfl_cli("vote", rid, "--accept", "--site", str(s2.path))
     assert cli.returncode == 0, cli.stdout + cli.stderr
     wait(
         lambda: (s1.run(rid) or {}).get("votes", {}).get("s2", {}).get("vote") == "accept",

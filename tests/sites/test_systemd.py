@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from daemon_helpers import p2pfl_cli
 
 from p2pfl.sites.systemd import Notifier, unit_text
 
@@ -113,12 +114,7 @@ def test_bad_input_is_refused(tmp_path, site, executable, user):
 def test_the_cli_prints_the_unit(tmp_path):
     site = tmp_path / "site.yaml"
     site.write_text("site: s1\nswarm: fed\nstate_dir: state\n")
-    done = subprocess.run(
-        [sys.executable, "-m", "p2pfl", "daemon", "--site", str(site), "--print-systemd-unit"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = p2pfl_cli("daemon", "--site", str(site), "--print-systemd-unit", timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("[Unit]") and str(site) in done.stdout
 
