@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from p2pfl.attacks import Adversary
@@ -31,6 +32,7 @@ from p2pfl.services.robust import Robustness
 from p2pfl.wire.codec import state_nbytes
 from p2pfl.wire.compress import CompressError, parse_base
 from p2pfl.wire.envelope import Envelope
+from p2pfl.wire.errors import TransportError
 from p2pfl.wire.streams import ServedStreams
 from p2pfl.wire.transfers import PreparedState
 from p2pfl.wire.transport import Transport
@@ -198,6 +200,7 @@ class Exchange:
         attempt: int = 0,
         reference: Callable[[str], State] | None = None,
         rounds: dict[str, int] | None = None,
+        abandon: Callable[[str], Awaitable[str]] | None = None,
     ) -> tuple[dict[str, State], dict[str, str]]:
         """Pull ``parts[peer]`` of round ``round_no`` (of ``rounds[peer]`` when given: an
         asynchronous node asks each peer for the round it last gossiped) from every peer
@@ -207,11 +210,16 @@ class Exchange:
         method sees it; one that fails is left out and named in the round's ``rejected``.
         A compressed state is decoded first (:meth:`decoded`); one that does not decode
         fails its pull. Each pull that arrives is told to observers
-        (:meth:`~p2pfl.services.ledger.Ledger.publish_status`)."""
+        (:meth:`~p2pfl.services.ledger.Ledger.publish_status`). With ``abandon(peer)``, a
+        wait that ends (with why) once the pull from ``peer`` is no longer worth waiting
+        for, a pull still running then fails at once with that reason
+        (:func:`unless_abandoned`)."""
 
         async def one(peer: str) -> State:
             asked = round_no if rounds is None else rounds.get(peer, round_no)
-            state = await self.pull(peer, asked, parts[peer], timeout, attempt=attempt)
+            pull = self.pull(peer, asked, parts[peer], timeout, attempt=attempt)
+            stop = None if abandon is None else abandon(peer)
+            state = await unless_abandoned(peer, pull, stop)
             self._ledger.publish_status(round_no, pull=(peer, parts[peer], state_nbytes(state)))
             return state
 
@@ -321,3 +329,25 @@ class Exchange:
     async def set_status(self, status: str, **info: Any) -> None:
         """Update this node's retained presence (``online``, ``offline``, ``done``)."""
         await self._transport.set_status(status, **info)
+
+
+async def unless_abandoned(peer: str, pull: Awaitable[State], stop: Awaitable[str] | None) -> State:
+    """What ``pull`` (a transfer from ``peer``) gives, unless ``stop`` ends first: the pull
+    is then cancelled and :class:`TransportError` raised with the reason ``stop`` gave (a
+    pull across a cut link would otherwise wait out its whole timeout: the link drops
+    packets silently). Both are cancelled on the way out. Without ``stop``: ``pull``."""
+    if stop is None:
+        return await pull
+    transfer = asyncio.ensure_future(pull)
+    watch = asyncio.ensure_future(stop)
+    try:
+        await asyncio.wait({transfer, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if transfer.done():
+            return transfer.result()
+        raise TransportError(f"pull from {peer} abandoned: {watch.result()}")
+    finally:
+        for task in (transfer, watch):
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task

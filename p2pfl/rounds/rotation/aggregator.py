@@ -46,12 +46,13 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from p2pfl.algorithms.base import Aggregate, Upload
 from p2pfl.learning.state import State
+from p2pfl.rounds.rotation.hearing import Hearing
 from p2pfl.rounds.rotation.late import LateOffers
 from p2pfl.rounds.rotation.lineage import Lineage, check_lineage
 from p2pfl.rounds.rotation.partition import name_result
@@ -153,8 +154,10 @@ class AggregatorRole(RotationRole):
         secure: SecureRounds | None = None,
         reach: Reachability | None = None,
         lineage: Lineage | None = None,
+        hearing: Hearing | None = None,
     ) -> None:
         super().__init__(services)
+        self.hearing = hearing  # whose presence it hears (every member's to draw a roster)
         self.rotation = rotation
         self._reports: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
         self._uploads: OrderedDict[int, State] = OrderedDict()
@@ -404,7 +407,11 @@ class AggregatorRole(RotationRole):
             if done is None:
                 return None
         uploads, claims, result = done.uploads, done.claims, done.result
+        if self.hearing is not None:  # the next roster is drawn from a live view of all
+            await self.hearing.hear_all()
         nxt = draw_plan(self.alg, cfg.seed, r + 1, live_members(svc), result.server)
+        if self.hearing is not None:  # and only then: the members' reports need not reach it
+            await self.hearing.hear(self.hearing.of(plan, attempt))
         roster, participants = nxt.roster, nxt.participants
         self._results[(r, attempt)] = result
         announcement: dict[str, Any] = {
@@ -520,6 +527,27 @@ class AggregatorRole(RotationRole):
         verdicts = {p: self.reach.cut_off(p) for p in peers}
         return {p: why for p, why in verdicts.items() if why is not None}
 
+    def _abandon_when_cut(self, running: set[str]) -> Callable[[str], Awaitable[str]] | None:
+        """For :meth:`~p2pfl.services.exchange.Exchange.pull_many`: a wait that ends once a
+        peer is found cut off while its pull runs (offline, or a suspicion confirmed by
+        helpers: docs/wire.md, "Partitions"), so that the pull ends then rather than after
+        its timeout; a peer leaves ``running`` when its wait ends. None without a view."""
+        reach = self.reach
+        if reach is None:
+            return None
+
+        async def abandon(peer: str) -> str:
+            try:
+                while not await self.services.peers.wait_for(
+                    lambda: reach.cut_off(peer) is not None, time.monotonic() + 60.0
+                ):
+                    pass
+                return f"{peer} is cut off ({reach.cut_off(peer)})"
+            finally:
+                running.discard(peer)
+
+        return abandon
+
     def _watching(self, peers: Callable[[], list[str]]) -> Any:
         """While a wait is on, re-probe the peers it waits on (nothing without a view)."""
         return contextlib.nullcontext() if self.reach is None else self.reach.watching(peers)
@@ -542,13 +570,16 @@ class AggregatorRole(RotationRole):
         parts.update({p: "late" for p in late if p != self.id})
         cut = await self._cut_off(parts)  # a pull across a cut would wait out its timeout
         parts = {p: part for p, part in parts.items() if p not in cut}
-        pulled, failed = await svc.exchange.pull_many(
-            parts,
-            r,
-            timeout,
-            attempt=attempt,
-            reference=lambda _part: template,  # admission: layout, finite, norm
-        )
+        running = set(parts)  # the pulls still under way, watched while they run
+        async with self._watching(lambda: sorted(running)):
+            pulled, failed = await svc.exchange.pull_many(
+                parts,
+                r,
+                timeout,
+                attempt=attempt,
+                reference=lambda _part: template,  # admission: layout, finite, norm
+                abandon=self._abandon_when_cut(running),
+            )
         failed.update(cut)
         claims = svc.robust.cap_claims({p: (reports.get(p) or late[p])["n"] for p in pulled})
         staleness = {p: r - late[p]["trained"] for p in late}

@@ -156,6 +156,7 @@ class CentralizedRounds(RotationRole):
             secure=self.secure,
             reach=self.reach,
             lineage=self.lineage,
+            hearing=self.hearing,
         )
         # the audit of each round's aggregate (signed swarms): its verdicts and convictions
         self.audit = AuditRole(services, rot, self.role, self.reach)
@@ -391,13 +392,17 @@ class CentralizedRounds(RotationRole):
             r = settled.round
         comm_s = time.monotonic() - t_comm
         announcement = settled.announcement
+        # the round is settled: say so at once (the next round's lead is then heard with
+        # this report in its retained presence), then hear whom the next round needs
+        await svc.ledger.report_round(r)
+        nxt = None if announcement is None else announced_plan(alg, cfg.seed, r + 1, announcement)
+        if nxt is not None and r < cfg.rounds:
+            await self.hearing.hear(self.hearing.between(nxt))
         applied = await self.member.apply(r, settled.aggregator, settled.received, announcement)
         self.rotation.applied = r
         svc.ledger.publish_status(r, "evaluating")
         evaluated = await svc.training.evaluate()
-        if announcement is not None:
-            nxt = announced_plan(alg, cfg.seed, r + 1, announcement)
-        else:  # nobody finished the round: go on with whoever is still here
+        if nxt is None:  # nobody finished the round: go on with whoever is still here
             server = plan.server if plan is not None else {}
             await self.hearing.hear(None)  # on a live view of every member
             nxt = draw_plan(alg, cfg.seed, r + 1, live_members(svc), server)
@@ -541,4 +546,3 @@ class CentralizedRounds(RotationRole):
             await svc.ledger.finish_round(
                 record, f"aggregator {record['aggregator']} attempt {record['attempt']}{observer}"
             )
-            await svc.ledger.report_round(record["round"])

@@ -176,6 +176,7 @@ class Reachability:
         self._tasks = TaskSet(lambda exc: log.debug("%s: probe task: %r", node_id, exc))
         self.answered: set[str] = set()  # peers whose lane answered at least once
         self._cut_at: dict[str, float] = {}  # peer -> when it was last confirmed cut off
+        self._told = -math.inf  # when an announcement last said a partition was found
         self.since = time.monotonic()  # the start of the current round (:meth:`begin_round`)
         self.lag = 0.0  # how late this node's loop woke lately (decaying), seconds
         self._count: int | None = None  # how many members (counted once: they do not change)
@@ -214,10 +215,21 @@ class Reachability:
         self._evidence[peer] = time.monotonic()
 
     def partition(self) -> bool:
-        """Whether this node sees a partition now: a bridge of its broker is down, or a peer
-        was confirmed cut off within :data:`PARTITION_S`."""
+        """Whether this node sees a partition now: a bridge of its broker is down, a peer
+        was confirmed cut off, or an aggregator forked its lineage (:meth:`told_partition`),
+        within :data:`PARTITION_S`."""
         now = time.monotonic()
-        return self._bridge_down() or any(now - t <= PARTITION_S for t in self._confirmed.values())
+        return (
+            self._bridge_down()
+            or now - self._told <= PARTITION_S
+            or any(now - t <= PARTITION_S for t in self._confirmed.values())
+        )
+
+    def told_partition(self) -> None:
+        """An announcement forked its lineage at its own attempt: its aggregator found a
+        member it followed cut off. This node then probes a silent peer at once, with
+        helpers (a peer that answers is still waited on: only the timing changes)."""
+        self._told = time.monotonic()
 
     def begin_round(self) -> None:
         """A round starts: :meth:`cut_lately` looks back to now."""

@@ -27,6 +27,7 @@ from p2pfl.rounds.rotation.auditor import AuditRole
 from p2pfl.rounds.rotation.election import succession
 from p2pfl.rounds.rotation.hearing import Hearing
 from p2pfl.rounds.rotation.late import LateOffer
+from p2pfl.rounds.rotation.lineage import fork_name
 from p2pfl.rounds.rotation.member import Member
 from p2pfl.rounds.rotation.plans import RoundPlan, waits_on
 from p2pfl.rounds.rotation.reach import Reachability
@@ -128,6 +129,8 @@ class Succession:
             if announced:
                 heard = announced[attempt]
                 sender, body = heard.sender, heard.body
+                if body.get("lineage") == fork_name(r, attempt, sender):
+                    self.reach.told_partition()
                 if participated and own is not None and self.id in body.get("closed_without", []):
                     # the round closed at its quorum without this node: offer the upload on
                     if late_offer is None:
