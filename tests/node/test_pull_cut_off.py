@@ -13,6 +13,7 @@ from services_helpers import offline_services
 
 from p2pfl.check.load import load_topology
 from p2pfl.rounds.rotation.centralized import CentralizedRounds
+from p2pfl.rounds.rotation.partition import abandon_when_cut
 from p2pfl.services.bundle import NodeServices
 from p2pfl.services.exchange import unless_abandoned
 from p2pfl.wire.errors import TransportError
@@ -98,7 +99,7 @@ def _driver(node_id: str = "b") -> CentralizedRounds:
 
 
 async def test_an_aggregator_abandons_the_upload_of_a_member_that_goes_offline():
-    """The aggregator's wait (``_abandon_when_cut``) follows its view of who can be
+    """The aggregator's wait (``abandon_when_cut``) follows its view of who can be
     reached: a member whose presence turns offline mid-pull is given up at the next notify;
     a member still reachable is waited on, and each leaves ``running`` once settled."""
     d = _driver("b")
@@ -113,7 +114,7 @@ async def test_an_aggregator_abandons_the_upload_of_a_member_that_goes_offline()
             {"a": "upload", "c": "upload"},
             1,
             TIMEOUT_S,
-            abandon=d.role._abandon_when_cut(running),
+            abandon=abandon_when_cut(svc, d.reach, running),
         )
     )
     await asyncio.wait_for(started["a"].wait(), TIMEOUT_S / 2)

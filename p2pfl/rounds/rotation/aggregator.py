@@ -46,7 +46,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,7 +55,7 @@ from p2pfl.learning.state import State
 from p2pfl.rounds.rotation.hearing import Hearing
 from p2pfl.rounds.rotation.late import LateOffers
 from p2pfl.rounds.rotation.lineage import Lineage, check_lineage
-from p2pfl.rounds.rotation.partition import name_result
+from p2pfl.rounds.rotation.partition import abandon_when_cut, name_result
 from p2pfl.rounds.rotation.plans import RoundPlan, draw_plan, live_members, waits_on
 from p2pfl.rounds.rotation.quorum import staleness_weight
 from p2pfl.rounds.rotation.quorum_close import Closing, QuorumClose
@@ -527,27 +527,6 @@ class AggregatorRole(RotationRole):
         verdicts = {p: self.reach.cut_off(p) for p in peers}
         return {p: why for p, why in verdicts.items() if why is not None}
 
-    def _abandon_when_cut(self, running: set[str]) -> Callable[[str], Awaitable[str]] | None:
-        """For :meth:`~p2pfl.services.exchange.Exchange.pull_many`: a wait that ends once a
-        peer is found cut off while its pull runs (offline, or a suspicion confirmed by
-        helpers: docs/wire.md, "Partitions"), so that the pull ends then rather than after
-        its timeout; a peer leaves ``running`` when its wait ends. None without a view."""
-        reach = self.reach
-        if reach is None:
-            return None
-
-        async def abandon(peer: str) -> str:
-            try:
-                while not await self.services.peers.wait_for(
-                    lambda: reach.cut_off(peer) is not None, time.monotonic() + 60.0
-                ):
-                    pass
-                return f"{peer} is cut off ({reach.cut_off(peer)})"
-            finally:
-                running.discard(peer)
-
-        return abandon
-
     def _watching(self, peers: Callable[[], list[str]]) -> Any:
         """While a wait is on, re-probe the peers it waits on (nothing without a view)."""
         return contextlib.nullcontext() if self.reach is None else self.reach.watching(peers)
@@ -578,7 +557,7 @@ class AggregatorRole(RotationRole):
                 timeout,
                 attempt=attempt,
                 reference=lambda _part: template,  # admission: layout, finite, norm
-                abandon=self._abandon_when_cut(running),
+                abandon=None if self.reach is None else abandon_when_cut(svc, self.reach, running),
             )
         failed.update(cut)
         claims = svc.robust.cap_claims({p: (reports.get(p) or late[p])["n"] for p in pulled})

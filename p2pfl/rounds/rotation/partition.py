@@ -7,6 +7,8 @@ the lineage an aggregator names its result after. The rules are pure and live in
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from p2pfl.rounds.rotation.lineage import Lineage, result_lineage
@@ -46,6 +48,30 @@ def member_reach(services: NodeServices) -> Reachability:
         ask=ask,
         may_ask=lambda helper: exchange.speaks_4 and exchange.runs_4(helper),
     )
+
+
+def abandon_when_cut(
+    services: NodeServices, reach: Reachability, running: set[str]
+) -> Callable[[str], Awaitable[str]]:
+    """For :meth:`~p2pfl.services.exchange.Exchange.pull_many`: a wait that ends, with why,
+    once a peer is found cut off while its pull runs (``offline``, or a suspicion confirmed
+    by helpers), so that the pull ends then rather than after its timeout (a cut link drops
+    packets silently). The verdict is re-read at every notify of ``services``' peer view;
+    the caller keeps it fresh by watching ``running``
+    (:meth:`~p2pfl.rounds.rotation.reach.Reachability.watching`), which a peer leaves when
+    its wait ends."""
+
+    async def abandon(peer: str) -> str:
+        try:
+            while not await services.peers.wait_for(
+                lambda: reach.cut_off(peer) is not None, time.monotonic() + 60.0
+            ):
+                pass  # a long pull: keep waiting, its own timeout ends it
+            return f"{peer} is cut off ({reach.cut_off(peer)})"
+        finally:
+            running.discard(peer)
+
+    return abandon
 
 
 async def follow_bridges(services: NodeServices) -> None:
