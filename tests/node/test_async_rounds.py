@@ -69,9 +69,12 @@ def test_a_slow_device_does_not_set_the_pace(tmp_path, method):
         ]
         assert from_c and max(t for t, _ in from_c) >= 1, from_c
         assert any(part for _, part in from_c), from_c
-    # c's training time is stretched in its records
-    median = lambda n: statistics.median(r["train_s"] for r in records[n])  # noqa: E731
-    assert median("c") > 3 * median("a"), (median("c"), median("a"))
+    # c's training time is stretched in its records: ten times its own work, against the
+    # quickest round of a fast node (the least slowed by the other nodes of its process,
+    # so a busy machine cannot make the fast nodes look slow)
+    slow = statistics.median(r["train_s"] for r in records["c"])
+    quickest = min(r["train_s"] for n in ("a", "b", "d") for r in records[n])
+    assert slow > 3 * quickest, (slow, quickest)
 
 
 @pytest.mark.parametrize("method", ["uapdfl", "fedavg"])
