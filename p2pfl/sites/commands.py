@@ -1,6 +1,7 @@
 """The command line of a standing federation: ``p2pfl daemon``, and the commands that talk
 to a site's daemon through its admin socket (``submit``, ``vote``, ``runs``, ``logs``,
-``cancel``, ``drain``). Each finds the socket in the site file's ``state_dir``."""
+``cancel``, ``drain``). Each finds the socket in the site file's ``state_dir``; ``models``
+reads and changes the site's model store there directly."""
 
 from __future__ import annotations
 
@@ -150,6 +151,46 @@ def cmd_drain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_models(args: argparse.Namespace) -> int:
+    """``p2pfl models list | promote | rollback``: the site's model store, read and changed
+    in its ``state_dir`` (:mod:`p2pfl.sites.models`; no daemon needed)."""
+    from p2pfl.sites.models import ModelStore
+
+    site = _site(args)
+    store = ModelStore(site.state_dir, site.site)
+    if args.models_command == "promote":
+        entry = store.promote(args.model)
+        out.print(f"{site.site}: serving {entry.id} (run {entry.run_id}): {escape(entry.reason)}")
+        return 0
+    if args.models_command == "rollback":
+        entry = store.rollback()
+        out.print(f"{site.site}: serving {entry.id} (run {entry.run_id}) again")
+        return 0
+    entries = store.entries()
+    served = store.served()
+    if args.json:
+        from dataclasses import asdict
+
+        print(
+            json.dumps(
+                {"served": served and served.id, "models": [asdict(e) for e in entries]}, indent=1
+            )
+        )
+        return 0
+    if not entries:
+        out.print(f"{site.site}: no models yet")
+        return 0
+    out.print(f"models at site {site.site}:")
+    for e in entries:
+        mark = "*" if served is not None and e.id == served.id else " "
+        acc = "–" if e.accuracy is None else f"{e.accuracy:.4f}"
+        where = f"run {e.run_id}" + (f" cycle {e.cycle}" if e.cycle is not None else "")
+        where += f" round {e.round}" if e.round is not None else ""
+        why = f" ({escape(e.reason)})" if e.reason else ""
+        out.print(f"{mark} [bold]{e.id}[/]  {where}  accuracy {acc}  [bold]{e.status}[/]{why}")
+    return 0
+
+
 def site_commands() -> dict[str, Callable[[argparse.Namespace], int]]:
     return {
         "daemon": cmd_daemon,
@@ -159,4 +200,5 @@ def site_commands() -> dict[str, Callable[[argparse.Namespace], int]]:
         "logs": cmd_logs,
         "cancel": cmd_cancel,
         "drain": cmd_drain,
+        "models": cmd_models,
     }
