@@ -396,12 +396,16 @@ def _site_commands(sub: Any) -> None:
     sp.add_argument("-v", "--verbose", action="store_true")
 
     sp = sub.add_parser("models", help="a site's trained models: list, promote, roll back")
-    way = sp.add_subparsers(dest="models_command", required=True, metavar="{list,promote,rollback}")
+    way = sp.add_subparsers(
+        dest="models_command", required=True, metavar="{list,promote,rollback,offer}"
+    )
     ms = way.add_parser("list", help="every model the site keeps, the served one marked")
     ms.add_argument("--json", action="store_true")
     ms = way.add_parser("promote", help="serve a kept model, whatever the gate said of it")
     ms.add_argument("model", help="the model's id (p2pfl models list)")
     way.add_parser("rollback", help="serve again the model served before the current one")
+    ms = way.add_parser("offer", help="keep a finished run's model and judge it at the gate")
+    ms.add_argument("run_id", help="a run this site trained (state_dir/runs/RUN_ID)")
     for ms in way.choices.values():
         ms.add_argument("--site", required=True, help="the site file")
         ms.add_argument("-v", "--verbose", action="store_true")

@@ -34,6 +34,16 @@ class Limits(StrictModel):
     )
 
 
+class Promote(StrictModel):
+    min_delta: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="a new model is served only if its held-out accuracy is at least the "
+        "served one's minus this (docs/design.md, \"A site's own models\")",
+    )
+
+
 class Observability(StrictModel):
     listen: str | None = Field(
         default=None,
@@ -70,6 +80,7 @@ class SiteFile(PathNotes):
     )
     policy: Policy = Field(default_factory=Policy)
     limits: Limits = Field(default_factory=Limits)
+    promote: Promote = Field(default_factory=Promote)
     observability: Observability = Field(default_factory=Observability)
 
     @field_validator("broker")

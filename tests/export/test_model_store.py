@@ -196,3 +196,28 @@ def test_cli_models_list_promote_rollback(tmp_path, capsys):
     err = capsys.readouterr()
     assert "no model 'nope' (models: run1, run2)" in err.out + err.err
     assert "Traceback" not in err.out + err.err
+
+
+def test_cli_models_offer_judges_a_finished_run_on_the_held_out_split(tmp_path, capsys):
+    from p2pfl.cli import main
+    from p2pfl.export.held_out import held_out_scorer
+
+    runs = tmp_path / "state" / "runs"
+    runs.mkdir(parents=True)
+    for run_id, nodes in (("r1", ("a", "b")), ("r2", ("b", "a"))):  # a's models differ
+        made = make_run(tmp_path / run_id, nodes=nodes)
+        made.dir.rename(runs / run_id)
+        (runs / run_id / "nodes" / "a.jsonl").write_text('{"round": 1}\n{"round": 2}\n')
+    site = tmp_path / "site.yaml"
+    site.write_text("site: a\nswarm: s\nstate_dir: state\npromote: {min_delta: 1.0}\n")
+    assert main(["models", "offer", "r1", "--site", str(site)]) == 0
+    first = held_out_scorer(runs / "r1", "a")(runs / "r1")
+    assert f"a: r1: held-out accuracy {first:.4f}: promoted" in capsys.readouterr().out
+    assert main(["models", "offer", "r2", "--site", str(site)]) == 0
+    assert "a: r2: held-out accuracy" in capsys.readouterr().out  # min_delta 1: any model
+    store = ModelStore(tmp_path / "state", "a")
+    assert store.served().id == "r2" and store.entry("r2").round == 2
+    assert store.entry("r2").served_accuracy == pytest.approx(first)
+    assert main(["models", "offer", "nope", "--site", str(site)]) == 2
+    err = capsys.readouterr()
+    assert "runs/nope/config.yaml: no such file: run nope left no model of a" in err.err
