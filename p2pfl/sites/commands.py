@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import shutil
@@ -165,9 +164,12 @@ def cmd_models(args: argparse.Namespace) -> int:
         return 0
     if args.models_command == "offer":
         from p2pfl.export.held_out import held_out_scorer
+        from p2pfl.sites.worker import RunWorker
 
         run_dir = Path(site.state_dir) / "runs" / args.run_id
-        entry = store.add(run_dir, args.run_id, round_no=_last_round(run_dir, site.site))
+        records = RunWorker(run_dir, args.run_id, site.site)  # the reader of its records
+        records.new_records()
+        entry = store.add(run_dir, args.run_id, round_no=records.last_round or None)
         entry = store.judge(entry.id, held_out_scorer(run_dir, site.site), site.promote.min_delta)
         out.print(
             f"{site.site}: {entry.id}: held-out accuracy {entry.accuracy:.4f}: "
@@ -201,19 +203,6 @@ def cmd_models(args: argparse.Namespace) -> int:
         why = f" ({escape(e.reason)})" if e.reason else ""
         out.print(f"{mark} [bold]{e.id}[/]  {where}  accuracy {acc}  [bold]{e.status}[/]{why}")
     return 0
-
-
-def _last_round(run_dir: Path, site: str) -> int | None:
-    """The last round this site's node recorded in ``run_dir`` (None: none)."""
-    last = None
-    try:
-        lines = (run_dir / "nodes" / f"{site}.jsonl").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        with contextlib.suppress(ValueError, TypeError, KeyError):
-            last = int(json.loads(line)["round"])
-    return last
 
 
 def site_commands() -> dict[str, Callable[[argparse.Namespace], int]]:
