@@ -22,10 +22,11 @@ softmax probability of each class.
 from __future__ import annotations
 
 import contextlib
+import io
 import math
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,10 +71,8 @@ def classify(
     src = Path(input_path)
     if not src.exists():
         raise ExportError(f"{src}: no such file or folder")
-    module, info = load_model_with_info(run_dir, node_id)
-    classes = info["classes"] or [str(i) for i in range(info["num_classes"])]
-    spec = info.get("input_spec") or {}
-    kind = spec.get("kind")
+    model = Classifier.load(run_dir, node_id)
+    spec, kind, info = model.spec, model.kind, model.info
     suffix = src.suffix.lower()
     if not spec and suffix != ".npy":
         raise ExportError(
@@ -91,19 +90,15 @@ def classify(
                 f"{src}: node {node_id!r}'s model was not trained on tabular data "
                 f"(input_spec kind {kind!r}); give {_wanted(kind)}"
             )
-        inputs = _table_inputs(src, spec, info)
+        inputs = table_inputs(_read_table(src), spec, info, str(src))
     else:
         raise ExportError(
             f"{src}: not a CSV / Parquet file, an image folder, an image or a .npy array"
         )
     names, x_batches, labels = inputs
-    probs: list[np.ndarray] = []
-    with torch.no_grad():
-        for x in x_batches:
-            logits = module(torch.as_tensor(x, dtype=torch.float32))
-            probs.append(torch.softmax(logits.float(), dim=1).numpy())
-    p = np.concatenate(probs) if probs else np.zeros((0, len(classes)), dtype=np.float32)
+    p = model.probabilities(x_batches)
     pred = p.argmax(axis=1)
+    classes = model.classes
     out = Path(out_path) if out_path is not None else Path.cwd() / f"predictions-{node_id}.csv"
     _write_csv(out, names, pred, p, classes)
     result = Predictions(path=out, rows=len(pred))
@@ -114,6 +109,54 @@ def classify(
             result.labelled = len(known)
             result.accuracy = sum(i == k for i, k in known) / len(known)
     return result
+
+
+class Classifier:
+    """A node's trained model, loaded once, and how its inputs are made (``input_spec``):
+    :func:`classify` and the serving endpoint (:mod:`p2pfl.sites.serving`) both answer
+    through it, so the same rows give the same classes and probabilities."""
+
+    def __init__(self, module: torch.nn.Module, info: dict[str, Any]):
+        self.module = module
+        self.info = info
+        self.classes: list[str] = info["classes"] or [str(i) for i in range(info["num_classes"])]
+        self.spec: dict[str, Any] = info.get("input_spec") or {}
+        self.kind: str | None = self.spec.get("kind")
+
+    @classmethod
+    def load(cls, run_dir: str | Path, node_id: str) -> Classifier:
+        return cls(*load_model_with_info(run_dir, node_id))
+
+    def probabilities(self, x_batches: Iterable[np.ndarray]) -> np.ndarray:
+        """The softmax probability of each class for each input (float32, one row each)."""
+        probs: list[np.ndarray] = []
+        with torch.no_grad():
+            for x in x_batches:
+                logits = self.module(torch.as_tensor(x, dtype=torch.float32))
+                probs.append(torch.softmax(logits.float(), dim=1).numpy())
+        if not probs:
+            return np.zeros((0, len(self.classes)), dtype=np.float32)
+        return np.concatenate(probs)
+
+    def table(self, df: Any, where: str) -> np.ndarray:
+        """The probabilities for the rows of DataFrame ``df`` (the model's feature columns,
+        named as in its data; other columns ignored); ``where`` names the rows in errors."""
+        if self.kind != "tabular":
+            raise ExportError(
+                f"{where}: the model was not trained on tabular data "
+                f"(input_spec kind {self.kind!r}); give {_wanted(self.kind)}"
+            )
+        _, batches, _ = table_inputs(df, self.spec, self.info, where)
+        return self.probabilities(batches)
+
+    def images(self, blobs: list[bytes], where: str) -> np.ndarray:
+        """The probabilities for images given as their files' bytes (PNG, JPEG, ...)."""
+        if self.kind != "image":
+            raise ExportError(
+                f"{where}: the model was not trained on images "
+                f"(input_spec kind {self.kind!r}); give {_wanted(self.kind)}"
+            )
+        return self.probabilities(image_batches(blobs, self.spec, self.info, where))
 
 
 def _wanted(kind: str | None) -> str:
@@ -139,25 +182,25 @@ def _read_table(path: Path):
         raise ExportError(f"{path}: not a readable table: {exc}") from None
 
 
-def _table_inputs(path: Path, spec: dict[str, Any], info: dict[str, Any]):
+def table_inputs(df: Any, spec: dict[str, Any], info: dict[str, Any], where: str):
+    """The model's inputs from DataFrame ``df``: (row names, input batches, labels or None)."""
     import pandas as pd
 
     features = spec.get("features")
     if not isinstance(features, list) or not features:
         raise ExportError(f"node {info['node']}: input_spec has no feature columns")
-    df = _read_table(path)
     columns = [str(c) for c in df.columns]
     df.columns = columns
     missing = [f for f in features if f not in columns]
     if missing:
         raise ExportError(
-            f"{path}: missing feature column(s) {', '.join(map(repr, missing))} "
+            f"{where}: missing feature column(s) {', '.join(map(repr, missing))} "
             f"(the model reads {', '.join(features)})"
         )
     x = df[features].apply(pd.to_numeric, errors="coerce")
     bad = [f for f in features if (x[f].isna() & df[f].notna()).any()]
     if bad:
-        raise ExportError(f"{path}: column(s) {', '.join(map(repr, bad))} hold non-numbers")
+        raise ExportError(f"{where}: column(s) {', '.join(map(repr, bad))} hold non-numbers")
     arr = x.to_numpy(dtype=np.float64)
     n_feat = len(features)
     mean = _vector(spec.get("mean"), n_feat, 0.0, "mean", info)
@@ -216,19 +259,7 @@ def _label_index(value: Any, classes: list[str]) -> int | None:
 
 
 def _image_inputs(src: Path, spec: dict[str, Any], info: dict[str, Any]):
-    if spec.get("kind") != "image":
-        raise ExportError(
-            f"{src}: node {info['node']}'s model was not trained on images "
-            f"(input_spec kind {spec.get('kind')!r}); give {_wanted(spec.get('kind'))}"
-        )
-    channels = int(spec.get("channels", info["input_shape"][0]))
-    if channels not in (1, 3):
-        raise ExportError(f"node {info['node']}: images of {channels} channels are not read")
-    size = spec.get("size") or info["input_shape"][1:]
-    height, width = int(size[0]), int(size[1])
-    mean = _vector(spec.get("mean"), channels, 0.0, "mean", info).reshape(channels, 1, 1)
-    std = _vector(spec.get("std"), channels, 1.0, "std", info).reshape(channels, 1, 1)
-    std = np.where(std > 0, std, 1.0)
+    _image_layout(spec, info, str(src))
     if src.is_dir():
         files = sorted(
             p
@@ -244,31 +275,55 @@ def _image_inputs(src: Path, spec: dict[str, Any], info: dict[str, Any]):
         files, rel = [src], [Path(src.name)]
     classes = info["classes"] or [str(i) for i in range(info["num_classes"])]
     labels = [r.parts[0] if len(r.parts) > 1 and r.parts[0] in classes else None for r in rel]
-    mode = "L" if channels == 1 else "RGB"
-
-    def batches() -> Iterator[np.ndarray]:
-        for i in range(0, len(files), BATCH):
-            chunk = files[i : i + BATCH]
-            x = np.empty((len(chunk), channels, height, width), dtype=np.float32)
-            for j, path in enumerate(chunk):
-                x[j] = _read_image(path, mode, width, height)
-            yield ((x / 255.0 - mean) / std).astype(np.float32)
-
     names = {"file": [r.as_posix() for r in rel]}
-    return names, batches(), labels if any(v is not None for v in labels) else None
+    batches = image_batches(files, spec, info, str(src))
+    return names, batches, labels if any(v is not None for v in labels) else None
 
 
-def _read_image(path: Path, mode: str, width: int, height: int) -> np.ndarray:
+def _image_layout(spec: dict[str, Any], info: dict[str, Any], where: str) -> tuple[int, int, int]:
+    """(channels, height, width) of the model's images; an error for a model of no images."""
+    if spec.get("kind") != "image":
+        raise ExportError(
+            f"{where}: node {info['node']}'s model was not trained on images "
+            f"(input_spec kind {spec.get('kind')!r}); give {_wanted(spec.get('kind'))}"
+        )
+    channels = int(spec.get("channels", info["input_shape"][0]))
+    if channels not in (1, 3):
+        raise ExportError(f"node {info['node']}: images of {channels} channels are not read")
+    size = spec.get("size") or info["input_shape"][1:]
+    return channels, int(size[0]), int(size[1])
+
+
+def image_batches(
+    sources: list[Path] | list[bytes], spec: dict[str, Any], info: dict[str, Any], where: str
+) -> Iterator[np.ndarray]:
+    """The model's inputs from images (files, or their bytes): converted to its channels and
+    size (bilinear), scaled to [0, 1] and normalised per channel, in batches."""
+    channels, height, width = _image_layout(spec, info, where)
+    mean = _vector(spec.get("mean"), channels, 0.0, "mean", info).reshape(channels, 1, 1)
+    std = _vector(spec.get("std"), channels, 1.0, "std", info).reshape(channels, 1, 1)
+    std = np.where(std > 0, std, 1.0)
+    mode = "L" if channels == 1 else "RGB"
+    for i in range(0, len(sources), BATCH):
+        chunk = sources[i : i + BATCH]
+        x = np.empty((len(chunk), channels, height, width), dtype=np.float32)
+        for j, source in enumerate(chunk):
+            name = str(source) if isinstance(source, Path) else f"{where}: image {i + j}"
+            x[j] = _read_image(source, mode, width, height, name)
+        yield ((x / 255.0 - mean) / std).astype(np.float32)
+
+
+def _read_image(source: Path | bytes, mode: str, width: int, height: int, name: str) -> np.ndarray:
     from PIL import Image
 
     try:
-        with Image.open(path) as img:
+        with Image.open(source if isinstance(source, Path) else io.BytesIO(source)) as img:
             img = img.convert(mode)
             if img.size != (width, height):
                 img = img.resize((width, height), Image.BILINEAR)
             arr = np.asarray(img, dtype=np.float32)
     except (OSError, ValueError) as exc:  # PIL's UnidentifiedImageError is an OSError
-        raise ExportError(f"{path}: not a readable image: {exc}") from None
+        raise ExportError(f"{name}: not a readable image: {exc}") from None
     return arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
 
 

@@ -205,6 +205,29 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """``p2pfl serve --site``: the site's served model over HTTP (:mod:`p2pfl.sites.serving`)
+    until SIGTERM or Ctrl-C; the site daemon runs it when ``serving.listen`` is set."""
+    from p2pfl.sites.models import ModelStore
+    from p2pfl.sites.observe import parse_listen
+    from p2pfl.sites.serving import serve
+
+    site = _site(args)
+    listen = args.listen or site.serving.listen
+    if listen is None:
+        raise SystemExit(f"p2pfl serve: {args.site}: serving.listen is not set (or give --listen)")
+    if site.observability.log_format == "json":
+        from p2pfl.sites.json_log import use_json_logs
+
+        use_json_logs(logging.DEBUG if args.verbose else logging.INFO)
+    try:
+        address = parse_listen(listen)
+    except ValueError as exc:
+        raise SystemExit(f"p2pfl serve: --listen: {exc}") from None
+    serve(ModelStore(site.state_dir, site.site), address, site.serving.max_request_bytes)
+    return 0
+
+
 def site_commands() -> dict[str, Callable[[argparse.Namespace], int]]:
     return {
         "daemon": cmd_daemon,
@@ -215,4 +238,5 @@ def site_commands() -> dict[str, Callable[[argparse.Namespace], int]]:
         "cancel": cmd_cancel,
         "drain": cmd_drain,
         "models": cmd_models,
+        "serve": cmd_serve,
     }

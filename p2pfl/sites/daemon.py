@@ -65,6 +65,7 @@ from p2pfl.sites.run_spec import RunSpec, run_facts, run_id, spec_from_dict
 from p2pfl.sites.run_state import RunState
 from p2pfl.sites.site_admin import AdminCommands
 from p2pfl.sites.site_file import SiteFile
+from p2pfl.sites.site_processes import ServingProcess
 from p2pfl.sites.site_workers import WorkerSlots
 from p2pfl.sites.systemd import Notifier
 
@@ -106,6 +107,11 @@ class SiteDaemon(WorkerSlots, AdminCommands):
         self.dropped: Counter[str] = Counter()
         self.ledger: ConsentLedger | None = None
         self.notifier = Notifier()
+        self.serving: ServingProcess | None = None
+        if site.serving.listen is not None:
+            if site.source is None:
+                raise ValueError(f"site {site.site}: serving needs a site loaded from its file")
+            self.serving = ServingProcess(site.source, self.state_dir / "serving.log")
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> int:
@@ -130,6 +136,9 @@ class SiteDaemon(WorkerSlots, AdminCommands):
                 await stack.enter_async_context(http)
             mqtt = asyncio.create_task(self._mqtt_loop())
             pulse = asyncio.create_task(self._watchdog())
+            tasks = [mqtt, pulse]
+            if self.serving is not None:
+                tasks.append(asyncio.create_task(self.serving.run()))
             try:
                 await self._connected.wait()
                 self.notifier.ready(f"site {self.name}: connected to {self.broker}")
@@ -145,9 +154,9 @@ class SiteDaemon(WorkerSlots, AdminCommands):
             finally:
                 self.notifier.stopping()
                 await self._stop_workers("the site daemon stopped")
-                for task in (mqtt, pulse):
+                for task in tasks:
                     task.cancel()
-                await asyncio.gather(mqtt, pulse, return_exceptions=True)
+                await asyncio.gather(*tasks, return_exceptions=True)
                 for st in self.runs.values():
                     for t in st.tasks:
                         t.cancel()
@@ -175,6 +184,8 @@ class SiteDaemon(WorkerSlots, AdminCommands):
             why.append(f"broker {self.broker} not connected")
         if self._draining:
             why.append("draining")
+        if self.serving is not None and self.serving.problem:
+            why.append(self.serving.problem)
         if self.identity is not None:
             problem = self.identity.problem()
             if problem:

@@ -121,6 +121,10 @@ class ModelStore:
         current = self._current()
         return None if current["current"] is None else self.entry(current["current"])
 
+    def before(self) -> list[str]:
+        """The entries served before the current one, oldest first (what rollback takes)."""
+        return self._current()["before"]
+
     def _current(self) -> dict[str, Any]:
         path = self.root / CURRENT
         if not path.is_file():

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, PositiveInt, field_validator
+from pydantic import Field, PositiveInt, PrivateAttr, field_validator
 
 from p2pfl.check.load import load_yaml, validated
 from p2pfl.config.dataset_schema import DatasetConfig
@@ -35,6 +35,10 @@ class Limits(StrictModel):
 
 
 class Promote(StrictModel):
+    offer: bool = Field(
+        default=True,
+        description="keep each run this site finishes as a model and judge it at the gate",
+    )
     min_delta: float = Field(
         default=0.0,
         ge=0.0,
@@ -42,6 +46,16 @@ class Promote(StrictModel):
         description="a new model is served only if its held-out accuracy is at least the "
         "served one's minus this (docs/design.md, \"A site's own models\")",
     )
+
+
+def _listen(value: str | None) -> str | None:
+    """``host:port`` (or None), checked as :func:`~p2pfl.sites.observe.parse_listen` reads it."""
+    if value is None:
+        return value
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"listen must be 'host:port', got {value!r}")
+    return value
 
 
 class Observability(StrictModel):
@@ -54,12 +68,23 @@ class Observability(StrictModel):
     @field_validator("listen")
     @classmethod
     def _host_port(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
-        host, sep, port = value.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"listen must be 'host:port', got {value!r}")
-        return value
+        return _listen(value)
+
+
+class Serving(StrictModel):
+    listen: str | None = Field(
+        default=None,
+        description="host:port of POST /v1/predict and GET /v1/model, the site's served "
+        "model (absent: not served)",
+    )
+    max_request_bytes: PositiveInt = Field(
+        default=16 << 20, description="the largest predict request body taken (more: 413)"
+    )
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, value: str | None) -> str | None:
+        return _listen(value)
 
 
 class SiteFile(PathNotes):
@@ -82,6 +107,14 @@ class SiteFile(PathNotes):
     limits: Limits = Field(default_factory=Limits)
     promote: Promote = Field(default_factory=Promote)
     observability: Observability = Field(default_factory=Observability)
+    serving: Serving = Field(default_factory=Serving)
+    _source: Path | None = PrivateAttr(default=None)
+
+    @property
+    def source(self) -> Path | None:
+        """The site file this was loaded from (absolute; None when built in memory): the
+        daemon's helper processes (``p2pfl serve``, ``p2pfl models offer``) read it."""
+        return self._source
 
     @field_validator("broker")
     @classmethod
@@ -120,6 +153,7 @@ def load_site(path: str | Path) -> SiteFile:
         data["policy"] = _policy_file(data["policy"])
     site = validated(SiteFile, data, path)
     site.note_paths(notes)
+    site._source = Path(path).resolve()
     return site
 
 

@@ -15,6 +15,7 @@ import math
 
 from p2pfl.sites.policy import policy_digest
 from p2pfl.sites.run_state import RunState
+from p2pfl.sites.site_processes import offer_model
 from p2pfl.sites.worker import RunWorker
 from p2pfl.sites.worker_topology import worker_topology
 
@@ -85,11 +86,30 @@ class WorkerSlots:
         if self._status_of(st) == "running":
             if code == 0:
                 self._end(st, "finished", f"{worker.last_round} rounds")
+                if self.site.promote.offer and self.site.source is not None:
+                    self._spawn(st, self._offer(st))
             elif st.leaving is not None:  # stopped on purpose: the rounds it finished count
                 self._leave(st, f"{st.leaving} after round {worker.last_round}")
             else:
                 self._end(st, "failed", f"the worker exited with {code} (see {worker.log_path})")
         self._start_waiting()
+
+    async def _offer(self, st: RunState) -> None:
+        """Keep the model of ``st`` (finished here) and judge it at the promotion gate, in
+        a process of its own (``p2pfl models offer``: torch stays out of the daemon)."""
+        assert self.site.source is not None
+        log_path = self.state_dir / "runs" / st.run_id / "offer.log"
+        code, said = await offer_model(self.site.source, st.run_id, log_path)
+        if code == 0:
+            log.info("%s: run %s: model %s", self.name, st.run_id, said)
+        else:
+            log.error(
+                "%s: run %s: its model was not kept (%s; see %s)",
+                self.name,
+                st.run_id,
+                said,
+                log_path,
+            )
 
     async def _watch_records(self, st: RunState) -> None:
         while True:

@@ -14,14 +14,13 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
-import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from p2pfl.sites.site_processes import spawn_p2pfl, stop_process
 
 log = logging.getLogger(__name__)
 
@@ -54,28 +53,11 @@ class RunWorker:
         topo = self.run_dir / "topology.yaml"
         topo.write_text(yaml.safe_dump(topology, sort_keys=False))
         (self.run_dir / "run.json").write_text(json.dumps(facts, indent=1, sort_keys=True))
-        out = open(self.log_path, "ab")  # noqa: SIM115 - the child holds it
-        try:
-            self.proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "p2pfl",
-                "node",
-                str(topo),
-                "--id",
-                self.site,
-                "--out",
-                str(self.run_dir),
-                "--no-rich",
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=out,
-                stderr=asyncio.subprocess.STDOUT,
-                cwd=str(self.run_dir),
-                start_new_session=True,  # its signals are the daemon's to send
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
-        finally:
-            out.close()
+        self.proc = await spawn_p2pfl(
+            ["node", str(topo), "--id", self.site, "--out", str(self.run_dir), "--no-rich"],
+            self.log_path,
+            cwd=self.run_dir,
+        )
         self.started_at = time.monotonic()
         log.info("run %s: worker started (pid %d)", self.run_id, self.proc.pid)
 
@@ -92,16 +74,7 @@ class RunWorker:
         """Ask the worker to stop (SIGTERM), kill it after ``grace`` s; its exit status."""
         if self.proc is None:
             return None
-        if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.proc.wait(), grace)
-            except asyncio.TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    self.proc.kill()
-                await self.proc.wait()
-        return self.proc.returncode
+        return await stop_process(self.proc, grace)
 
     def new_records(self) -> list[dict[str, Any]]:
         """The whole records appended since the last call (a torn last line waits)."""

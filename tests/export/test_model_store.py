@@ -14,7 +14,7 @@ import pytest
 from export_helpers import make_run
 
 from p2pfl.export import ExportError, classify
-from p2pfl.export.predict import _table_inputs
+from p2pfl.export.predict import table_inputs
 from p2pfl.sites.models import (
     CURRENT,
     CURRENT_ONNX,
@@ -110,7 +110,7 @@ def test_the_first_model_is_promoted_and_a_worse_one_refused(tmp_path):
     # current.onnx is the served model: it answers as classify on the served entry does
     session = ort.InferenceSession(str(store.root / CURRENT_ONNX))
     info = json.loads((store.path(one.id) / "nodes" / "a.model.json").read_text())
-    _names, batches, _labels = _table_inputs(held, SPEC, info)
+    _names, batches, _labels = table_inputs(pd.read_csv(held), SPEC, info, str(held))
     logits = np.concatenate([session.run(None, {"input": x})[0] for x in batches])
     want = pd.read_csv(classify(store.path(one.id), "a", held, tmp_path / "w.csv").path)
     assert logits.argmax(1).tolist() == want["predicted"].tolist()
