@@ -12,9 +12,10 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, PositiveInt, field_validator
+from pydantic import Field, NonNegativeInt, PositiveInt, field_validator, model_validator
 
 from p2pfl.check.load import load_yaml, validated
+from p2pfl.config.bounds import MAX_NODES
 from p2pfl.config.dataset_schema import DatasetConfig
 from p2pfl.config.paths import PathBase, resolve_fields
 from p2pfl.config.schema import ID_PATTERN
@@ -42,6 +43,42 @@ class Promote(StrictModel):
         description="a new model is served only if its held-out accuracy is at least the "
         "served one's minus this (docs/design.md, \"A site's own models\")",
     )
+
+
+class Admission(StrictModel):
+    """Who must approve a new device's enrolment before the CA holder issues its
+    certificate (``p2pfl enroll approve``; docs/design.md, "Enrolment")."""
+
+    approvals: NonNegativeInt = Field(
+        default=0,
+        description="how many distinct sites of approvers must approve a request (0: the "
+        "CA holder alone decides)",
+    )
+    approvers: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_NODES,
+        description="the sites whose signed approvals count",
+    )
+
+    @field_validator("approvers")
+    @classmethod
+    def _approver_names(cls, value: list[str]) -> list[str]:
+        bad = [name for name in value if not re.fullmatch(ID_PATTERN, name)]
+        if bad:
+            raise ValueError(
+                f"approvers are site names (letters, digits, '_', '.', '-'): {bad[0]!r}"
+            )
+        if len(set(value)) != len(value):
+            raise ValueError("approvers lists a site twice")
+        return value
+
+    @model_validator(mode="after")
+    def _reachable(self) -> Admission:
+        if self.approvals > len(self.approvers):
+            raise ValueError(
+                f"approvals {self.approvals} is more than the {len(self.approvers)} approvers listed"
+            )
+        return self
 
 
 class Observability(StrictModel):
@@ -81,6 +118,7 @@ class SiteFile(PathNotes):
     policy: Policy = Field(default_factory=Policy)
     limits: Limits = Field(default_factory=Limits)
     promote: Promote = Field(default_factory=Promote)
+    admission: Admission = Field(default_factory=Admission)
     observability: Observability = Field(default_factory=Observability)
 
     @field_validator("broker")
