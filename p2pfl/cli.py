@@ -428,6 +428,13 @@ def cmd_certs(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_enroll(args: argparse.Namespace) -> int:
+    """``p2pfl enroll request|approve``: a certificate whose key never leaves the device."""
+    from p2pfl.sites.enroll_command import enroll
+
+    return enroll(args)
+
+
 def cmd_discover(args: argparse.Namespace) -> int:
     """List the brokers and nodes announced over mDNS, then exit."""
     from rich.table import Table
@@ -535,6 +542,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "validate": cmd_validate,
     "broker": cmd_broker,
     "certs": cmd_certs,
+    "enroll": cmd_enroll,
     "discover": cmd_discover,
     "track": cmd_track,
     "dashboard": cmd_dashboard,

@@ -280,6 +280,8 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         "p2pfl:observer and p2pfl:bridge revoke the dashboard's and the bridges' identities",
     )
 
+    _enroll_command(sub)
+
     sp = sub.add_parser("discover", help="list brokers, nodes and swarms visible by mDNS")
     sp.add_argument("--seconds", type=float, default=3.0, help="how long to listen (3)")
     sp.add_argument(
@@ -416,3 +418,49 @@ def _site_commands(sub: Any) -> None:
     sp.add_argument("--site", required=True, help="the site file")
     sp.add_argument("--listen", help="host:port (default: the site file's serving.listen)")
     sp.add_argument("-v", "--verbose", action="store_true")
+
+
+def _enroll_command(sub: Any) -> None:
+    """``p2pfl enroll``: a node's certificate issued while its key stays on its device
+    (docs/design.md, "Enrolment")."""
+    sp = sub.add_parser("enroll", help="enrol a device whose key never leaves it")
+    way = sp.add_subparsers(dest="enroll_command", required=True, metavar="{request,approve}")
+    es = way.add_parser("request", help="on the device: make its key and a certificate request")
+    es.add_argument("--site", required=True, metavar="NAME", help="the device's node id")
+    es.add_argument(
+        "--certs",
+        required=True,
+        metavar="DIR",
+        help="the device's certificate folder (the key goes to DIR/nodes/NAME.key)",
+    )
+    es.add_argument("--out", metavar="FILE", help="the request (default: ./NAME.request.pem)")
+    es.add_argument("--force", action="store_true", help="replace an existing key with a new one")
+    es = way.add_parser(
+        "approve", help="issue a request's certificate (--certs), or approve it as a site"
+    )
+    es.add_argument("request", metavar="REQ", help="the request (NAME.request.pem)")
+    es.add_argument(
+        "--certs",
+        metavar="CA_DIR",
+        help="the swarm's certificate folder holding ca.key: issue the certificate",
+    )
+    es.add_argument(
+        "--site",
+        metavar="SITE_YAML",
+        help="without --certs: approve the request as this site (a signed approval beside "
+        "REQ); with it: the site file whose admission: says which approvals are needed",
+    )
+    es.add_argument(
+        "--days",
+        type=lambda t: _positive_int(t, "a number of days"),
+        default=825,
+        help="validity (825 days)",
+    )
+    es.add_argument("--out", metavar="CERT", help="the certificate (default: NAME.crt beside REQ)")
+    es.add_argument(
+        "--replace",
+        action="store_true",
+        help="issue even though the name holds a valid certificate (it stays valid until revoked)",
+    )
+    for es in way.choices.values():
+        es.add_argument("-v", "--verbose", action="store_true")

@@ -135,7 +135,8 @@ def _name(common_name: str) -> x509.Name:
     )
 
 
-def _write_key(path: Path, key) -> None:
+def write_private_key(path: Path, key) -> None:
+    """Write ``key`` unencrypted (PKCS#8 PEM) to ``path``, readable by its owner only (0600)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     data = key.private_bytes(
         serialization.Encoding.PEM,
@@ -144,10 +145,12 @@ def _write_key(path: Path, key) -> None:
     )
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
+        os.fchmod(f.fileno(), 0o600)  # a key written over an older file: its mode too
         f.write(data)
 
 
-def _write_cert(path: Path, cert: x509.Certificate) -> None:
+def write_certificate(path: Path, cert: x509.Certificate) -> None:
+    """Write ``cert`` as PEM to ``path``, making its folder."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
@@ -201,8 +204,42 @@ def _write_client_identity(
         days,
         usage=[ExtendedKeyUsageOID.CLIENT_AUTH],
     )
-    _write_key(key_path, key)
-    _write_cert(cert_path, cert)
+    write_private_key(key_path, key)
+    write_certificate(cert_path, cert)
+
+
+def node_subject(node_id: str) -> x509.Name:
+    """The subject of node ``node_id``'s certificate (and of its enrolment request)."""
+    return _name(node_id)
+
+
+def issue_node_certificate(
+    node_id: str,
+    public_key: ed25519.Ed25519PublicKey,
+    ca_key,
+    ca_cert: x509.Certificate,
+    days: int = DEFAULT_DAYS,
+) -> x509.Certificate:
+    """Node ``node_id``'s identity: ``public_key`` (Ed25519) certified by the swarm CA for
+    ``days``, CN = ``node_id``, usable as a TLS client and server. The one way p2pfl issues
+    a node's certificate (:func:`make_swarm_certs`, ``p2pfl enroll approve``)."""
+    return _issue(
+        _name(node_id),
+        public_key,
+        ca_key,
+        ca_cert.subject,
+        days,
+        # client: to the broker and to peers' direct lanes; server: its own direct lane
+        usage=[ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH],
+    )
+
+
+def reserved_identity(name: str) -> bool:
+    """Whether ``name`` is the CN of an identity that is no node's: the bridge's, the
+    observer's, a swarm CA's or a broker's (``p2pfl <swarm> CA``, ``p2pfl <swarm> broker``)."""
+    if name in (BRIDGE_CN, OBSERVER_CN):
+        return True
+    return name.startswith("p2pfl ") and name.endswith((" CA", " broker"))
 
 
 def _san(host: str) -> x509.GeneralName:
@@ -301,8 +338,8 @@ def make_swarm_certs(
         ca_key = ed25519.Ed25519PrivateKey.generate()
         ca_name = _name(f"p2pfl {swarm} CA")  # self-signed: issuer = subject
         ca_cert = _issue(ca_name, ca_key.public_key(), ca_key, ca_name, days, ca=True)
-        _write_key(paths.ca_key, ca_key)
-        _write_cert(paths.ca_cert, ca_cert)
+        write_private_key(paths.ca_key, ca_key)
+        write_certificate(paths.ca_cert, ca_cert)
     hosts = list(dict.fromkeys([*(broker_hosts or []), "127.0.0.1", "localhost"]))
     # the broker's server key is ECDSA P-256: every TLS client and Mosquitto build has it
     broker_key = ec.generate_private_key(ec.SECP256R1())
@@ -315,8 +352,8 @@ def make_swarm_certs(
         usage=[ExtendedKeyUsageOID.SERVER_AUTH],
         sans=[_san(h) for h in hosts],
     )
-    _write_key(paths.broker_key, broker_key)
-    _write_cert(paths.broker_cert, broker_cert)
+    write_private_key(paths.broker_key, broker_key)
+    write_certificate(paths.broker_cert, broker_cert)
     # two client identities of other kinds than a node: a client of other site brokers, and
     # the dashboard's observer
     for key_path, cert_path, cn in (
@@ -329,17 +366,9 @@ def make_swarm_certs(
         if paths.node_key(nid).exists() and paths.node_cert(nid).exists() and not overwrite:
             continue
         key = ed25519.Ed25519PrivateKey.generate()
-        cert = _issue(
-            _name(nid),
-            key.public_key(),
-            ca_key,
-            ca_cert.subject,
-            days,
-            # client: to the broker and to peers' direct lanes; server: its own direct lane
-            usage=[ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH],
-        )
-        _write_key(paths.node_key(nid), key)
-        _write_cert(paths.node_cert(nid), cert)
+        cert = issue_node_certificate(nid, key.public_key(), ca_key, ca_cert, days)
+        write_private_key(paths.node_key(nid), key)
+        write_certificate(paths.node_cert(nid), cert)
     paths.acl.write_text(mosquitto_acl(swarm))
     return paths
 

@@ -12,9 +12,17 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, PositiveInt, PrivateAttr, field_validator
+from pydantic import (
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
 
 from p2pfl.check.load import load_yaml, validated
+from p2pfl.config.bounds import MAX_NODES
 from p2pfl.config.dataset_schema import DatasetConfig
 from p2pfl.config.paths import PathBase, resolve_fields
 from p2pfl.config.schema import ID_PATTERN
@@ -56,6 +64,42 @@ def _listen(value: str | None) -> str | None:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"listen must be 'host:port', got {value!r}")
     return value
+
+
+class Admission(StrictModel):
+    """Who must approve a new device's enrolment before the CA holder issues its
+    certificate (``p2pfl enroll approve``; docs/design.md, "Enrolment")."""
+
+    approvals: NonNegativeInt = Field(
+        default=0,
+        description="how many distinct sites of approvers must approve a request (0: the "
+        "CA holder alone decides)",
+    )
+    approvers: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_NODES,
+        description="the sites whose signed approvals count",
+    )
+
+    @field_validator("approvers")
+    @classmethod
+    def _approver_names(cls, value: list[str]) -> list[str]:
+        bad = [name for name in value if not re.fullmatch(ID_PATTERN, name)]
+        if bad:
+            raise ValueError(
+                f"approvers are site names (letters, digits, '_', '.', '-'): {bad[0]!r}"
+            )
+        if len(set(value)) != len(value):
+            raise ValueError("approvers lists a site twice")
+        return value
+
+    @model_validator(mode="after")
+    def _reachable(self) -> Admission:
+        if self.approvals > len(self.approvers):
+            raise ValueError(
+                f"approvals {self.approvals} is more than the {len(self.approvers)} approvers listed"
+            )
+        return self
 
 
 class Observability(StrictModel):
@@ -106,6 +150,7 @@ class SiteFile(PathNotes):
     policy: Policy = Field(default_factory=Policy)
     limits: Limits = Field(default_factory=Limits)
     promote: Promote = Field(default_factory=Promote)
+    admission: Admission = Field(default_factory=Admission)
     observability: Observability = Field(default_factory=Observability)
     serving: Serving = Field(default_factory=Serving)
     _source: Path | None = PrivateAttr(default=None)
