@@ -412,9 +412,7 @@ def _site_commands(sub: Any) -> None:
         ms.add_argument("--site", required=True, help="the site file")
         ms.add_argument("-v", "--verbose", action="store_true")
 
-    sp = sub.add_parser(
-        "serve", help="answer POST /v1/predict and GET /v1/model with the site's served model"
-    )
+    sp = sub.add_parser("serve", help="answer /v1/predict and /v1/model with the site's model")
     sp.add_argument("--site", required=True, help="the site file")
     sp.add_argument("--listen", help="host:port (default: the site file's serving.listen)")
     sp.add_argument("-v", "--verbose", action="store_true")
