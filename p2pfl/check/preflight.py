@@ -312,6 +312,8 @@ def node_method(
         model = node_model(cls, cfg, node_id, data, device)
     except (UserModelError, RuntimeError, ValueError, TypeError) as exc:
         raise model_error(cfg, shape, exc, source) from None
+    if cfg.model.init is not None:
+        warm_start(model, cfg.model.init, source)
     try:
         return method_on_data(cls, cfg, model, node_id, data, rng, device)
     except Exception as exc:  # the method meeting this node's model and data
@@ -320,6 +322,32 @@ def node_method(
             f"{cfg.model.name!r}: {describe(exc)}"
         )
         raise ConfigError(source, [("algorithm.name", why)]) from None
+
+
+def warm_start(model: SplitModel, path: str, source: str = "topology") -> None:
+    """Load the safetensors file ``path`` (``model.init``: a model this node's own
+    architecture wrote, as ``p2pfl export`` and a site's model store keep it) into
+    ``model``, every tensor, its personal part included; a :class:`ConfigError` naming
+    ``source`` and ``model.init`` when it cannot be read or does not fit."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from p2pfl.learning.artifacts import layout_problems
+    from p2pfl.learning.layout import tensor_specs
+
+    module = model.export_module()
+    try:
+        weights = load_file(path)
+    except (SafetensorError, OSError) as exc:
+        raise ConfigError(
+            source, [("model.init", f"{path}: not a readable safetensors file: {exc}")]
+        ) from None
+    problems = layout_problems(tensor_specs(module.state_dict()), weights)
+    if problems:
+        why = f"{path}: the weights do not fit this model: " + "; ".join(problems)
+        raise ConfigError(source, [("model.init", why)])
+    with torch.no_grad():
+        module.load_state_dict(weights, strict=True)
 
 
 def split_summary(model: SplitModel) -> dict[str, list[str]]:

@@ -14,6 +14,7 @@ data's size; whether the files open and the partition fits the data is
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -88,6 +89,12 @@ class DatasetConfig(StrictModel):
         gt=0,
         lt=1,
         description="own data without a test split: this fraction of it (deterministic)",
+    )
+    test_split: Literal["random", "row_hash"] = Field(
+        "random",
+        description="own csv / parquet data without a test file: the test_fraction drawn at "
+        "random by the seed and node (random), or the rows whose content hashes into it "
+        "(row_hash: a row stays on its side as the file grows, as a watched binding needs)",
     )
     stats: str | None = Field(
         None,

@@ -115,6 +115,12 @@ class ModelConfig(StrictModel):
     kwargs: dict[str, Any] = Field(
         default_factory=dict, description="more keyword arguments for a user factory"
     )
+    init: str | None = Field(
+        None,
+        description="a device's field: a safetensors file of this very model (p2pfl export, "
+        "a site's kept model) the node starts from instead of the swarm's common initial "
+        "model, its personal part included (a warm start)",
+    )
     hidden: int = Field(64, ge=1, le=B.MAX_HIDDEN, description="mlp: hidden units")
     padding: Literal["same", "valid"] = Field(
         "same",

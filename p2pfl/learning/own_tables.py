@@ -142,6 +142,24 @@ def _read_stats(stats: str, node_id: str, features: list[str]) -> tuple[np.ndarr
     return out[0], out[1]
 
 
+def split_by_row_hash(x: np.ndarray, fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(train, test)`` sorted index arrays: the rows whose features hash (xxh64 of their
+    float64 values) below ``fraction`` of the hash space are held out. A row's side depends
+    on its values only, so rows appended to the file never move an old row across (the
+    held-out data a watched binding's models are compared on stays held out). At least one
+    row on each side when there are two."""
+    import xxhash
+
+    rows = np.ascontiguousarray(x, dtype=np.float64)
+    hashes = np.array([xxhash.xxh64_intdigest(r.tobytes()) for r in rows], dtype=np.uint64)
+    test = hashes < np.uint64(int(fraction * 2**64))
+    if len(rows) >= 2 and not test.any():
+        test[int(np.argmin(hashes))] = True
+    if len(rows) >= 2 and test.all():
+        test[int(np.argmax(hashes))] = False
+    return np.flatnonzero(~test), np.flatnonzero(test)
+
+
 def read_table(cfg: DatasetConfig, node_id: str, seed: int, root: str | None) -> NodeData:
     """A device's own ``csv`` / ``parquet`` file(s): the ``dataset.label`` column is the
     label, every other column a numeric feature (float32 ``N x D``, input shape ``(D,)``),
@@ -156,6 +174,9 @@ def read_table(cfg: DatasetConfig, node_id: str, seed: int, root: str | None) ->
     if test_path is not None:
         tx, raw_ty, _ = _frame_xy(_read_frame(kind, test_path), cfg.label, test_path, features)
         ty = map_labels(raw_ty, names, str(test_path), counted=counted)
+    elif cfg.test_split == "row_hash":
+        tr, te = split_by_row_hash(x, cfg.test_fraction)
+        x, tx, y, ty = x[tr], x[te], y[tr], y[te]
     else:
         tr, te = split_fraction(y, cfg.test_fraction, len(names), split_rng(seed, node_id))
         x, tx, y, ty = x[tr], x[te], y[tr], y[te]

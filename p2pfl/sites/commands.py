@@ -169,7 +169,15 @@ def cmd_models(args: argparse.Namespace) -> int:
         run_dir = Path(site.state_dir) / "runs" / args.run_id
         records = RunWorker(run_dir, args.run_id, site.site)  # the reader of its records
         records.new_records()
-        entry = store.add(run_dir, args.run_id, round_no=records.last_round or None)
+        facts = _run_facts(run_dir)
+        entry = store.add(
+            run_dir,
+            args.run_id,
+            round_no=records.last_round or None,
+            cycle=facts.get("cycle"),
+            data_version=facts.get("data_version"),
+            series=facts.get("series"),
+        )
         entry = store.judge(entry.id, held_out_scorer(run_dir, site.site), site.promote.min_delta)
         out.print(
             f"{site.site}: {entry.id}: held-out accuracy {entry.accuracy:.4f}: "
@@ -226,6 +234,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise SystemExit(f"p2pfl serve: --listen: {exc}") from None
     serve(ModelStore(site.state_dir, site.site), address, site.serving.max_request_bytes)
     return 0
+
+
+def _run_facts(run_dir: Path) -> dict:
+    """What the daemon recorded of a run it started (``run.json``); empty when absent."""
+    try:
+        facts = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return facts if isinstance(facts, dict) else {}
 
 
 def site_commands() -> dict[str, Callable[[argparse.Namespace], int]]:

@@ -63,6 +63,7 @@ from p2pfl.sites.observe import ObservabilityServer, SiteMetrics, parse_listen
 from p2pfl.sites.policy import Decision, Reason, decide
 from p2pfl.sites.run_spec import RunSpec, run_facts, run_id, spec_from_dict
 from p2pfl.sites.run_state import RunState
+from p2pfl.sites.series import SeriesCycles
 from p2pfl.sites.site_admin import AdminCommands
 from p2pfl.sites.site_file import SiteFile
 from p2pfl.sites.site_processes import ServingProcess
@@ -81,7 +82,7 @@ EARLY_SLACK_S = 1.0  # a commit this much before the deadline (clock skew) is st
 MAX_EARLY = 10_000  # votes, commits and cancels kept for runs whose spec is not heard yet
 
 
-class SiteDaemon(WorkerSlots, AdminCommands):
+class SiteDaemon(WorkerSlots, SeriesCycles, AdminCommands):
     """The daemon of ``site`` (a loaded site file). Run it with :meth:`run`: it returns 0
     once drained, and stops (its workers too) when cancelled."""
 
@@ -107,6 +108,7 @@ class SiteDaemon(WorkerSlots, AdminCommands):
         self.dropped: Counter[str] = Counter()
         self.ledger: ConsentLedger | None = None
         self.notifier = Notifier()
+        self._init_series()
         self.serving: ServingProcess | None = None
         if site.serving.listen is not None:
             if site.source is None:
@@ -137,6 +139,10 @@ class SiteDaemon(WorkerSlots, AdminCommands):
             mqtt = asyncio.create_task(self._mqtt_loop())
             pulse = asyncio.create_task(self._watchdog())
             tasks = [mqtt, pulse]
+            tasks += [
+                asyncio.create_task(self._series_ticks()),
+                asyncio.create_task(self._watch_data()),
+            ]
             if self.serving is not None:
                 tasks.append(asyncio.create_task(self.serving.run()))
             try:
@@ -297,6 +303,9 @@ class SiteDaemon(WorkerSlots, AdminCommands):
         if msg.kind == "spec":
             self._on_spec(msg, payload, topic)
             return
+        if msg.kind == "data":  # on a series' id, not a run's
+            self._on_data(msg)
+            return
         st = self.runs.get(msg.run_id)
         if st is None:  # retained messages come in any order: the spec may follow
             if sum(len(v) for v in self._early.values()) < MAX_EARLY:
@@ -372,7 +381,7 @@ class SiteDaemon(WorkerSlots, AdminCommands):
 
     def _vote(self, st: RunState, operator: bool | None = None) -> None:
         """Decide on ``st`` and publish the vote (``operator``: a pending one decided)."""
-        decision = self._decide(st, "vote")
+        decision = self._standing(st, self._decide(st, "vote"))
         if self._draining and decision.vote != "reject":
             decision = Decision(
                 "reject",

@@ -78,7 +78,7 @@ __all__ = [
     "topic",
 ]
 
-KINDS = ("spec", "vote", "commit", "cancel")
+KINDS = ("spec", "vote", "commit", "cancel", "data")  # data: a series' data report
 MAX_SITE_MESSAGE_BYTES = 256 * 1024  # a run spec with its knobs is a few KiB
 VERSION = 1
 MAX_DEPTH = 32  # nesting of lists and maps in the signed fields, the body's included

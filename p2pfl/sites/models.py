@@ -70,6 +70,7 @@ class ModelEntry:
     round: int | None = None
     cycle: int | None = None
     data_version: str | None = None
+    series: str | None = None  # the series the run was a cycle of
     added: float = 0.0
     status: str = CANDIDATE
     accuracy: float | None = None  # on the site's held-out data when it was judged
@@ -121,6 +122,23 @@ class ModelStore:
         current = self._current()
         return None if current["current"] is None else self.entry(current["current"])
 
+    def warm_start(self, series: str) -> Path | None:
+        """The weights a new cycle of ``series`` starts from at this site: its served model
+        when it is of that series, else the latest of the series' models that was ever
+        promoted; None when none was (the cycle starts fresh)."""
+        served = self.served()
+        if served is not None and served.series == series:
+            return self.weights(served.id)
+        for e in reversed(self.entries()):
+            if e.series == series and any(h.get("status") == PROMOTED for h in e.history):
+                return self.weights(e.id)
+        return None
+
+    def weights(self, entry_id: str) -> Path:
+        """Entry ``entry_id``'s safetensors file (``learning.artifacts.weights_path``'s
+        layout, named here: the daemon reads it without importing torch)."""
+        return self.path(entry_id) / "nodes" / f"{self.site}.safetensors"
+
     def before(self) -> list[str]:
         """The entries served before the current one, oldest first (what rollback takes)."""
         return self._current()["before"]
@@ -144,6 +162,7 @@ class ModelStore:
         round_no: int | None = None,
         cycle: int | None = None,
         data_version: str | None = None,
+        series: str | None = None,
     ) -> ModelEntry:
         """Keep the model this site's node left in ``run_dir`` as a new entry (a
         candidate); :class:`~p2pfl.learning.artifacts.ExportError` when the run holds none."""
@@ -174,6 +193,7 @@ class ModelStore:
                     round=round_no,
                     cycle=cycle,
                     data_version=data_version,
+                    series=series,
                     added=time.time(),
                 )
                 entry.history.append({"status": CANDIDATE, "at": entry.added, "why": "added"})

@@ -48,6 +48,45 @@ class Quorum(StrictModel):
     )
 
 
+class OnNewData(StrictModel):
+    min_new: PositiveInt = Field(
+        description="the new rows a member reports since its last cycle for it to count"
+    )
+
+
+class Series(StrictModel):
+    """A run that trains again: cycle k+1 once ``every_s`` has passed since cycle k's vote
+    deadline, or once ``quorum.min_accept`` members report ``on_new_data.min_new`` new rows
+    (docs/design.md, "Series"). Each cycle is a run of its own (:func:`cycle_spec`)."""
+
+    every_s: float | None = Field(
+        None, ge=10.0, le=366 * 86400.0, description="the schedule: seconds between cycles"
+    )
+    on_new_data: OnNewData | None = Field(
+        None, description="start a cycle when enough members' watched data grew"
+    )
+    rounds: int | None = Field(
+        None,
+        ge=1,
+        le=B.MAX_ROUNDS,
+        description="the rounds of each cycle after the first (default: the spec's rounds)",
+    )
+    warm_start: Literal["last_promoted", "fresh"] = Field(
+        "last_promoted",
+        description="a cycle after the first starts from each member's last promoted model "
+        "of the series (its personal part too), or from the common initial model",
+    )
+    cycle: PositiveInt = Field(
+        1, le=1_000_000, description="which cycle this spec is (1: the series as submitted)"
+    )
+
+    @model_validator(mode="after")
+    def _trigger(self) -> Series:
+        if self.every_s is None and self.on_new_data is None:
+            raise ValueError("a series needs every_s, on_new_data, or both")
+        return self
+
+
 class RunSpec(StrictModel):
     """What a proposer asks of the sites; every field but ``data``, ``members``, ``quorum``
     and ``vote_deadline_s`` means what it means in a topology."""
@@ -75,6 +114,13 @@ class RunSpec(StrictModel):
     vote_deadline_s: float = Field(
         60.0, ge=1.0, le=7 * 86400.0, description="how long the sites have to vote"
     )
+    series: Series | None = Field(None, description="train again as data grows, or on a schedule")
+
+    @model_validator(mode="after")
+    def _no_device_fields(self) -> RunSpec:
+        if self.model.init is not None:
+            raise ValueError("model.init: a device's own file, never a spec's")
+        return self
 
     @model_validator(mode="after")
     def _members(self) -> RunSpec:
@@ -92,14 +138,40 @@ class RunSpec(StrictModel):
 
 
 def canonical(spec: RunSpec) -> str:
-    """The spec as canonical JSON (defaults filled in, keys sorted, no spaces)."""
-    return json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    """The spec as canonical JSON (defaults filled in, keys sorted, no spaces). Fields
+    added since specs were first hashed (``series``, ``model.init``) are left out while
+    unset, so a spec keeps its ``run_id`` across versions."""
+    data = spec.model_dump(mode="json")
+    if data.get("series") is None:
+        data.pop("series", None)
+    if data["model"].get("init") is None:
+        data["model"].pop("init", None)
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
 def run_id(spec: RunSpec) -> str:
     """The run's id: 16 hex digits of SHA-256 over :func:`canonical`; equal specs, however
     written, have one id."""
     return hashlib.sha256(canonical(spec).encode()).hexdigest()[:16]
+
+
+def cycle_spec(spec: RunSpec, cycle: int) -> RunSpec:
+    """Cycle ``cycle`` of the series ``spec``: the same spec, its ``series.cycle`` set; its
+    :func:`run_id` is the cycle's (derived from the series and the cycle alone)."""
+    assert spec.series is not None
+    return spec.model_copy(update={"series": spec.series.model_copy(update={"cycle": cycle})})
+
+
+def series_id(spec: RunSpec) -> str | None:
+    """The series' id: the :func:`run_id` of its first cycle (None: not a series)."""
+    return None if spec.series is None else run_id(cycle_spec(spec, 1))
+
+
+def cycle_rounds(spec: RunSpec) -> int:
+    """The rounds this spec's run trains: ``series.rounds`` for a cycle after the first."""
+    if spec.series is not None and spec.series.cycle > 1 and spec.series.rounds is not None:
+        return spec.series.rounds
+    return spec.rounds
 
 
 def spec_from_dict(data: dict, source: str = "<run spec>") -> RunSpec:
@@ -140,7 +212,7 @@ def run_facts(spec: RunSpec, proposer: str, members: list[str] | None = None) ->
         method=spec.algorithm.name,
         shares=get_algorithm(spec.algorithm.name).shares,
         data=spec.data,
-        rounds=spec.rounds,
+        rounds=cycle_rounds(spec),
         min_accept=spec.quorum.min_accept,
         members=None if named == "any" else tuple(named),
         plugins=names_plugins(spec),

@@ -36,6 +36,17 @@ BINDING_PATHS = ("root", "stats")
 """The fields of a data binding that hold paths."""
 
 
+class SiteBinding(DatasetConfig):
+    """A named data binding: the reader fields of a topology's ``dataset:``, and ``watch``."""
+
+    watch: bool = Field(
+        default=False,
+        description="announce a signed data_version (content hash, rows) when the file or "
+        "folder changes, for series that start a cycle on new data; its held-out rows are "
+        "drawn by row hash, so they stay held out as it grows",
+    )
+
+
 class Limits(StrictModel):
     max_concurrent_runs: PositiveInt = Field(
         default=1, description="the runs this site trains at once; more wait as pending"
@@ -144,7 +155,7 @@ class SiteFile(PathNotes):
     )
     certs: str | None = Field(default=None, description="the swarm's certificate folder")
     state_dir: str = Field(description="where the daemon keeps its ledger, runs and socket")
-    data: dict[str, DatasetConfig] = Field(
+    data: dict[str, SiteBinding] = Field(
         default_factory=dict, description="named data bindings (the reader fields of dataset:)"
     )
     policy: Policy = Field(default_factory=Policy)
@@ -173,7 +184,7 @@ class SiteFile(PathNotes):
 
     @field_validator("data")
     @classmethod
-    def _binding_names(cls, value: dict[str, DatasetConfig]) -> dict[str, DatasetConfig]:
+    def _binding_names(cls, value: dict[str, SiteBinding]) -> dict[str, SiteBinding]:
         bad = [name for name in value if not re.match(ID_PATTERN, name)]
         if bad:
             raise ValueError(f"binding names are letters, digits, '_', '.', '-': {bad[0]!r}")

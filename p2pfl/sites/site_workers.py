@@ -55,6 +55,7 @@ class WorkerSlots:
         assert st.worker is not None and st.members is not None and st.decision is not None
         worker = st.worker
         binding = self.site.data[st.spec.data]
+        init, cycle_facts = await self._cycle_inputs(st)
         topology = worker_topology(
             st.spec,
             run_id=st.run_id,
@@ -64,6 +65,7 @@ class WorkerSlots:
             broker=self.broker,
             certs=self.site.certs,
             epsilon=st.decision.dp_epsilon,
+            init=init,
         )
         facts = {
             "run_id": st.run_id,
@@ -72,6 +74,7 @@ class WorkerSlots:
             "committer": st.acted_on,
             "proposer": st.proposer,
             "dp_epsilon": st.decision.dp_epsilon,
+            **cycle_facts,
         }
         try:
             await worker.start(topology, facts)

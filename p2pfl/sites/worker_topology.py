@@ -17,9 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 from p2pfl.config.dataset_schema import DatasetConfig
-from p2pfl.sites.run_spec import RunSpec
+from p2pfl.sites.run_spec import RunSpec, cycle_rounds
 
-RUN_ONLY = ("data", "members", "quorum", "vote_deadline_s")
+RUN_ONLY = ("data", "members", "quorum", "vote_deadline_s", "series")
 """A spec's fields that say how sites agree on a run, not how it trains."""
 
 
@@ -54,17 +54,25 @@ def worker_topology(
     broker: str,
     certs: str | None,
     epsilon: float | None,
+    init: str | None = None,
 ) -> dict[str, Any]:
     """The topology mapping of ``spec`` (``run_id``) as ``site`` trains it with the
     committed ``members`` on its ``binding``; ``epsilon``: the ε the site's policy decided
-    (None: the spec's privacy as it is). Raises ``ValueError`` when ``site`` is not a
+    (None: the spec's privacy as it is); ``init``: the model file a warm-started cycle
+    begins from. Raises ``ValueError`` when ``site`` is not a
     member."""
     if site not in members:
         raise ValueError(f"{site!r} is not a committed member")
     body = spec.model_dump(mode="json", exclude=set(RUN_ONLY), exclude_none=True)
     body["name"] = run_swarm_name(spec, run_id)
     body["nodes"] = sorted(members)
-    body["dataset"] = binding.model_dump(mode="json", exclude_none=True)
+    body["rounds"] = cycle_rounds(spec)
+    if init is not None:  # a warm start: this site's own file
+        body["model"]["init"] = init
+    dataset = binding.model_dump(mode="json", exclude_none=True)
+    if dataset.pop("watch", False):  # a watched file grows: its held-out rows stay held out
+        dataset["test_split"] = "row_hash"
+    body["dataset"] = dataset
     body["broker"] = broker
     if certs is not None:
         body["security"] = {"tls": True, "sign": True, "certs": certs}

@@ -26,6 +26,50 @@ SYNTHETIC = {
 }
 
 
+FEATURES = ["f1", "f2", "f3", "f4"]
+
+
+def patients(n: int, seed: int):
+    """A site's own table: ``n`` rows whose class (``outcome``: good or bad) follows their
+    first two features, so a model learns it in a round or two."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    x = rng.normal(0, 1, (n, len(FEATURES)))
+    df = pd.DataFrame(x * [3, 2, 1, 1] + [40, 20, 5, 0], columns=FEATURES)
+    df["outcome"] = np.where(x[:, 0] + x[:, 1] > 0, "bad", "good")
+    return df
+
+
+def csv_binding(path: Path, **over: Any) -> dict[str, Any]:
+    """A data binding of the site's own CSV file (``patients``' columns)."""
+    return {
+        "name": "csv",
+        "root": str(path),
+        "partition": "none",
+        "label": "outcome",
+        "classes": ["good", "bad"],
+        "test_fraction": 0.25,
+        **over,
+    }
+
+
+def http_json(method: str, url: str, body: bytes | None = None, kind: str = "application/json"):
+    """(status, JSON answer) of one HTTP request; (None, {}) when nothing answers."""
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, data=body, method=method, headers={"Content-Type": kind})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+    except OSError:
+        return None, {}
+
+
 def p2pfl_cli(
     *args: str, cwd: Path | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:

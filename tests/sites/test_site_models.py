@@ -7,50 +7,16 @@ answers ``POST /v1/predict`` with it, as ``p2pfl predict`` answers on the run's 
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pandas as pd
 import pytest
-from daemon_helpers import Site, p2pfl_cli, spec, wait
+from daemon_helpers import FEATURES, Site, csv_binding, http_json, p2pfl_cli, patients, spec, wait
 
 from p2pfl.launch.broker import free_port
+from p2pfl.learning.own_tables import split_by_row_hash
 
 pytestmark = pytest.mark.one_broker  # the daemons' MQTT use is the nodes'; Mosquitto only
-
-FEATURES = ["f1", "f2", "f3", "f4"]
-
-
-def _patients(n: int, seed: int) -> pd.DataFrame:
-    """Rows whose class follows their first two features (a model learns it in a round)."""
-    rng = np.random.default_rng(seed)
-    x = rng.normal(0, 1, (n, len(FEATURES)))
-    df = pd.DataFrame(x * [3, 2, 1, 1] + [40, 20, 5, 0], columns=FEATURES)
-    df["outcome"] = np.where(x[:, 0] + x[:, 1] > 0, "bad", "good")
-    return df
-
-
-def _binding(path) -> dict:
-    return {
-        "name": "csv",
-        "root": str(path),
-        "partition": "none",
-        "label": "outcome",
-        "classes": ["good", "bad"],
-        "test_fraction": 0.25,
-    }
-
-
-def _http(method: str, url: str, body: bytes | None = None, kind: str = "application/json"):
-    req = urllib.request.Request(url, data=body, method=method, headers={"Content-Type": kind})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as answer:
-            return answer.status, json.loads(answer.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"{}")
-    except OSError:
-        return None, {}
 
 
 def test_a_finished_run_is_kept_judged_and_served(tmp_path, broker):
@@ -59,13 +25,15 @@ def test_a_finished_run_is_kept_judged_and_served(tmp_path, broker):
     try:
         for i, name in enumerate(("a", "b")):
             data = tmp_path / f"{name}.csv"
-            _patients(160, seed=i).to_csv(data, index=False)
+            patients(160, seed=i).to_csv(data, index=False)
             extra = {"serving": {"listen": f"127.0.0.1:{port}"}} if name == "a" else {}
-            made.append(Site(tmp_path, name, broker.address, data={"own": _binding(data)}, **extra))
+            made.append(
+                Site(tmp_path, name, broker.address, data={"own": csv_binding(data)}, **extra)
+            )
             made[-1].start()
         a, b = made
         base = f"http://127.0.0.1:{port}"
-        wait(lambda: _http("GET", f"{base}/v1/model")[0] == 503, 60, "a's serving to answer")
+        wait(lambda: http_json("GET", f"{base}/v1/model")[0] == 503, 60, "a's serving to answer")
 
         run_spec = spec(
             "kept",
@@ -100,14 +68,16 @@ def test_a_finished_run_is_kept_judged_and_served(tmp_path, broker):
 
         # a's serving picks the promoted model up and answers as p2pfl predict does
         wait(
-            lambda: _http("GET", f"{base}/v1/model")[1].get("model", {}).get("run_id") == run_id,
+            lambda: (
+                http_json("GET", f"{base}/v1/model")[1].get("model", {}).get("run_id") == run_id
+            ),
             30,
             "a's serving to serve the run's model",
         )
-        status, model = _http("GET", f"{base}/v1/model")
+        status, model = http_json("GET", f"{base}/v1/model")
         assert status == 200 and model["model"]["round"] == 3
         assert model["input"]["features"] == FEATURES and model["classes"] == ["good", "bad"]
-        rows = _patients(25, seed=9)
+        rows = patients(25, seed=9)
         rows_csv = tmp_path / "rows.csv"
         rows.to_csv(rows_csv, index=False)
         out = tmp_path / "predicted.csv"
@@ -116,12 +86,128 @@ def test_a_finished_run_is_kept_judged_and_served(tmp_path, broker):
         assert pred.returncode == 0, pred.stdout + pred.stderr
         want = pd.read_csv(out)
         records = rows.drop(columns=["outcome"]).to_dict(orient="records")
-        status, answer = _http("POST", f"{base}/v1/predict", json.dumps(records).encode())
+        status, answer = http_json("POST", f"{base}/v1/predict", json.dumps(records).encode())
         assert status == 200
         assert [p["label"] for p in answer["predictions"]] == want["label"].tolist()
         got = np.array([p["probabilities"] for p in answer["predictions"]], dtype=np.float32)
         assert np.array_equal(got, want[["p_good", "p_bad"]].to_numpy(dtype=np.float32))
         assert (a.state_dir / "serving.log").is_file()
+    finally:
+        for site in made:
+            site.stop()
+
+
+def _entries(site: Site) -> dict:
+    out = p2pfl_cli("models", "list", "--json", "--site", str(site.path))
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def _judged(site: Site, run_id: str) -> dict | None:
+    for entry in _entries(site)["models"]:
+        if entry["run_id"] == run_id and entry["status"] != "candidate":
+            return entry
+    return None
+
+
+def _cycle_run(site: Site, cycle: int) -> dict | None:
+    """The run of the series' ``cycle`` this site knows (by its run.json once started)."""
+    for run_id in site.runs():
+        facts = site.state_dir / "runs" / run_id / "run.json"
+        if facts.is_file() and json.loads(facts.read_text()).get("cycle") == cycle:
+            return json.loads(facts.read_text())
+    return None
+
+
+def test_a_series_retrains_on_new_rows_warm_started_and_the_gate_keeps_a_worse_model_out(
+    tmp_path, broker
+):
+    """Three sites with watched CSVs. Rows appended at two of them start cycle 2,
+    warm-started from each site's promoted model of cycle 1. Then site c appends copies of
+    its training rows with their labels inverted (they hash to the training side, so its
+    held-out rows stay clean) and a appends clean rows: cycle 3 trains, and c's gate refuses
+    its model; c's /v1/predict keeps answering from cycle 2's; rollback serves cycle 1's."""
+    port = free_port()
+    made: list[Site] = []
+    files = {}
+    try:
+        for i, name in enumerate(("a", "b", "c")):
+            files[name] = tmp_path / f"{name}.csv"
+            patients(160, seed=i).to_csv(files[name], index=False)
+            extra = {"serving": {"listen": f"127.0.0.1:{port}"}} if name == "c" else {}
+            binding = csv_binding(files[name], watch=True)
+            made.append(Site(tmp_path, name, broker.address, data={"own": binding}, **extra))
+            made[-1].start()
+        a, b, c = made
+        series = {"on_new_data": {"min_new": 30}, "rounds": 2, "warm_start": "last_promoted"}
+        run_spec = spec(
+            "ward",
+            data="own",
+            model={"name": "mlp"},
+            algorithm={"name": "fedavg", "params": {}},
+            rounds=3,
+            series=series,
+        )
+        first = a.ask("submit", spec=run_spec)["run_id"]
+        for site in made:
+            site.wait_status(first, {"finished"}, 240)
+            wait(lambda s=site: _judged(s, first), 120, f"{site.name} to judge cycle 1")
+            assert _judged(site, first)["status"] == "promoted"
+
+        # cycle 2: new rows at two of the three sites
+        for name, seed in (("a", 10), ("b", 11)):
+            patients(40, seed=seed).to_csv(files[name], mode="a", header=False, index=False)
+        wait(lambda: all(_cycle_run(s, 2) for s in made), 120, "cycle 2 to start everywhere")
+        for site in made:
+            facts = _cycle_run(site, 2)
+            assert facts["series"] == first and facts["cycle"] == 2
+            assert facts["warm_start"] == _judged(site, first)["id"]  # its own cycle-1 model
+            site.wait_status(facts["run_id"], {"finished"}, 240)
+        second = _cycle_run(a, 2)["run_id"]
+        assert _cycle_run(a, 2)["rows"] == 200 and _cycle_run(c, 2)["rows"] == 160
+        records = b.records(second)
+        assert [r["round"] for r in records] == [1, 2]  # series.rounds after the first cycle
+        wait(lambda: _judged(c, second), 120, "c to judge cycle 2")
+        if _judged(c, second)["status"] != "promoted":  # the gate may keep cycle 1's
+            p2pfl_cli("models", "promote", _judged(c, second)["id"], "--site", str(c.path))
+        base = f"http://127.0.0.1:{port}"
+        wait(
+            lambda: (
+                http_json("GET", f"{base}/v1/model")[1].get("model", {}).get("run_id") == second
+            ),
+            30,
+            "c to serve cycle 2",
+        )
+
+        # cycle 3: c's new rows repeat its training rows with the labels inverted
+        own = pd.read_csv(files["c"])
+        train, _ = split_by_row_hash(own[FEATURES].to_numpy(np.float64), 0.25)
+        flipped = own.iloc[train].copy()  # its training rows: the copies hash there too
+        flipped["outcome"] = flipped["outcome"].map({"good": "bad", "bad": "good"})
+        pd.concat([flipped] * 4).to_csv(files["c"], mode="a", header=False, index=False)
+        patients(40, seed=12).to_csv(files["a"], mode="a", header=False, index=False)
+        wait(lambda: _cycle_run(c, 3), 120, "cycle 3 to start at c")
+        third = _cycle_run(c, 3)["run_id"]
+        c.wait_status(third, {"finished"}, 240)
+        wait(lambda: _judged(c, third), 120, "c to judge cycle 3")
+        refused = _judged(c, third)
+        assert refused["status"] == "refused", refused
+        assert "below the served model's" in refused["reason"]
+        status, model = http_json("GET", f"{base}/v1/model")
+        assert status == 200 and model["model"]["run_id"] == second  # still cycle 2's
+        rows = patients(5, seed=99).drop(columns=["outcome"]).to_dict(orient="records")
+        status, answer = http_json("POST", f"{base}/v1/predict", json.dumps(rows).encode())
+        assert status == 200 and answer["run_id"] == second
+
+        back = p2pfl_cli("models", "rollback", "--site", str(c.path))
+        assert back.returncode == 0, back.stdout + back.stderr
+        wait(
+            lambda: http_json("GET", f"{base}/v1/model")[1]["model"]["run_id"] == first,
+            30,
+            "c to serve cycle 1 again",
+        )
+        status, answer = http_json("POST", f"{base}/v1/predict", json.dumps(rows).encode())
+        assert status == 200 and answer["run_id"] == first
     finally:
         for site in made:
             site.stop()

@@ -1,0 +1,168 @@
+"""The pieces of a series (docs/design.md, "Series"): cycle specs and their ids, data
+versions of a watched binding, held-out rows drawn by row hash, standing acceptance, and
+the warm start a cycle takes from the site's last promoted model."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from daemon_helpers import spec as spec_body
+from PIL import Image
+
+from p2pfl.check.load import ConfigError
+from p2pfl.learning.own_tables import split_by_row_hash
+from p2pfl.sites.data_version import DataVersionError, data_version
+from p2pfl.sites.policy import Decision
+from p2pfl.sites.run_spec import (
+    canonical,
+    cycle_rounds,
+    cycle_spec,
+    run_id,
+    series_id,
+    spec_from_dict,
+)
+from p2pfl.sites.run_state import RunState
+from p2pfl.sites.series import SeriesCycles
+
+SERIES = {"on_new_data": {"min_new": 20}, "rounds": 1}
+
+
+def test_cycles_have_their_own_ids_derived_from_the_series():
+    first = spec_from_dict(spec_body(series=SERIES))
+    second = cycle_spec(first, 2)
+    assert first.series.cycle == 1 and second.series.cycle == 2
+    assert run_id(second) != run_id(first)
+    assert series_id(first) == series_id(second) == run_id(first)
+    assert run_id(cycle_spec(first, 2)) == run_id(second)  # any site derives the same
+    assert cycle_rounds(first) == 2 and cycle_rounds(second) == 1  # series.rounds after the first
+
+
+def test_a_spec_without_a_series_keeps_its_run_id():
+    plain = spec_from_dict(spec_body())
+    data = plain.model_dump(mode="json")
+    assert data.pop("series") is None and data["model"].pop("init") is None
+    old = hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode())
+    assert run_id(plain) == old.hexdigest()[:16]
+    assert '"series"' not in canonical(plain) and series_id(plain) is None
+
+
+@pytest.mark.parametrize(
+    ("over", "error"),
+    [
+        ({"series": {"rounds": 2}}, "a series needs every_s, on_new_data, or both"),
+        ({"series": {"every_s": 1}}, "series.every_s"),
+        ({"series": {"on_new_data": {"min_new": 0}}}, "min_new"),
+        ({"series": {"every_s": 60, "warm_start": "hot"}}, "warm_start"),
+        ({"model": {"name": "mlp", "init": "/etc/passwd"}}, "model.init: a device's own file"),
+    ],
+)
+def test_bad_series_and_device_fields_are_refused(over, error):
+    with pytest.raises(ConfigError, match=error):
+        spec_from_dict(spec_body(**over), "run.yaml")
+
+
+def test_data_version_of_a_csv_and_of_an_image_folder(tmp_path):
+    csv = tmp_path / "ward.csv"
+    pd.DataFrame({"a": [1, 2, 3], "y": [0, 1, 0]}).to_csv(csv, index=False)
+    one = data_version(csv)
+    assert one.rows == 3 and len(one.version) == 16
+    assert data_version(csv) == one  # the same bytes, the same version
+    with open(csv, "a") as f:
+        f.write("4,1\n5,0")  # the last line without its newline counts too
+    two = data_version(csv)
+    assert two.rows == 5 and two.version != one.version
+
+    folder = tmp_path / "images"
+    for rel in ("cat/1.png", "dog/2.png", ".hidden/3.png"):
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.zeros((4, 4), np.uint8)).save(folder / rel)
+    (folder / "notes.txt").write_text("not counted")
+    three = data_version(folder)
+    assert three.rows == 2
+    (folder / "cat" / "1.png").rename(folder / "dog" / "1.png")  # a moved file: another version
+    assert data_version(folder).version != three.version
+    with pytest.raises(DataVersionError, match="no such file"):
+        data_version(tmp_path / "missing.csv")
+
+
+def test_held_out_rows_by_row_hash_stay_held_out_as_the_file_grows():
+    rng = np.random.default_rng(0)
+    old = rng.normal(size=(400, 5))
+    train, test = split_by_row_hash(old, 0.25)
+    assert 0.18 < len(test) / len(old) < 0.32 and len(train) + len(test) == len(old)
+    grown = np.concatenate([old, rng.normal(size=(300, 5))])
+    train2, test2 = split_by_row_hash(grown, 0.25)
+    assert set(test2[test2 < 400]) == set(test) and set(train2[train2 < 400]) == set(train)
+    # two rows: one on each side, whatever their hashes
+    assert [len(s) for s in split_by_row_hash(old[:2], 0.01)] == [1, 1]
+    assert [len(s) for s in split_by_row_hash(old[:2], 0.99)] == [1, 1]
+
+
+class _Daemon(SeriesCycles):
+    """The series part of a daemon over hand-made runs."""
+
+    def __init__(self, runs: list[RunState]):
+        self.name = "a"
+        self.runs = {st.run_id: st for st in runs}
+        self._init_series()
+
+
+def _cycle(k: int, vote: dict | None) -> RunState:
+    spec = cycle_spec(spec_from_dict(spec_body(series=SERIES)), k)
+    st = RunState(run_id(spec), spec, "b", 0.0)
+    if vote is not None:
+        st.votes["a"] = vote
+    return st
+
+
+def test_standing_acceptance_holds_only_while_the_policy_is_unchanged():
+    pending = Decision("pending", (), "digest-1")
+    first = _cycle(1, {"vote": "accept", "policy": "digest-1"})
+    second = _cycle(2, None)
+    daemon = _Daemon([first, second])
+    assert daemon._standing(second, pending).vote == "accept"
+    changed = Decision("pending", (), "digest-2")  # the site's policy changed: it votes again
+    assert daemon._standing(second, changed).vote == "pending"
+    assert daemon._standing(first, pending).vote == "pending"  # the first cycle: asked
+    rejected = _Daemon([_cycle(1, {"vote": "reject", "policy": "digest-1"}), second])
+    assert rejected._standing(second, pending).vote == "pending"
+    refused = Decision("reject", (), "digest-1")  # a policy that rejects still rejects
+    assert daemon._standing(second, refused).vote == "reject"
+
+
+def test_new_rows_are_counted_from_what_the_last_cycle_trained_on():
+    daemon = _Daemon([])
+    daemon.data_reports[("s", "b")] = {"rows": 130, "trained": 100}
+    daemon.data_reports[("s", "c")] = {"rows": 90, "trained": None}
+    assert daemon._new_rows("s", "b") == 30
+    assert daemon._new_rows("s", "c") == 90
+    assert daemon._new_rows("s", "d") == 0
+
+
+def test_warm_start_loads_the_whole_model_or_names_the_field(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "export"))
+    from export_helpers import make_run
+
+    from p2pfl.algorithms import get_algorithm
+    from p2pfl.algorithms.build import build_node_model
+    from p2pfl.check.preflight import warm_start
+    from p2pfl.learning.artifacts import weights_path
+
+    run = make_run(tmp_path / "r", input_shape=(3,), num_classes=3)
+    fresh = build_node_model(get_algorithm(run.cfg.algorithm.name), run.cfg, 3, (3,))
+    warm_start(fresh, str(weights_path(run.dir, "a")), "topology.yaml")
+    want = run.models["a"].state_dict()
+    for name, tensor in fresh.export_module().state_dict().items():
+        assert np.array_equal(tensor.numpy(), want[name].numpy()), name  # g and h alike
+    other = build_node_model(get_algorithm(run.cfg.algorithm.name), run.cfg, 4, (3,))
+    with pytest.raises(ConfigError, match="model.init.*do not fit"):
+        warm_start(other, str(weights_path(run.dir, "a")), "topology.yaml")
+    with pytest.raises(ConfigError, match="model.init.*not a readable safetensors"):
+        warm_start(other, str(tmp_path / "none.safetensors"), "topology.yaml")
