@@ -394,8 +394,11 @@ def cmd_certs(args: argparse.Namespace) -> int:
             return 2
         paths = revoke(out, args.revoke, days=args.days)
         console.print(
-            f"[green]ok[/] {paths.crl}: revoked {', '.join(args.revoke)}; copy it to the "
-            "broker's and the devices' certificate directories and restart them",
+            f"[green]ok[/] {paths.crl}: revoked {', '.join(args.revoke)} (and {paths.acl} "
+            "denies them). Site daemons: `p2pfl trust publish --certs "
+            f"{paths.root} --site site.yaml` spreads it, no restart; the broker: copy "
+            "crl.pem and acl to it and send it SIGHUP (Mosquitto reloads the ACL then; its "
+            "CRL at a restart)",
             highlight=False,
             soft_wrap=True,
         )

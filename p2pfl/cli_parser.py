@@ -417,6 +417,13 @@ def _site_commands(sub: Any) -> None:
     sp.add_argument("--listen", help="host:port (default: the site file's serving.listen)")
     sp.add_argument("-v", "--verbose", action="store_true")
 
+    sp = sub.add_parser("trust", help="spread the swarm's revocations to every site daemon")
+    way = sp.add_subparsers(dest="trust_command", required=True, metavar="{publish}")
+    ts = way.add_parser("publish", help="publish CA_DIR/crl.pem as a retained trust message")
+    ts.add_argument("--certs", required=True, metavar="CA_DIR", help="the swarm's CA folder")
+    ts.add_argument("--site", required=True, help="the site file whose broker and identity send it")
+    ts.add_argument("-v", "--verbose", action="store_true")
+
 
 def _enroll_command(sub: Any) -> None:
     """``p2pfl enroll``: a node's certificate issued while its key stays on its device

@@ -236,6 +236,51 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_trust(args: argparse.Namespace) -> int:
+    """``p2pfl trust publish --certs CA_DIR --site``: the swarm's CRL (``CA_DIR/crl.pem``,
+    made by ``p2pfl certs --revoke``) as a signed, retained trust message, through this
+    site's broker and identity; every daemon applies it without a restart."""
+    from p2pfl.security.certs import SwarmCerts, crl_number, load_certificate, load_crl
+    from p2pfl.security.trust import crl_text
+    from p2pfl.sites import messages as M
+
+    site = _site(args)
+    if site.certs is None:
+        raise SystemExit(f"p2pfl trust: {args.site}: no certs: an unsigned federation has no CRL")
+    paths = SwarmCerts(Path(args.certs))
+    paths.require(paths.ca_cert, paths.crl)
+    crl = load_crl(paths, load_certificate(paths.ca_cert))
+    assert crl is not None
+    if crl_number(crl) < 1:
+        raise SystemExit(f"p2pfl trust: {paths.crl}: no CRL number: run p2pfl certs --revoke again")
+    body = {"crl": crl_text(crl)}
+    identity = M.SiteIdentity.from_certs(site.certs, site.site)
+    topic, payload = M.encode(site.swarm, "trust", M.TRUST_RUN, site.site, body, identity)
+    asyncio.run(_publish_once(site, topic, payload))
+    out.print(
+        f"{site.site}: published CRL number {crl_number(crl)} ({len(list(crl))} revoked) "
+        f"to swarm {site.swarm}"
+    )
+    return 0
+
+
+async def _publish_once(site, topic: str, payload: bytes) -> None:
+    import aiomqtt
+
+    from p2pfl.security.signing import tls_context
+
+    if site.broker in ("mdns", "embedded"):
+        raise SystemExit(f"p2pfl trust: broker {site.broker}: give the site's broker as host:port")
+    host, _, port = site.broker.rpartition(":")
+    try:
+        async with aiomqtt.Client(
+            host, int(port), tls_context=tls_context(site.certs, site.site), timeout=30
+        ) as client:
+            await client.publish(topic, payload, qos=1, retain=True)
+    except aiomqtt.MqttError as exc:
+        raise SystemExit(f"p2pfl trust: broker {site.broker}: {exc}") from None
+
+
 def _run_facts(run_dir: Path) -> dict:
     """What the daemon recorded of a run it started (``run.json``); empty when absent."""
     try:
@@ -256,4 +301,5 @@ def site_commands() -> dict[str, Callable[[argparse.Namespace], int]]:
         "drain": cmd_drain,
         "models": cmd_models,
         "serve": cmd_serve,
+        "trust": cmd_trust,
     }

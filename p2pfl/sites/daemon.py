@@ -69,6 +69,7 @@ from p2pfl.sites.site_file import SiteFile
 from p2pfl.sites.site_processes import ServingProcess
 from p2pfl.sites.site_workers import WorkerSlots
 from p2pfl.sites.systemd import Notifier
+from p2pfl.sites.trust_state import TrustUpdates
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ EARLY_SLACK_S = 1.0  # a commit this much before the deadline (clock skew) is st
 MAX_EARLY = 10_000  # votes, commits and cancels kept for runs whose spec is not heard yet
 
 
-class SiteDaemon(WorkerSlots, SeriesCycles, AdminCommands):
+class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands):
     """The daemon of ``site`` (a loaded site file). Run it with :meth:`run`: it returns 0
     once drained, and stops (its workers too) when cancelled."""
 
@@ -109,6 +110,7 @@ class SiteDaemon(WorkerSlots, SeriesCycles, AdminCommands):
         self.ledger: ConsentLedger | None = None
         self.notifier = Notifier()
         self._init_series()
+        self._init_trust()
         self.serving: ServingProcess | None = None
         if site.serving.listen is not None:
             if site.source is None:
@@ -305,6 +307,9 @@ class SiteDaemon(WorkerSlots, SeriesCycles, AdminCommands):
             return
         if msg.kind == "data":  # on a series' id, not a run's
             self._on_data(msg)
+            return
+        if msg.kind == "trust":
+            self._on_trust(msg)
             return
         st = self.runs.get(msg.run_id)
         if st is None:  # retained messages come in any order: the spec may follow

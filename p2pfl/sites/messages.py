@@ -70,6 +70,7 @@ __all__ = [
     "SiteIdentity",
     "SiteMessage",
     "SiteVerifier",
+    "TRUST_RUN",
     "canonical_bytes",
     "decode",
     "encode",
@@ -78,7 +79,10 @@ __all__ = [
     "topic",
 ]
 
-KINDS = ("spec", "vote", "commit", "cancel", "data")  # data: a series' data report
+KINDS = ("spec", "vote", "commit", "cancel", "data", "trust")
+"""data: a series' data report (on the series' id); trust: the swarm's CRL (on TRUST_RUN)."""
+TRUST_RUN = "0" * 16
+"""The run slot of trust messages: they belong to the swarm, not to a run."""
 MAX_SITE_MESSAGE_BYTES = 256 * 1024  # a run spec with its knobs is a few KiB
 VERSION = 1
 MAX_DEPTH = 32  # nesting of lists and maps in the signed fields, the body's included
@@ -263,8 +267,8 @@ class SiteIdentity:
 
 class SiteVerifier:
     """Checks a site message's signature by the certificate it carries, against the swarm
-    CA and the serials its CRL revoked when it was loaded (a daemon restarts to take a new
-    CRL). Build with :meth:`from_certs`.
+    CA and the serials its CRL revoked (:meth:`revoke` takes a newer CRL's). Build with
+    :meth:`from_certs`.
 
     A certificate's key is kept once verified, per (site, SHA-256 of the PEM), for the
     ``cache_size`` certificates used last and until the certificate expires, so a daemon
@@ -289,6 +293,12 @@ class SiteVerifier:
         paths.require(paths.ca_cert)
         ca = load_certificate(paths.ca_cert)
         return cls(ca, revoked_serials(paths, ca))
+
+    def revoke(self, serials: frozenset[int]) -> None:
+        """Take ``serials`` as the revoked certificates from now on (a newer CRL): keys
+        verified before are checked again."""
+        self.revoked = frozenset(serials)
+        self._keys.clear()
 
     def verify(self, site: str, data: bytes, sig: bytes, pem: bytes) -> str | None:
         """``None`` when ``pem`` is a certificate of the swarm CA for ``site`` (a node's,

@@ -35,6 +35,7 @@ class AdminCommands:
                 "signed": self.identity is not None,
                 "not_ready": self.not_ready(),
                 "dropped": dict(self.dropped),
+                "crl_number": self.trust_number,
             }
         if cmd == "runs":
             return {"runs": self.describe_runs()}
