@@ -55,6 +55,18 @@ log = logging.getLogger(__name__)
 WILL_SEQUENCE = 1 << 30  # the Last Will's presence sequence: after every update of a session
 
 
+CRL_CHECK_S = 2.0
+"""How often a running node looks for a newer CRL in its certificate folder."""
+
+
+def _file_mark(path: Path) -> tuple[int, ...]:
+    try:
+        st = path.stat()
+    except OSError:
+        return ()
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
 def _signed_bytes(topic: str, header: bytes | memoryview) -> bytes:
     """What a signature covers: the MQTT topic, a NUL, and the envelope header."""
     return topic.encode() + b"\x00" + bytes(header)
@@ -118,6 +130,10 @@ class MessageSecurity:
         self._presence_order: dict[str, tuple[float, int]] = {}
         self.session = time.time()
         self._presence_seq = 0
+        self.crl_path: Path | None = None  # watched for a newer CRL (from_certs sets it)
+        self._crl_mark: tuple[int, ...] = ()
+        self._crl_checked = time.monotonic()
+        self._serials: dict[str, int] = {}  # node id → the serial of the certificate learned
 
     @classmethod
     def from_certs(
@@ -143,6 +159,8 @@ class MessageSecurity:
         ):
             raise CertError(f"{paths.node_key(node_id)}: does not match {node_id}.crt")
         sec = cls(node_id, key, pem, ca, set(members), max_age_s, revoked)
+        sec.crl_path = paths.crl
+        sec._crl_mark = _file_mark(paths.crl)
         for other in members:
             path = paths.node_cert(other)
             if other != node_id and path.is_file():
@@ -161,7 +179,40 @@ class MessageSecurity:
         except CertError as exc:
             return str(exc)
         self.keys[node_id] = key
+        self._serials[node_id] = x509.load_pem_x509_certificate(pem).serial_number
         return None
+
+    def refresh_revocations(self, now: float | None = None) -> bool:
+        """Take a newer CRL written to the certificate folder while the node runs (a site
+        daemon keeps the one its peers spread there): the keys of revoked certificates are
+        forgotten, so their holders' messages are refused from then on. Looks at the file
+        at most every :data:`CRL_CHECK_S`; True when the revocations changed."""
+        now = time.monotonic() if now is None else now
+        if self.crl_path is None or now - self._crl_checked < CRL_CHECK_S:
+            return False
+        self._crl_checked = now
+        mark = _file_mark(self.crl_path)
+        if mark == self._crl_mark:
+            return False
+        self._crl_mark = mark
+        try:
+            revoked = revoked_serials(SwarmCerts(self.crl_path.parent), self.ca)
+        except CertError as exc:
+            log.warning("%s: a new CRL was not taken: %s", self.node_id, exc)
+            return False
+        if revoked == self.revoked:
+            return False
+        self.revoked = revoked
+        for node_id, serial in list(self._serials.items()):
+            if serial in revoked and node_id != self.node_id:
+                self.keys.pop(node_id, None)
+                del self._serials[node_id]
+                log.warning(
+                    "%s: %s's certificate is revoked: its messages are refused",
+                    self.node_id,
+                    node_id,
+                )
+        return True
 
     def verify_presence(
         self, sender: str, topic: str, header: bytes | memoryview, sig: bytes, pem: object
@@ -171,6 +222,8 @@ class MessageSecurity:
         becomes ``sender``'s key. Without one, the key already known must verify it."""
         if pem is None:
             return self.verify(sender, topic, header, sig)
+        if self.crl_path is not None:
+            self.refresh_revocations()
         if sender not in self.members:
             return "unknown_signer"
         try:
@@ -183,6 +236,7 @@ class MessageSecurity:
         except InvalidSignature:
             return "forged"
         self.keys[sender] = key
+        self._serials[sender] = x509.load_pem_x509_certificate(bytes(pem)).serial_number  # type: ignore[arg-type]
         return None
 
     # ------------------------------------------------------------------ signatures
@@ -192,6 +246,8 @@ class MessageSecurity:
     def verify(self, sender: str, topic: str, header: bytes | memoryview, sig: bytes) -> str | None:
         """``None`` when ``sig`` is ``sender``'s signature of (topic, header); otherwise the
         drop reason: ``unknown_signer`` or ``forged``."""
+        if self.crl_path is not None:
+            self.refresh_revocations()
         key = self.keys.get(sender)
         if key is None:
             return "unknown_signer"

@@ -397,3 +397,26 @@ async def test_a_revoked_node_is_refused_by_the_broker_and_by_its_peers(tmp_path
             ) as c:
                 await c.subscribe("p2pfl/sec/#")
                 await c.publish("p2pfl/sec/presence/n1", b"x", qos=1)
+
+
+def test_a_running_node_takes_a_newer_crl_from_its_folder(tmp_path):
+    """A CRL written to the certificate folder while the node runs (a site daemon keeps the
+    one its peers spread there) is taken within CRL_CHECK_S: the revoked member's key is
+    forgotten, its signatures and its certificate are refused from then on."""
+    from p2pfl.security.certs import make_swarm_certs, revoke
+    from p2pfl.security.signing import CRL_CHECK_S
+
+    root = tmp_path / "certs"
+    make_swarm_certs(root, "s", ["a", "b"], ["127.0.0.1"])
+    a = MessageSecurity.from_certs(root, "a", ["a", "b"])
+    b = MessageSecurity.from_certs(root, "b", ["a", "b"])
+    topic, header = "p2pfl/s/gossip/b", b"round 1"
+    assert a.verify("b", topic, header, b.sign(topic, header)) is None
+    assert not a.refresh_revocations()  # nothing new
+    revoke(root, ["b"])
+    a._crl_checked -= CRL_CHECK_S  # as if CRL_CHECK_S had passed
+    assert a.verify("b", topic, header, b.sign(topic, header)) == "unknown_signer"
+    assert not a.refresh_revocations(now=a._crl_checked + CRL_CHECK_S + 1)  # taken already
+    pem = (root / "nodes" / "b.crt").read_bytes()
+    assert a.verify_presence("b", topic, header, b.sign(topic, header), pem) == "bad_certificate"
+    assert a.verify("a", topic, header, a.sign(topic, header)) is None  # its own key stays
