@@ -166,3 +166,60 @@ def test_warm_start_loads_the_whole_model_or_names_the_field(tmp_path):
         warm_start(other, str(weights_path(run.dir, "a")), "topology.yaml")
     with pytest.raises(ConfigError, match="model.init.*not a readable safetensors"):
         warm_start(other, str(tmp_path / "none.safetensors"), "topology.yaml")
+
+
+class _Proposer(_Daemon):
+    """A member of the series' last cycle, every cycle ended, recording what it publishes."""
+
+    def __init__(self, name: str, runs: list[RunState]):
+        super().__init__(runs)
+        self.name = name
+        self.published: list[tuple[str, str, dict]] = []
+
+    def _final(self, st: RunState) -> bool:
+        return True
+
+    def _publish(self, kind: str, run: str, body: dict) -> None:
+        self.published.append((kind, run, body))
+
+    def _spawn(self, st, coro) -> None:
+        assert coro is None  # _publish above records at once
+
+
+def _ended_cycle(series: dict, ago_s: float) -> RunState:
+    """Cycle 1 of ``series`` committed with a and b, its vote deadline ``ago_s`` ago."""
+    import time
+
+    spec = spec_from_dict(spec_body(series=series, vote_deadline_s=6))
+    st = RunState(run_id(spec), spec, "a", time.time() - 6 - ago_s)
+    st.members = ("a", "b")
+    return st
+
+
+def test_the_next_cycle_is_proposed_on_schedule_by_the_first_in_turn():
+    series = {"every_s": 60}
+    not_yet = _Proposer("a", [_ended_cycle(series, 59)])
+    not_yet._next_cycle(*next(iter(not_yet._cycles().items())))
+    assert not_yet.published == []
+    first, second = (_Proposer(n, [_ended_cycle(series, 61)]) for n in ("a", "b"))
+    for member in (first, second):
+        member._next_cycle(*next(iter(member._cycles().items())))
+    [(kind, rid, body)] = first.published
+    cycle = spec_from_dict(body["spec"])
+    assert kind == "spec" and cycle.series.cycle == 2 and run_id(cycle) == rid
+    assert second.published == []  # its turn comes one grace period later
+
+
+def test_the_next_cycle_is_due_when_enough_members_report_new_rows():
+    series = {"on_new_data": {"min_new": 30}}
+    member = _Proposer("a", [_ended_cycle(series, 1)])
+    sid, cycles = next(iter(member._cycles().items()))
+    member.data_reports[(sid, "a")] = {"rows": 200, "trained": 160}
+    member.data_reports[(sid, "b")] = {"rows": 170, "trained": 160}  # 10 new: too few
+    member._next_cycle(sid, cycles)
+    assert member.published == []  # one member of the two min_accept asks
+    member.data_reports[(sid, "b")] = {"rows": 190, "trained": 160}
+    member._next_cycle(sid, cycles)
+    assert [spec_from_dict(b["spec"]).series.cycle for _, _, b in member.published] == [2]
+    member._next_cycle(sid, cycles)
+    assert len(member.published) == 1  # proposed once
