@@ -93,7 +93,12 @@ class SeriesCycles:
             if self._draining or not self._connected.is_set():
                 continue
             for sid, cycles in self._cycles().items():
-                self._next_cycle(sid, cycles)
+                try:
+                    self._next_cycle(sid, cycles)
+                except Exception:  # one series' trouble must not stop the others' cycles
+                    log.exception(
+                        "%s: series %s: its next cycle could not be checked", self.name, sid
+                    )
 
     def _next_cycle(self, sid: str, cycles: dict[int, RunState]) -> None:
         """Propose the series' next cycle when it is due and it is this site's turn."""
@@ -202,32 +207,38 @@ class SeriesCycles:
         seen: dict[str, tuple[int, ...]] = {}
         while True:
             for name, root in watched.items():
-                mark = await asyncio.to_thread(_stat_mark, Path(root))
-                if mark == seen.get(name):
-                    continue
                 try:
-                    version = await asyncio.to_thread(data_version, root)
-                except DataVersionError as exc:
-                    log.warning("%s: data binding %s: %s", self.name, name, exc)
-                    continue
-                seen[name] = mark
-                if version == self._versions.get(name):
-                    continue
-                self._versions[name] = version
-                log.info(
-                    "%s: data binding %s: version %s, %d rows",
-                    self.name,
-                    name,
-                    version.version,
-                    version.rows,
-                )
-                for sid, cycles in self._cycles().items():
-                    if any(
-                        st.spec.data == name and self.name in (st.members or ())
-                        for st in cycles.values()
-                    ):
-                        self._report(sid, name)
+                    await self._look_at(name, root, seen)
+                except Exception:  # the watch goes on for the other bindings and later
+                    log.exception("%s: data binding %s: not looked at", self.name, name)
             await asyncio.sleep(WATCH_S)
+
+    async def _look_at(self, name: str, root: str, seen: dict[str, tuple[int, ...]]) -> None:
+        """Report binding ``name`` when its file or folder changed since ``seen``."""
+        mark = await asyncio.to_thread(_stat_mark, Path(root))
+        if mark == seen.get(name):
+            return
+        try:
+            version = await asyncio.to_thread(data_version, root)
+        except DataVersionError as exc:
+            log.warning("%s: data binding %s: %s", self.name, name, exc)
+            return
+        seen[name] = mark
+        if version == self._versions.get(name):
+            return
+        self._versions[name] = version
+        log.info(
+            "%s: data binding %s: version %s, %d rows",
+            self.name,
+            name,
+            version.version,
+            version.rows,
+        )
+        for sid, cycles in self._cycles().items():
+            if any(
+                st.spec.data == name and self.name in (st.members or ()) for st in cycles.values()
+            ):
+                self._report(sid, name)
 
 
 def _stat_mark(root: Path) -> tuple[int, ...]:
