@@ -337,7 +337,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
     """Run a broker for a swarm on this host (Mosquitto, or the embedded one where Mosquitto
     is missing) and announce it by mDNS until stopped."""
     from p2pfl.launch.bridge import bridges_from_flags, watch_bridges
-    from p2pfl.launch.broker import BrokerTLS, make_broker
+    from p2pfl.launch.broker import BrokerTLS, follow_trust, make_broker
     from p2pfl.wire.discovery import Announcer
 
     async def main() -> int:
@@ -363,7 +363,10 @@ def cmd_broker(args: argparse.Namespace) -> int:
                     + (" (TLS, client certificates, per-node ACL)" if tls else ""),
                     flush=True,
                 )
+                follow = asyncio.create_task(follow_trust(broker, certs)) if certs else None
                 await stop.wait()
+                if follow is not None:
+                    follow.cancel()
         print("broker stopped", flush=True)
         return 0
 

@@ -31,6 +31,7 @@ import logging
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -42,7 +43,7 @@ from pathlib import Path
 
 from p2pfl.errors import P2PFLError
 from p2pfl.launch.bridge import Bridges, bridge_config, bridge_tls_files
-from p2pfl.security.certs import SwarmCerts, mosquitto_acl
+from p2pfl.security.certs import SwarmCerts, load_certificate, mosquitto_acl, revoked_names
 
 log = logging.getLogger("p2pfl.broker")
 
@@ -281,9 +282,7 @@ class MosquittoBroker(ChildBroker):
             shutil.copyfile(path, dst / name)
         for name, path in bridge_files.items():
             shutil.copyfile(path, dst / name)
-        if src.crl.is_file():
-            shutil.copyfile(src.crl, dst / "crl.pem")
-        (dst / "acl").write_text(mosquitto_acl(self.tls.swarm))
+        self._stage_trust(src, dst)
         os.chmod(dst / "broker.key", 0o600)
         if bridge_files:
             os.chmod(dst / "bridge.key", 0o600)
@@ -291,6 +290,29 @@ class MosquittoBroker(ChildBroker):
             for p in (dst, *dst.iterdir()):
                 os.chown(p, account.pw_uid, account.pw_gid)
         return dst
+
+    def _stage_trust(self, src: SwarmCerts, dst: Path) -> None:
+        """The CRL and the ACL (which denies the identities the CRL revokes) in ``dst``."""
+        assert self.tls is not None
+        revoked: list[str] = []
+        if src.crl.is_file():
+            shutil.copyfile(src.crl, dst / "crl.pem")
+            revoked = revoked_names(src, load_certificate(src.ca_cert))
+        acl = dst / "acl"
+        tmp = acl.with_name(".acl.tmp")
+        tmp.write_text(mosquitto_acl(self.tls.swarm, revoked))
+        os.replace(tmp, acl)
+
+    def reload_trust(self) -> None:
+        """Take the certificate folder's CRL as it is now: the staged ACL is written again
+        (denying every revoked identity) and Mosquitto re-reads it on SIGHUP, without a
+        restart; its CRL is re-read at the next start (docs/design.md, "Trust that
+        spreads")."""
+        if self.tls is None or self.proc is None or self.proc.poll() is not None:
+            return
+        staged = self._tls_tmp if self._tls_tmp is not None else self.workdir / "tls"
+        self._stage_trust(SwarmCerts(Path(self.tls.certs)), staged)
+        self.proc.send_signal(signal.SIGHUP)
 
     def stop(self) -> None:
         super().stop()
@@ -381,3 +403,30 @@ def make_broker(
         return EmbeddedBroker(host, port, **kw)
     find_mosquitto()  # a clear error now rather than at start
     return MosquittoBroker(host, port, tls=tls, bridges=bridges, **kw)
+
+
+async def follow_trust(broker: ChildBroker, certs: Path, every_s: float = 2.0) -> None:
+    """Reload ``broker``'s trust (:meth:`MosquittoBroker.reload_trust`) whenever the CRL in
+    the certificate folder ``certs`` changes (``p2pfl certs --revoke``, or a site daemon
+    that keeps the CRL its peers spread there), until cancelled."""
+    import asyncio
+
+    if not isinstance(broker, MosquittoBroker):
+        return
+    crl = SwarmCerts(certs).crl
+
+    def mark() -> tuple[int, ...]:
+        try:
+            st = crl.stat()
+        except OSError:
+            return ()
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    seen = mark()
+    while True:
+        await asyncio.sleep(every_s)
+        now = mark()
+        if now != seen:
+            seen = now
+            log.warning("broker: %s changed: ACL reloaded (the revoked are denied)", crl)
+            broker.reload_trust()

@@ -137,3 +137,57 @@ def test_a_revocation_spreads_to_every_daemon_and_an_enrolled_site_joins(tmp_pat
         finally:
             for site in made:
                 site.stop()
+
+
+@pytest.mark.one_broker
+def test_the_broker_cuts_a_revoked_identity_off_on_reload_without_a_restart(tmp_path):
+    """A p2pfl-run Mosquitto re-reads its ACL on SIGHUP (reload_trust): a revoked node's
+    publications stop reaching others over the connection it already holds, while a member
+    that is not revoked goes on, and the broker's process is the same."""
+    import asyncio
+
+    import aiomqtt
+
+    from p2pfl.launch.broker import BrokerTLS, MosquittoBroker
+    from p2pfl.security.signing import tls_context
+
+    certs = tmp_path / "certs"
+    make_swarm_certs(certs, "s", ["a", "b", "c"], ["127.0.0.1"])
+
+    async def drill(broker) -> list[str]:
+        def client(name):
+            return aiomqtt.Client("127.0.0.1", broker.port, tls_context=tls_context(certs, name))
+
+        heard: list[str] = []
+        async with client("a") as a, client("b") as b, client("c") as c:
+            await a.subscribe("p2pfl/s/presence/+", qos=1)
+
+            async def hear_until(marker: str) -> None:
+                async for message in a.messages:
+                    heard.append(message.payload.decode())
+                    if heard[-1] == marker:
+                        return
+
+            async def round_trip(i: int) -> bool:
+                """Whether c's publication i reached a (b's marker follows it)."""
+                await c.publish("p2pfl/s/presence/c", f"c{i}", qos=1)  # PUBACK: handled
+                await b.publish("p2pfl/s/presence/b", f"b{i}", qos=1)
+                await asyncio.wait_for(hear_until(f"b{i}"), 10)
+                return f"c{i}" in heard
+
+            assert await round_trip(0)  # before: c is heard
+            revoke(certs, ["c"])
+            pid = broker.proc.pid
+            broker.reload_trust()
+            deadline = time.monotonic() + 10
+            i = 1
+            while await round_trip(i):  # SIGHUP is taken between two of its loops
+                assert time.monotonic() < deadline, "c still heard 10 s after the reload"
+                i += 1
+            assert not await round_trip(i + 1)  # and from then on
+            assert broker.proc.pid == pid and broker.proc.poll() is None
+        return heard
+
+    with MosquittoBroker(workdir=tmp_path / "broker", tls=BrokerTLS(certs, "s")) as broker:
+        heard = asyncio.run(drill(broker))
+    assert heard[0] == "c0" and heard[-1].startswith("b")
