@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_run import run_p2pfl
 
 from p2pfl.metrics import read_records
 
@@ -51,15 +52,7 @@ def _csv(seed: int) -> str:
 
 
 def _p2pfl(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "p2pfl.cli", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_p2pfl(*args, cwd=cwd)
 
 
 def test_a_topology_in_a_subfolder_runs_the_same_from_any_directory(tmp_path):

@@ -5,13 +5,12 @@ in a topology, and :func:`register_method`; ``p2pfl methods`` lists them with th
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from cli_run import run_p2pfl
 
 from p2pfl.algorithms import DecentralizedAlgorithm, get_algorithm, register_method
 from p2pfl.algorithms.base import REGISTRY
@@ -58,18 +57,7 @@ def plugin_path(tmp_path: Path) -> Path:
 
 
 def run_cli(args: list[str], path: Path, cwd: Path) -> subprocess.CompletedProcess:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(path), os.environ.get("PYTHONPATH", "")]),
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "p2pfl.cli", *args],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_p2pfl(*args, path=[path], cwd=cwd)
 
 
 def test_p2pfl_methods_lists_an_entry_point_method(plugin_path, tmp_path):

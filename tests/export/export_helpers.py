@@ -84,3 +84,14 @@ def make_run(
         write_model_artifacts(run, nid, module, info)
         models[nid] = module
     return Run(run, cfg, models, info)
+
+
+def two_tabular_runs(root: Path, input_spec: dict[str, Any], classes: list[str]) -> tuple[Run, Run]:
+    """Two runs of a tabular MLP (its ``input_spec`` features) whose node ``a`` models
+    differ: in the second, ``a`` is trained from another seed."""
+    n_in, kw = len(input_spec["features"]), {"num_classes": len(classes), "classes": classes}
+    first = make_run(root / "r1", input_shape=(n_in,), input_spec=input_spec, **kw)
+    second = make_run(
+        root / "r2", input_shape=(n_in,), input_spec=input_spec, nodes=("b", "a"), **kw
+    )
+    return first, second

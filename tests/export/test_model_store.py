@@ -11,7 +11,7 @@ import numpy as np
 import onnxruntime as ort
 import pandas as pd
 import pytest
-from export_helpers import make_run
+from export_helpers import make_run, two_tabular_runs
 
 from p2pfl.export import ExportError, classify
 from p2pfl.export.predict import table_inputs
@@ -58,17 +58,7 @@ def test_gate(candidate, served, min_delta, ok):
 def _runs(tmp_path):
     """Two runs whose site-``a`` models differ, and a held-out CSV labelled by the first:
     the first scores 1.0 on it, the second less."""
-    first = make_run(
-        tmp_path / "r1", input_shape=(3,), num_classes=3, classes=CLASSES, input_spec=SPEC
-    )
-    second = make_run(
-        tmp_path / "r2",
-        input_shape=(3,),
-        num_classes=3,
-        classes=CLASSES,
-        input_spec=SPEC,
-        nodes=("b", "a"),  # a is trained from another seed
-    )
+    first, second = two_tabular_runs(tmp_path, SPEC, CLASSES)
     rng = np.random.default_rng(7)
     df = pd.DataFrame(
         {

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
-from export_helpers import make_run
+from export_helpers import make_run, two_tabular_runs
 from PIL import Image
 
 from p2pfl.export import classify
@@ -68,17 +68,7 @@ def _table(n=40, seed=3):
 
 @pytest.fixture
 def tabular_store(tmp_path):
-    first = make_run(
-        tmp_path / "r1", input_shape=(3,), num_classes=3, classes=CLASSES, input_spec=SPEC
-    )
-    second = make_run(
-        tmp_path / "r2",
-        input_shape=(3,),
-        num_classes=3,
-        classes=CLASSES,
-        input_spec=SPEC,
-        nodes=("b", "a"),
-    )
+    first, second = two_tabular_runs(tmp_path, SPEC, CLASSES)
     store = ModelStore(tmp_path / "state", "a")
     return store, first, second
 

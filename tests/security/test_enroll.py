@@ -7,14 +7,13 @@ valid approvals of listed, unrevoked approvers of this very request let it throu
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_run import run_p2pfl
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
@@ -78,16 +77,7 @@ def request_for(tmp_path: Path, name: str = "newsite") -> tuple[Path, Path]:
 
 
 def p2pfl(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    return subprocess.run(
-        [sys.executable, "-m", "p2pfl", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=120,
-    )
+    return run_p2pfl(*args, cwd=cwd, env={"COLUMNS": "200"})
 
 
 def install(device: Path, name: str, cert: Path, ca: SwarmCerts) -> None:

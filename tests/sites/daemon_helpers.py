@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from cli_run import run_p2pfl as p2pfl_cli  # noqa: F401 - the tests' name for it
 
 from p2pfl.sites.admin import AdminError, call
 
@@ -68,19 +69,6 @@ def http_json(method: str, url: str, body: bytes | None = None, kind: str = "app
         return err.code, json.loads(err.read() or b"{}")
     except OSError:
         return None, {}
-
-
-def p2pfl_cli(
-    *args: str, cwd: Path | None = None, timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    """``python -m p2pfl ARGS`` run to its end, its output captured as text."""
-    return subprocess.run(
-        [sys.executable, "-m", "p2pfl", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=timeout,
-    )
 
 
 def spec(name: str = "trial", **over: Any) -> dict[str, Any]:
