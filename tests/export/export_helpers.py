@@ -86,6 +86,18 @@ def make_run(
     return Run(run, cfg, models, info)
 
 
+# a tabular model's inputs: three features normalised by these statistics, three classes
+FEATURES = ["age", "bmi", "bp"]
+CLASSES = ["low", "mid", "high"]
+SPEC = {
+    "kind": "tabular",
+    "features": FEATURES,
+    "label": "risk",
+    "mean": [50, 25, 90],
+    "std": [10, 4, 12],
+}
+
+
 def two_tabular_runs(root: Path, input_spec: dict[str, Any], classes: list[str]) -> tuple[Run, Run]:
     """Two runs of a tabular MLP (its ``input_spec`` features) whose node ``a`` models
     differ: in the second, ``a`` is trained from another seed."""

@@ -11,7 +11,7 @@ import numpy as np
 import onnxruntime as ort
 import pandas as pd
 import pytest
-from export_helpers import make_run, two_tabular_runs
+from export_helpers import CLASSES, FEATURES, SPEC, make_run, two_tabular_runs
 
 from p2pfl.export import ExportError, classify
 from p2pfl.export.predict import table_inputs
@@ -25,16 +25,6 @@ from p2pfl.sites.models import (
     ModelStoreError,
     gate,
 )
-
-FEATURES = ["age", "bmi", "bp"]
-CLASSES = ["low", "mid", "high"]
-SPEC = {
-    "kind": "tabular",
-    "features": FEATURES,
-    "label": "risk",
-    "mean": [50, 25, 90],
-    "std": [10, 4, 12],
-}
 
 
 @pytest.mark.parametrize(

@@ -14,22 +14,13 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
-from export_helpers import make_run, two_tabular_runs
+from export_helpers import CLASSES, FEATURES, SPEC, make_run, two_tabular_runs
 from PIL import Image
 
 from p2pfl.export import classify
 from p2pfl.sites.models import ModelStore
 from p2pfl.sites.serving import ModelServer
 
-FEATURES = ["age", "bmi", "bp"]
-CLASSES = ["low", "mid", "high"]
-SPEC = {
-    "kind": "tabular",
-    "features": FEATURES,
-    "label": "risk",
-    "mean": [50, 25, 90],
-    "std": [10, 4, 12],
-}
 IMAGE_SPEC = {"kind": "image", "channels": 1, "size": [8, 8], "mean": [0.3], "std": [0.25]}
 
 
