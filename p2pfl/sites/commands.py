@@ -177,6 +177,7 @@ def cmd_models(args: argparse.Namespace) -> int:
             cycle=facts.get("cycle"),
             data_version=facts.get("data_version"),
             series=facts.get("series"),
+            parent=facts.get("warm_start"),
         )
         entry = store.judge(entry.id, held_out_scorer(run_dir, site.site), site.promote.min_delta)
         out.print(

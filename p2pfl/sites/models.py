@@ -71,6 +71,7 @@ class ModelEntry:
     cycle: int | None = None
     data_version: str | None = None
     series: str | None = None  # the series the run was a cycle of
+    parent: str | None = None  # the entry its run warm-started from at this site
     added: float = 0.0
     status: str = CANDIDATE
     accuracy: float | None = None  # on the site's held-out data when it was judged
@@ -139,6 +140,19 @@ class ModelStore:
         layout, named here: the daemon reads it without importing torch)."""
         return self.path(entry_id) / "nodes" / f"{self.site}.safetensors"
 
+    def lineage(self, entry_id: str) -> list[ModelEntry]:
+        """The entries ``entry_id`` descends from by warm starts, its parent first (an
+        entry since removed ends the chain)."""
+        chain: list[ModelEntry] = []
+        parent = self.entry(entry_id).parent
+        while parent is not None and len(chain) < 10_000:
+            try:
+                chain.append(self.entry(parent))
+            except ModelStoreError:
+                break
+            parent = chain[-1].parent
+        return chain
+
     def before(self) -> list[str]:
         """The entries served before the current one, oldest first (what rollback takes)."""
         return self._current()["before"]
@@ -163,6 +177,7 @@ class ModelStore:
         cycle: int | None = None,
         data_version: str | None = None,
         series: str | None = None,
+        parent: str | None = None,
     ) -> ModelEntry:
         """Keep the model this site's node left in ``run_dir`` as a new entry (a
         candidate); :class:`~p2pfl.learning.artifacts.ExportError` when the run holds none."""
@@ -194,6 +209,7 @@ class ModelStore:
                     cycle=cycle,
                     data_version=data_version,
                     series=series,
+                    parent=parent,
                     added=time.time(),
                 )
                 entry.history.append({"status": CANDIDATE, "at": entry.added, "why": "added"})

@@ -4,7 +4,8 @@ its own (the daemon imports no torch, and a crash here never takes it down).
 
 - ``POST /v1/predict``: rows to classify, answered with classes and probabilities;
 - ``GET /v1/model``: which model answers (entry, run, cycle, round, data version, held-out
-  accuracy) and its lineage (the models served before it).
+  accuracy), its lineage (the models it was warm-started from, its parent first) and the
+  models served before it (what a rollback goes back to).
 
 The model is the site's served entry in its model store (:class:`~p2pfl.sites.models.
 ModelStore`, ``models/current.json``), the personalized model its node trained. A watcher
@@ -72,6 +73,7 @@ class Served:
 
     entry: ModelEntry
     lineage: list[dict[str, Any]]
+    served_before: list[dict[str, Any]]
     classifier: Any  # p2pfl.export.predict.Classifier (torch, imported when serving)
 
     def describe(self) -> dict[str, Any]:
@@ -82,6 +84,7 @@ class Served:
         return {
             "model": entry,
             "lineage": self.lineage,
+            "served_before": self.served_before,
             "classes": self.classifier.classes,
             "input": {k: spec[k] for k in ("kind", "features", "channels", "size") if k in spec},
         }
@@ -179,13 +182,17 @@ class ModelServer:
         entry = self.store.served()
         if entry is None:
             return None
-        lineage = []
+
+        def brief(e: ModelEntry) -> dict[str, Any]:
+            return {"id": e.id, "run_id": e.run_id, "cycle": e.cycle, "round": e.round}
+
+        lineage = [brief(e) for e in self.store.lineage(entry.id)]
+        served_before = []
         for before in reversed(self.store.before()):
             with contextlib.suppress(ModelStoreError):
-                e = self.store.entry(before)
-                lineage.append({"id": e.id, "run_id": e.run_id, "cycle": e.cycle, "round": e.round})
+                served_before.append(brief(self.store.entry(before)))
         classifier = Classifier.load(self.store.path(entry.id), self.store.site)
-        return Served(entry, lineage, classifier)
+        return Served(entry, lineage, served_before, classifier)
 
     def _watch(self) -> None:
         while not self._stop.wait(POLL_S):
@@ -302,6 +309,9 @@ class _HTTPServer(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: a client's requests share a connection
+    # the head and the body go out as two writes: with Nagle's algorithm the body would
+    # wait for the client's delayed ACK of the head, some 40 ms an answer
+    disable_nagle_algorithm = True
     server: _HTTPServer
     timeout = 30  # a client silent this long is dropped
 

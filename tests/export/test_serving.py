@@ -106,7 +106,8 @@ def test_predict_answers_what_p2pfl_predict_answers(tabular_store, tmp_path):
         status, model = _request(server, "GET", "/v1/model")
         assert status == 200
         assert model["model"]["id"] == entry.id and model["model"]["run_id"] == "run1"
-        assert model["model"]["round"] == 4 and model["lineage"] == []
+        assert model["model"]["round"] == 4
+        assert model["lineage"] == [] and model["served_before"] == []
         assert model["input"]["features"] == FEATURES and model["classes"] == CLASSES
         server.shutdown()
         server_thread.join(10)
@@ -134,7 +135,9 @@ def test_a_promotion_and_a_rollback_swap_the_model_answering(tabular_store, tmp_
             lambda: _request(server, "GET", "/v1/model")[1]["model"]["id"] == two.id, "run2 served"
         )
         status, model = _request(server, "GET", "/v1/model")
-        assert model["lineage"] == [{"id": one.id, "run_id": "run1", "cycle": None, "round": None}]
+        assert model["served_before"] == [
+            {"id": one.id, "run_id": "run1", "cycle": None, "round": None}
+        ]
         rows = tmp_path / "rows.csv"
         df.to_csv(rows, index=False)
         want = pd.read_csv(classify(store.path(two.id), "a", rows, tmp_path / "p.csv").path)

@@ -168,6 +168,7 @@ def test_a_series_retrains_on_new_rows_warm_started_and_the_gate_keeps_a_worse_m
         records = b.records(second)
         assert [r["round"] for r in records] == [1, 2]  # series.rounds after the first cycle
         wait(lambda: _judged(c, second), 120, "c to judge cycle 2")
+        assert _judged(c, second)["parent"] == _judged(c, first)["id"]  # its lineage
         if _judged(c, second)["status"] != "promoted":  # the gate may keep cycle 1's
             p2pfl_cli("models", "promote", _judged(c, second)["id"], "--site", str(c.path))
         base = f"http://127.0.0.1:{port}"
@@ -195,6 +196,7 @@ def test_a_series_retrains_on_new_rows_warm_started_and_the_gate_keeps_a_worse_m
         assert "below the served model's" in refused["reason"]
         status, model = http_json("GET", f"{base}/v1/model")
         assert status == 200 and model["model"]["run_id"] == second  # still cycle 2's
+        assert [e["run_id"] for e in model["lineage"]] == [first]  # warm-started from cycle 1
         rows = patients(5, seed=99).drop(columns=["outcome"]).to_dict(orient="records")
         status, answer = http_json("POST", f"{base}/v1/predict", json.dumps(rows).encode())
         assert status == 200 and answer["run_id"] == second
