@@ -197,11 +197,14 @@ def table_inputs(df: Any, spec: dict[str, Any], info: dict[str, Any], where: str
             f"{where}: missing feature column(s) {', '.join(map(repr, missing))} "
             f"(the model reads {', '.join(features)})"
         )
-    x = df[features].apply(pd.to_numeric, errors="coerce")
-    bad = [f for f in features if (x[f].isna() & df[f].notna()).any()]
-    if bad:
-        raise ExportError(f"{where}: column(s) {', '.join(map(repr, bad))} hold non-numbers")
-    arr = x.to_numpy(dtype=np.float64)
+    if all(pd.api.types.is_numeric_dtype(df[f]) for f in features):
+        arr = df[features].to_numpy(dtype=np.float64)  # what to_numeric would give, sooner
+    else:
+        x = df[features].apply(pd.to_numeric, errors="coerce")
+        bad = [f for f in features if (x[f].isna() & df[f].notna()).any()]
+        if bad:
+            raise ExportError(f"{where}: column(s) {', '.join(map(repr, bad))} hold non-numbers")
+        arr = x.to_numpy(dtype=np.float64)
     n_feat = len(features)
     mean = _vector(spec.get("mean"), n_feat, 0.0, "mean", info)
     std = _vector(spec.get("std"), n_feat, 1.0, "std", info)
