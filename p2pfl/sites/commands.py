@@ -118,7 +118,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
     for r in runs:
         why = f" ({escape(r['why'])})" if r["why"] else ""
         out.print(
-            f"[bold]{r['run_id']}[/]  {escape(r['name'])}  proposed by {r['proposer']}  "
+            f"[bold]{r['run_id']}[/]  {escape(r['name'])}"
+            + (f" cycle {r['cycle']}" if r.get("cycle") else "")
+            + f"  proposed by {r['proposer']}  "
             f"[bold]{r['status']}[/]{why}  round {r['round']}/{r['rounds']}"
         )
         if r["members"]:

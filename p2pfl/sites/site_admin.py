@@ -13,7 +13,7 @@ from typing import Any
 
 from p2pfl.sites.agreement import winning_commit
 from p2pfl.sites.ledger import RunEntry
-from p2pfl.sites.run_spec import run_id, spec_from_dict
+from p2pfl.sites.run_spec import cycle_rounds, run_id, spec_from_dict
 from p2pfl.sites.run_state import RunState
 
 LOG_ANSWER_BYTES = 8 << 20  # the end of a worker log an answer carries
@@ -116,7 +116,8 @@ class AdminCommands:
                     "votes": entry.votes,
                     "members": entry.commits.get(winner, []) if winner else [],
                     "round": st.worker.last_round if st and st.worker else 0,
-                    "rounds": entry.spec.get("rounds"),
+                    "rounds": cycle_rounds(st.spec) if st else entry.spec.get("rounds"),
+                    "cycle": st.spec.series.cycle if st and st.spec.series else None,
                     "proposed_at": dt.datetime.fromtimestamp(
                         entry.proposed_at, dt.timezone.utc
                     ).isoformat(timespec="seconds"),

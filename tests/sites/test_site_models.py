@@ -165,6 +165,7 @@ def test_a_series_retrains_on_new_rows_warm_started_and_the_gate_keeps_a_worse_m
             site.wait_status(facts["run_id"], {"finished"}, 240)
         second = _cycle_run(a, 2)["run_id"]
         assert _cycle_run(a, 2)["rows"] == 200 and _cycle_run(c, 2)["rows"] == 160
+        assert (b.run(second)["cycle"], b.run(second)["rounds"]) == (2, 2)  # p2pfl runs says
         records = b.records(second)
         assert [r["round"] for r in records] == [1, 2]  # series.rounds after the first cycle
         wait(lambda: _judged(c, second), 120, "c to judge cycle 2")
