@@ -25,9 +25,9 @@ hospital-a's, node n0's), is promoted, and is served by ``python -m p2pfl serve 
 --listen 127.0.0.1:PORT``, a process of its own (server and clients share no GIL). Also
 recorded: the server's CPU ms per answer (``/proc``), and, in this process, the time of the
 server's predict path without HTTP (``ModelServer.predict``) and of the model's forward pass
-alone, and one client's p50 through a ``ModelServer`` in this process as it is and with
-``TCP_NODELAY`` set on its handler (``disable_nagle_algorithm``, in this process only):
-what the rest of the latency is.
+alone, and one client's p50 through a ``ModelServer`` in this process without and with
+``TCP_NODELAY`` on its handler (``disable_nagle_algorithm``; the server sets it): what the
+rest of the latency is.
 
 Prints a table (model, clients, training, p50 ms, p99 ms, req/s, errors) and writes ``--json``:
 every repeat's figures, their medians over ``--repeats``, and the machine (cpu count, torch
@@ -407,7 +407,7 @@ def breakdown(site: Path, content_type: str, bodies: list[bytes], n: int = 300) 
         }
     finally:
         server.close()
-    for label, nodelay in (("http_p50_ms", False), ("http_p50_ms_nodelay", True)):
+    for label, nodelay in (("http_p50_ms_nagle", False), ("http_p50_ms_nodelay", True)):
         out[label] = _http_p50(site, content_type, bodies, nodelay, n)
     return out
 
@@ -612,11 +612,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(
         "\nin this process, median ms: predict path without HTTP / forward pass alone / "
-        "1 client over HTTP / the same with TCP_NODELAY"
+        "1 client over HTTP with Nagle's algorithm on / with TCP_NODELAY (as served)"
     )
     for name, b in result["breakdown"].items():
         print(
-            f"  {name}: {b['predict_ms']} / {b['forward_ms']} / {b['http_p50_ms']} / "
+            f"  {name}: {b['predict_ms']} / {b['forward_ms']} / {b['http_p50_ms_nagle']} / "
             f"{b['http_p50_ms_nodelay']}"
         )
     if args.json:
