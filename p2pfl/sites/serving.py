@@ -59,7 +59,7 @@ class ServingError(P2PFLError, RuntimeError):
     """The server cannot start (its address is taken, the store is unreadable)."""
 
 
-class BadRequest(Exception):
+class BadRequest(P2PFLError, ValueError):
     """A request the server cannot answer: the status and what to tell the client."""
 
     def __init__(self, status: HTTPStatus, message: str):

@@ -104,6 +104,9 @@ class Site:
             "state_dir": "state",
             "data": {"syn": SYNTHETIC},
             "policy": policy or {},
+            # a finished run's model is offered to the gate by a torch process of its own:
+            # only the tests of a site's models ask for it (promote={"offer": True})
+            "promote": {"offer": False},
             **extra,
         }
         self.path = self.dir / "site.yaml"

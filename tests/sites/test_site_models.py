@@ -27,6 +27,7 @@ def test_a_finished_run_is_kept_judged_and_served(tmp_path, broker):
             data = tmp_path / f"{name}.csv"
             patients(160, seed=i).to_csv(data, index=False)
             extra = {"serving": {"listen": f"127.0.0.1:{port}"}} if name == "a" else {}
+            extra["promote"] = {"offer": True}
             made.append(
                 Site(tmp_path, name, broker.address, data={"own": csv_binding(data)}, **extra)
             )
@@ -135,6 +136,7 @@ def test_a_series_retrains_on_new_rows_warm_started_and_the_gate_keeps_a_worse_m
             files[name] = tmp_path / f"{name}.csv"
             patients(160, seed=i).to_csv(files[name], index=False)
             extra = {"serving": {"listen": f"127.0.0.1:{port}"}} if name == "c" else {}
+            extra["promote"] = {"offer": True}
             binding = csv_binding(files[name], watch=True)
             made.append(Site(tmp_path, name, broker.address, data={"own": binding}, **extra))
             made[-1].start()
