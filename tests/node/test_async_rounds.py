@@ -35,7 +35,8 @@ def run(tmp_path, overrides: list[str], rounds: int = 6):
     logs = "".join(p.read_text() for p in (tmp_path / "run" / "logs").glob("*.log"))
     assert code == 0, logs[-3000:]
     assert "Traceback" not in logs
-    return check_run_dir(tmp_path / "run", cfg.node_ids, rounds), logs
+    # asynchronous: a node the loaded machine slows may skip rounds to catch up (counted)
+    return check_run_dir(tmp_path / "run", cfg.node_ids, rounds, may_skip=True), logs
 
 
 @pytest.mark.parametrize("method", ["uapdfl", "dfedavgm", "dispfl"])
