@@ -45,8 +45,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
+from p2pfl.algorithms.cards.card import CentralizedParams, Params
 from p2pfl.config.schema import SHARE_KINDS
 from p2pfl.learning.defence import Defence
 from p2pfl.learning.hooks import ExtraLoss, LossFn, StepHook
@@ -58,27 +59,6 @@ PullPlan = dict[str, str]  # peer id -> part ("g", "h" or "all")
 REGISTRY: dict[str, type[Method]] = {}
 
 
-class Params(BaseModel):
-    """Base for a method's knobs (unknown keys rejected)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-
-class CentralizedParams(Params):
-    """The knobs every centralized method has, defined once: each centralized method's
-    ``Params`` derives from this model (a method whose ``Params`` does not gets it mixed in
-    by :class:`CentralizedAlgorithm`)."""
-
-    fraction: float = Field(
-        1.0,
-        gt=0,
-        le=1,
-        description="client fraction C (McMahan et al.): each round max(1, round(C·K)) of "
-        "the round's K live members are drawn from the round's seed to train and upload; "
-        "the others sit the round out and still receive the result (1: every member)",
-    )
-
-
 def check_shares(cls: type[Method]) -> None:
     """Raise ``ValueError`` unless ``cls.shares`` is a frozenset of :data:`SHARE_KINDS`."""
     shares = getattr(cls, "shares", None)
@@ -88,11 +68,27 @@ def check_shares(cls: type[Method]) -> None:
         )
 
 
+def check_card(cls: type[Method]) -> None:
+    """Raise ``ValueError`` unless a built-in method's class says what its card says (its
+    ``name``, ``kind``, ``shares`` and ``Params``): the daemon judges a run by the card
+    alone (:mod:`p2pfl.algorithms.cards`)."""
+    from p2pfl.algorithms.cards import builtin_card
+
+    card = builtin_card(cls.name)
+    if card is None:
+        raise ValueError(f"built-in method {cls.name!r} has no card in p2pfl.algorithms.cards")
+    ours = (cls.name, cls.kind, cls.shares, cls.Params)
+    if ours != (card.name, card.kind, card.shares, card.Params):
+        raise ValueError(f"method {cls.name!r}: its class and its card disagree")
+
+
 def register(cls: type[Method]) -> type[Method]:
-    """Class decorator: make a method available under ``cls.name``."""
+    """Class decorator of a built-in method: make it available under ``cls.name`` (its
+    class must agree with its card, :func:`check_card`)."""
     if cls.name in REGISTRY:
         raise ValueError(f"algorithm {cls.name!r} registered twice")
     check_shares(cls)
+    check_card(cls)
     REGISTRY[cls.name] = cls
     return cls
 

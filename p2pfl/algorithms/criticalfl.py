@@ -47,38 +47,18 @@ import math
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from p2pfl.algorithms.base import (
     Aggregate,
     AlgorithmContext,
-    CentralizedParams,
     Upload,
     register,
 )
+from p2pfl.algorithms.cards.criticalfl import CARD
 from p2pfl.algorithms.fedavg import FedAvg
 
 _MAX_COUNT = 1_000_000  # sanity bound on counts read from a peer's server state
-
-
-class CriticalFLParams(CentralizedParams):
-    initial_fraction: float = Field(
-        0.2, gt=0, le=1, description="starting participants k0 = max(1, round(fraction · K))"
-    )
-    delta: float = Field(
-        0.01,
-        ge=0,
-        description="relative rise of the windowed mean gradnorm marking a critical round",
-    )
-    window: int = Field(
-        3, ge=1, le=1000, description="rounds in the moving window of mean gradnorm"
-    )
-    max_fraction: float = Field(
-        0.75, gt=0, le=1, description="cap on participants: max(k0, floor(max_fraction · K))"
-    )
-    initial_detections: int = Field(
-        2, ge=0, le=1000, description="the first N aggregations count as critical"
-    )
 
 
 # ----------------------------------------------------------------------------- pure rules
@@ -156,8 +136,9 @@ def _is_gradnorm(v: Any) -> bool:
 
 @register
 class CriticalFL(FedAvg):
-    name = "criticalfl"
-    Params = CriticalFLParams
+    name = CARD.name
+    shares = CARD.shares
+    Params = CARD.Params
     upload_part = "all"
 
     def __init__(self, params: dict[str, Any], ctx: AlgorithmContext):

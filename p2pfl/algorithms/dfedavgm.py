@@ -55,14 +55,12 @@ own, and applying it sets the buffer to that value.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import Field
 
 from p2pfl.algorithms.base import (
     AlgorithmContext,
-    Params,
     State,
     WholeModelExchange,
     check_keys,
@@ -70,34 +68,12 @@ from p2pfl.algorithms.base import (
     peer_state_mismatch,
     register,
 )
-from p2pfl.config.bounds import MAX_NODES
+from p2pfl.algorithms.cards.dfedavgm import CARD
 from p2pfl.learning.defence import Combine
 from p2pfl.learning.state import layout_mismatch, weighted_mean
 
 FP16_MAX = float(torch.finfo(torch.float16).max)  # 65504
 WIRE_FLOAT_DTYPES = (torch.float16, torch.float32)  # what a peer's delta may be sent as
-
-
-class DFedAvgMParams(Params):
-    mixing: Literal["models", "deltas"] = Field(
-        "models",
-        description="models: x_i ← weighted mean of the trained models (the paper); "
-        "deltas: x_i ← x_i + weighted mean of the round's deltas",
-    )
-    fp16_deltas: bool = Field(
-        False,
-        description="publish what peers pull (model or delta) as float16 (half the bytes; "
-        "~5e-4 relative rounding, clamped to ±65504); receivers cast back to float32",
-    )
-    weighted: bool = Field(
-        True, description="weight deltas by the nodes' training sample counts (False: uniform)"
-    )
-    peers: int | None = Field(
-        None,
-        ge=1,
-        le=MAX_NODES,
-        description="neighbours drawn each round (None: every live neighbour)",
-    )
 
 
 # ----------------------------------------------------------------------------- pure math
@@ -211,8 +187,9 @@ def _norm(state: State) -> float:
 
 @register
 class DFedAvgM(WholeModelExchange):
-    name = "dfedavgm"
-    Params = DFedAvgMParams
+    name = CARD.name
+    shares = CARD.shares
+    Params = CARD.Params
     exchange_after_training = True
 
     def __init__(self, params: dict[str, Any], ctx: AlgorithmContext):

@@ -54,15 +54,14 @@ with a reason when malformed: peers are untrusted.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from p2pfl.algorithms.base import (
     AlgorithmContext,
-    Params,
     State,
     StepHook,
     WholeModelExchange,
@@ -70,7 +69,7 @@ from p2pfl.algorithms.base import (
     check_tensor,
     register,
 )
-from p2pfl.config.bounds import MAX_NODES
+from p2pfl.algorithms.cards.dispfl import CARD
 from p2pfl.learning.defence import Combine
 from p2pfl.learning.models import SplitModel
 from p2pfl.learning.state import weighted_mean
@@ -78,21 +77,6 @@ from p2pfl.learning.state import weighted_mean
 Masks = dict[str, torch.Tensor]  # tensor name -> bool mask of the tensor's shape
 MASK_SUFFIX = ":mask"
 VALUES_SUFFIX = ":values"
-
-
-class DisPFLParams(Params):
-    density: float = Field(0.5, gt=0, le=1, description="fraction of masked weights kept")
-    anneal: float = Field(
-        0.5, ge=0, le=1, description="prune fraction of round r: anneal/2·(1+cos(πr/R))"
-    )
-    regrow: Literal["grad", "random"] = Field(
-        "grad", description="regrow by largest |Σ gradients| of the round, or at random"
-    )
-    peers: int | None = Field(
-        10, ge=1, le=MAX_NODES, description="neighbours drawn each round (None: every live one)"
-    )
-    erk_power_scale: float = Field(1.0, gt=0, description="ERK exponent (1: RigL's ERK)")
-    weighted: bool = Field(False, description="weight the average by sample counts")
 
 
 # ----------------------------------------------------------------------------- pure math
@@ -307,9 +291,10 @@ def mask_overlap(a: Masks, b: Masks) -> float:
 
 @register
 class DisPFL(WholeModelExchange):
-    name = "dispfl"
+    name = CARD.name
+    shares = CARD.shares
     defences = ("mean", "clip", "multikrum")  # the masked mean: whole states only
-    Params = DisPFLParams
+    Params = CARD.Params
 
     def __init__(self, params: dict[str, Any], ctx: AlgorithmContext):
         super().__init__(params, ctx)

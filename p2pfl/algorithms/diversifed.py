@@ -49,13 +49,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from pydantic import Field
 
 from p2pfl.algorithms.base import (
     Aggregate,
     AlgorithmContext,
     CentralizedAlgorithm,
-    CentralizedParams,
     ExtraLoss,
     State,
     Upload,
@@ -65,14 +63,7 @@ from p2pfl.algorithms.base import (
     peer_state_mismatch,
     register,
 )
-
-
-class DiversiFedParams(CentralizedParams):
-    tau: float = Field(1.0, gt=0, description="temperature τ scaling the model distances")
-    alpha: float = Field(1.0, gt=0, description="server step size α on L_d")
-    lam: float = Field(2.0, ge=0, description="λ: the proximal term is (λ/2α)‖w − z_i‖²")
-    eps: float = Field(1e-12, gt=0, description="distances ≤ eps count as coincident models")
-
+from p2pfl.algorithms.cards.diversifed import CARD
 
 # ----------------------------------------------------------------------------- pure math
 
@@ -155,8 +146,9 @@ def diversifed_targets(
 
 @register
 class DiversiFed(CentralizedAlgorithm):
-    name = "diversifed"
-    Params = DiversiFedParams
+    name = CARD.name
+    shares = CARD.shares
+    Params = CARD.Params
     upload_part = "all"
     defences = ("mean", "clip", "multikrum")  # its own arithmetic: over the states kept
 

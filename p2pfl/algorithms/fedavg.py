@@ -29,6 +29,7 @@ from p2pfl.algorithms.base import (
     peer_state_mismatch,
     register,
 )
+from p2pfl.algorithms.cards.fedavg import CARD
 from p2pfl.learning.defence import Defence
 from p2pfl.learning.state import part_keys, weighted_mean
 
@@ -75,7 +76,9 @@ def check_received(model_keys: list[str], received: Any, model_state: State, par
 
 @register
 class FedAvg(CentralizedAlgorithm):
-    name = "fedavg"
+    name = CARD.name
+    shares = CARD.shares
+    Params = CARD.Params
     upload_part = "all"
 
     def aggregate(

@@ -15,13 +15,15 @@ peer can never overwrite a node's personal ``h``.
 from __future__ import annotations
 
 from p2pfl.algorithms.base import register
+from p2pfl.algorithms.cards.fedper import CARD
 from p2pfl.algorithms.fedavg import FedAvg
 
 
 @register
 class FedPer(FedAvg):
-    name = "fedper"
+    name = CARD.name
+    shares = CARD.shares
+    Params = CARD.Params
     upload_part = "g"
-    shares = frozenset({"shared_part"})
     # aggregate (mean of the uploaded g) and apply (load g only, strict=False after checking
     # the keys) are FedAvg's, driven by ``upload_part``.

@@ -62,31 +62,17 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import Field
 
 from p2pfl.algorithms.base import (
     Aggregate,
     CentralizedAlgorithm,
-    CentralizedParams,
     State,
     Upload,
     kept_uploads,
     register,
 )
+from p2pfl.algorithms.cards.fedsa import CARD, FedSAParams
 from p2pfl.algorithms.fedavg import check_received
-from p2pfl.config.bounds import MAX_NODES
-
-
-class FedSAParams(CentralizedParams):
-    cv_t: float = Field(0.2, ge=0, description="threshold on the normalised cv (high dispersion)")
-    sim_t: float = Field(0.2, description="minimum similarity to join or form a cluster")
-    c_mic: int = Field(4, ge=1, le=MAX_NODES, description="number of MIC categories C")
-    s_mac: int = Field(4, ge=1, le=MAX_NODES, description="maximum number of MAC clusters S")
-    eps: float = Field(1e-12, gt=0, description="guard for |μ| = 0 and zero ranges")
-    weighted: bool = Field(
-        False, description="low-dispersion positions: sample-weighted mean (paper: plain mean)"
-    )
-
 
 # ----------------------------------------------------------------------------- pure math
 
@@ -307,8 +293,9 @@ def fedsa_aggregate_states(
 
 @register
 class FedSA(CentralizedAlgorithm):
-    name = "fedsa"
-    Params = FedSAParams
+    name = CARD.name
+    shares = CARD.shares
+    Params = CARD.Params
     upload_part = "all"
     defences = ("mean", "clip", "multikrum")  # its own arithmetic: over the states kept
 

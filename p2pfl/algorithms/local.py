@@ -12,13 +12,15 @@ from __future__ import annotations
 from typing import Any
 
 from p2pfl.algorithms.base import DecentralizedAlgorithm, PullPlan, State, register
+from p2pfl.algorithms.cards.local import CARD
 
 
 @register
 class Local(DecentralizedAlgorithm):
-    name = "local"
+    name = CARD.name
+    shares = CARD.shares
+    Params = CARD.Params
     keeps_in_step = False  # a fixed training budget: never join late, never catch up
-    shares = frozenset()  # nothing leaves the node
 
     def gossip(self) -> dict[str, Any] | None:
         return None  # nothing to tell anyone

@@ -60,18 +60,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import Field
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from p2pfl.algorithms.base import (
     AlgorithmContext,
     DecentralizedAlgorithm,
     ExtraLoss,
-    Params,
     PullPlan,
     State,
     check_keys,
@@ -81,28 +79,9 @@ from p2pfl.algorithms.base import (
     peer_state_mismatch,
     register,
 )
-from p2pfl.config.bounds import MAX_NODES
+from p2pfl.algorithms.cards.uapdfl import CARD
 from p2pfl.learning.split_model import SplitModel
 from p2pfl.learning.state import select_part
-
-
-class UAPDFLParams(Params):
-    divergence_rule: Literal["relative", "fixed"] = Field(
-        "relative",
-        description="relative: Div / mean drift of the pair against kappa; fixed: Div against th_I",
-    )
-    kappa: float = Field(2.0, gt=0, description="relative rule: threshold on Div / mean drift")
-    th_I: float = Field(0.1, ge=0, description="fixed rule: divergence threshold (paper)")
-    mu: float = Field(0.01, ge=0, description="weight of the auxiliary proximal term")
-    aux_reduction: Literal["sum", "mean"] = Field(
-        "sum", description="‖·‖² over the feature vector (paper) or its mean (÷ F)"
-    )
-    com: int = Field(
-        5, ge=1, le=MAX_NODES, description="peers drawn among the neighbours each round"
-    )
-    unit_value: float = Field(1.0, description="value of every element of X_unit")
-    eps: float = Field(1e-8, gt=0, description="guard against log(0) in KL")
-
 
 # ----------------------------------------------------------------------------- pure math
 
@@ -166,11 +145,11 @@ def decide(
 
 @register
 class UAPDFL(DecentralizedAlgorithm):
-    name = "uapdfl"
-    Params = UAPDFLParams
+    name = CARD.name
+    shares = CARD.shares
+    Params = CARD.Params
     # g to every chosen peer, h to the low-divergence ones, and the unit and auxiliary
     # representations in gossip
-    shares = frozenset({"whole_weights", "representations"})
 
     def __init__(self, params: dict[str, Any], ctx: AlgorithmContext):
         super().__init__(params, ctx)
