@@ -515,14 +515,16 @@ def cmd_methods(args: argparse.Namespace) -> int:
 def cmd_policy(args: argparse.Namespace) -> int:
     """``p2pfl policy check``: the site's decision on a run spec, with its reasons (the
     vote the site's daemon would give); exit 1 when it would reject the run."""
-    from p2pfl.sites.policy import decide
     from p2pfl.sites.run_spec import load_run_spec, run_facts, run_id
     from p2pfl.sites.site_file import load_site
+    from p2pfl.sites.verdict import check_outside_code, judge
 
     site = load_site(args.site)
     spec = load_run_spec(args.spec)
-    facts = run_facts(spec, args.proposer or site.site)
-    decision = decide(facts, site.policy, bindings=set(site.data))
+    proposer = args.proposer or site.site
+    outside = asyncio.run(check_outside_code(spec, site.policy, None))
+    decision = judge(spec, proposer, site.policy, site.data, outside=outside)
+    facts = run_facts(spec, proposer, outside=outside)
     rid = run_id(spec)
     if args.json:
         print(json.dumps({"run_id": rid, "site": site.site, **decision.as_record()}))

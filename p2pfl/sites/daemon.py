@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import signal
 import time
@@ -53,6 +54,7 @@ from typing import Any
 
 import aiomqtt
 
+from p2pfl.algorithms.cards.probe import OutsideCode
 from p2pfl.check.load import ConfigError
 from p2pfl.sites import messages as M
 from p2pfl.sites.admin import AdminServer
@@ -60,8 +62,8 @@ from p2pfl.sites.agreement import committers, grace_s, tally, winning_commit
 from p2pfl.sites.json_log import run_context
 from p2pfl.sites.ledger import FINAL, NEXT, ConsentLedger, LedgerError
 from p2pfl.sites.observe import ObservabilityServer, SiteMetrics, parse_listen
-from p2pfl.sites.policy import Decision, Reason, decide
-from p2pfl.sites.run_spec import RunSpec, run_facts, run_id, spec_from_dict
+from p2pfl.sites.policy import Decision, Reason
+from p2pfl.sites.run_spec import RunSpec, run_id, spec_from_dict
 from p2pfl.sites.run_state import RunState
 from p2pfl.sites.series import SeriesCycles
 from p2pfl.sites.site_admin import AdminCommands
@@ -70,6 +72,7 @@ from p2pfl.sites.site_processes import ServingProcess
 from p2pfl.sites.site_workers import WorkerSlots
 from p2pfl.sites.systemd import Notifier
 from p2pfl.sites.trust_state import TrustUpdates
+from p2pfl.sites.verdict import check_outside_code, judge
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +84,7 @@ NO_VOTE = (
 SETTLE_S = 2.0  # a spec heard this recently may still have its retained commit on the way
 EARLY_SLACK_S = 1.0  # a commit this much before the deadline (clock skew) is still taken
 MAX_EARLY = 10_000  # votes, commits and cancels kept for runs whose spec is not heard yet
+MAX_OUTSIDE = 256  # what child processes learned of outside code, remembered
 
 
 class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands):
@@ -101,6 +105,7 @@ class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands):
         self.metrics = SiteMetrics(site.site)
         self.runs: dict[str, RunState] = {}
         self._checking: set[str] = set()  # run ids whose spec is being validated
+        self._outside: dict[str, OutsideCode] = {}  # outside code checked, by what it names
         self._early: dict[str, list[tuple[M.SiteMessage, bytes]]] = defaultdict(list)
         self._client: aiomqtt.Client | None = None
         self._connected = asyncio.Event()
@@ -327,26 +332,53 @@ class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands):
         self._spawn(None, self._check_spec(msg, payload, topic))
 
     async def _check_spec(self, msg: M.SiteMessage, payload: bytes, topic: str) -> None:
-        """Validate a spec off the event loop (the first one imports the method registry,
-        torch included: seconds, during which the daemon still answers), then take it."""
+        """Validate a spec by its method's card (nothing imported), check its outside code
+        in a child process where this site is asked and its policy allows plugins, then
+        take it."""
         try:
-            spec = await asyncio.to_thread(
-                spec_from_dict, msg.body.get("spec"), f"spec of run {msg.run_id}"
-            )
+            spec = spec_from_dict(msg.body.get("spec"), f"spec of run {msg.run_id}")
         except ConfigError as exc:
+            self._checking.discard(msg.run_id)
             self._drop(topic, "bad_spec", str(exc).splitlines()[0])
             return
         except (ValueError, TypeError, AttributeError) as exc:  # not even a mapping
+            self._checking.discard(msg.run_id)
             self._drop(topic, "bad_spec", str(exc))
             return
+        outside = None
+        try:
+            if spec.members == "any" or self.name in spec.members:
+                outside = await self._outside_code(spec)
         finally:
             self._checking.discard(msg.run_id)
         try:
-            self._take_spec(msg, payload, topic, spec)
+            self._take_spec(msg, payload, topic, spec, outside)
         except (LedgerError, ValueError, KeyError, TypeError) as exc:
             self._drop(topic, "bad_body", str(exc))
 
-    def _take_spec(self, msg: M.SiteMessage, payload: bytes, topic: str, spec: RunSpec) -> None:
+    async def _outside_code(self, spec: RunSpec) -> OutsideCode | None:
+        """What a child process learned of ``spec``'s outside code (remembered by what it
+        names: a series' cycles are checked once); None when there is none to check."""
+        key = json.dumps(
+            [spec.algorithm.name, spec.algorithm.params, spec.model.name], sort_keys=True
+        )
+        if key not in self._outside:
+            outside = await check_outside_code(spec, self.site.policy, self.state_dir)
+            if outside is None:
+                return None
+            if len(self._outside) >= MAX_OUTSIDE:
+                self._outside.pop(next(iter(self._outside)))
+            self._outside[key] = outside
+        return self._outside[key]
+
+    def _take_spec(
+        self,
+        msg: M.SiteMessage,
+        payload: bytes,
+        topic: str,
+        spec: RunSpec,
+        outside: OutsideCode | None = None,
+    ) -> None:
         if run_id(spec) != msg.run_id:
             self._drop(topic, "mismatch", "the run_id is not the spec's hash")
             return
@@ -358,7 +390,7 @@ class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands):
         except LedgerError as exc:
             self._drop(topic, "conflict", str(exc))
             return
-        st = RunState(msg.run_id, spec, msg.site, msg.ts)
+        st = RunState(msg.run_id, spec, msg.site, msg.ts, outside=outside)
         self.runs[msg.run_id] = st
         for early, raw in self._early.pop(msg.run_id, []):
             self._apply(early, raw, "")
@@ -375,12 +407,14 @@ class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands):
         self._count_runs()
 
     def _decide(self, st: RunState, stage: str, members: tuple[str, ...] | None = None):
-        facts = run_facts(st.spec, st.proposer, list(members) if members else None)
-        return decide(
-            facts,
+        return judge(
+            st.spec,
+            st.proposer,
             self.site.policy,
-            bindings=set(self.site.data),
+            self.site.data,
             stage=stage,  # type: ignore[arg-type]
+            members=members,
+            outside=st.outside,
             hours_trained=st.worker.hours() if st.worker else 0.0,
         )
 

@@ -8,13 +8,15 @@ every round; :func:`decide` is the rule, applied to what the run says of itself
 - ``proposers``: who may propose here (``any``, or site names);
 - ``methods.allow``: the methods the site runs (``any``, or method names);
 - ``code.plugins``: ``deny`` refuses a run that loads code from outside the package
-  (a user model module, a method plugin);
+  (a user model module, a method plugin) before anything is imported; under ``allow`` the
+  outside code is checked in a short-lived child process (what it declares, or
+  ``plugin_failed``), never in the daemon;
 - ``data``: which data bindings a run may name, each for which methods (absent: every
   binding of the site, for any method);
 - ``share``: what may leave the site, of ``whole_weights``, ``shared_part`` and
   ``representations``; checked against what the method declares it sends
-  (:attr:`~p2pfl.algorithms.base.Method.shares`), never against its name. Whole weights
-  include the shared part;
+  (its card's ``shares``, :mod:`p2pfl.algorithms.cards`), never against its name. Whole
+  weights include the shared part;
 - ``privacy``: ``require_dp`` and ``max_epsilon`` are applied by the site itself (the
   decision carries the ε its node trains under, whatever the run asks), ``require_secagg``
   (a swarm-wide protocol, which one site cannot apply alone) and ``min_members``;
@@ -45,6 +47,7 @@ REASON_CODES = (
     "proposer_not_allowed",
     "method_not_allowed",
     "plugins_denied",
+    "plugin_failed",
     "unknown_binding",
     "data_not_allowed",
     "share_not_allowed",
@@ -162,12 +165,13 @@ class RunFacts:
 
     proposer: str
     method: str
-    shares: frozenset[str]
+    shares: frozenset[str] | None
     data: str
     rounds: int
     min_accept: int
     members: tuple[str, ...] | None = None
     plugins: bool = False
+    plugin_problem: str | None = None
     dp_epsilon: float | None = None
     secagg: bool = False
 
@@ -239,6 +243,10 @@ def decide(
         refuse("method_not_allowed", f"method {run.method!r} is not in methods.allow")
     if run.plugins and policy.code.plugins == "deny":
         refuse("plugins_denied", "the run loads code from outside p2pfl (code.plugins: deny)")
+    elif run.plugin_problem is not None:
+        refuse("plugin_failed", run.plugin_problem)
+    elif run.shares is None:
+        refuse("plugin_failed", f"what method {run.method!r} sends off the site is not known")
     if run.data not in bindings:
         refuse("unknown_binding", f"this site has no data binding {run.data!r}")
     elif policy.data is not None:
@@ -252,7 +260,7 @@ def decide(
     allowed = set(policy.share)
     if "whole_weights" in allowed:
         allowed.add("shared_part")
-    leaving = sorted(run.shares - allowed)
+    leaving = sorted((run.shares or frozenset()) - allowed)
     if leaving:
         refuse(
             "share_not_allowed",

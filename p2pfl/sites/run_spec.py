@@ -15,12 +15,13 @@ import hashlib
 import json
 import math
 import re
-import threading
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, PositiveInt, model_validator
 
+from p2pfl.algorithms.cards import builtin_card, check_params, is_outside_code
+from p2pfl.algorithms.cards.probe import OutsideCode
 from p2pfl.check.load import load_yaml, validated
 from p2pfl.config import bounds as B
 from p2pfl.config.privacy_schema import PrivacyConfig
@@ -36,10 +37,6 @@ from p2pfl.config.schema import (
 )
 from p2pfl.config.strict import StrictModel
 from p2pfl.sites.policy import RunFacts
-
-_REGISTRY_LOCK = threading.Lock()
-"""Held while a spec is validated: a thread must not read the method registry while
-another one is still importing it (it would find no method)."""
 
 
 class Quorum(StrictModel):
@@ -175,12 +172,10 @@ def cycle_rounds(spec: RunSpec) -> int:
 
 
 def spec_from_dict(data: dict, source: str = "<run spec>") -> RunSpec:
-    """Validate a run spec mapping, the method's knobs included; a :class:`~p2pfl.check.load.ConfigError`
-    naming ``source`` and the field otherwise."""
-    with _REGISTRY_LOCK:  # a daemon validates off its loop: one thread imports the registry
-        from p2pfl.algorithms import validate_params  # the registry imports torch
-
-        return validated(RunSpec, data, source, context={PARAMS_CHECK: validate_params})
+    """Validate a run spec mapping, the method's knobs included (by its card: nothing is
+    imported, :func:`~p2pfl.algorithms.cards.check_params`); a
+    :class:`~p2pfl.check.load.ConfigError` naming ``source`` and the field otherwise."""
+    return validated(RunSpec, data, source, context={PARAMS_CHECK: check_params})
 
 
 def load_run_spec(path: str | Path) -> RunSpec:
@@ -188,34 +183,39 @@ def load_run_spec(path: str | Path) -> RunSpec:
     return spec_from_dict(load_yaml(path), str(path))
 
 
-def names_plugins(spec: RunSpec) -> bool:
-    """Whether the run loads code from outside p2pfl: a ``package.module:name`` model or
-    method, or a method registered by a plugin."""
-    from p2pfl.algorithms import method_source
-
-    if ":" in spec.model.name or ":" in spec.algorithm.name:
-        return True
-    return method_source(spec.algorithm.name) != "built-in"
+def outside_code(spec: RunSpec) -> list[str]:
+    """What of ``spec`` is code from outside p2pfl, each as ``field: name``: a
+    ``package.module:name`` model or method, or a method an installed plugin declares
+    (:func:`~p2pfl.algorithms.cards.is_outside_code`). Nothing is imported."""
+    named = [("algorithm.name", spec.algorithm.name), ("model.name", spec.model.name)]
+    return [f"{field}: {name}" for field, name in named if is_outside_code(name)]
 
 
-def run_facts(spec: RunSpec, proposer: str, members: list[str] | None = None) -> RunFacts:
+def run_facts(
+    spec: RunSpec,
+    proposer: str,
+    members: list[str] | None = None,
+    outside: OutsideCode | None = None,
+) -> RunFacts:
     """What a site's policy reads of ``spec`` proposed by ``proposer``; ``members``: the
-    committed sites (None: the spec's). A run under DP by a noise multiplier asks no ε
-    in advance: it reads as unbounded, so a site's ``max_epsilon`` applies."""
-    from p2pfl.algorithms import get_algorithm
-
+    committed sites (None: the spec's). What the method shares comes from its card; an
+    outside method's from ``outside``, what a child process learned of it (None: not
+    checked, so unknown). A run under DP by a noise multiplier asks no ε in advance: it
+    reads as unbounded, so a site's ``max_epsilon`` applies."""
     named = members if members is not None else spec.members
     dp = spec.privacy.dp if spec.privacy is not None else None
     epsilon = None if dp is None else (dp.target_epsilon or math.inf)
+    card = builtin_card(spec.algorithm.name)
     return RunFacts(
         proposer=proposer,
         method=spec.algorithm.name,
-        shares=get_algorithm(spec.algorithm.name).shares,
+        shares=card.shares if card is not None else (outside and outside.shares),
         data=spec.data,
         rounds=cycle_rounds(spec),
         min_accept=spec.quorum.min_accept,
         members=None if named == "any" else tuple(named),
-        plugins=names_plugins(spec),
+        plugins=bool(outside_code(spec)),
+        plugin_problem=outside.problem if outside is not None else None,
         dp_epsilon=epsilon,
         secagg=spec.privacy is not None and spec.privacy.secagg,
     )

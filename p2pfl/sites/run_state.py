@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from p2pfl.algorithms.cards.probe import OutsideCode
 from p2pfl.sites.policy import Decision
 from p2pfl.sites.run_spec import RunSpec
 from p2pfl.sites.worker import RunWorker
@@ -33,6 +34,7 @@ class RunState:
     leaving: str | None = None  # why this site stops its worker on purpose (drained)
     waiting: str = ""  # why a committed run waits for a slot
     tasks: list[asyncio.Task] = field(default_factory=list)
+    outside: OutsideCode | None = None  # what a child process learned of its outside code
 
     @property
     def deadline(self) -> float:

@@ -114,14 +114,16 @@ class Site:
         self.proc: subprocess.Popen | None = None
         self.log_path = self.dir / "daemon.log"
 
-    def start(self) -> Site:
+    def start(self, env: dict[str, str] | None = None) -> Site:
+        """Start the daemon (``env``: more environment variables) and wait until it is
+        connected to the broker."""
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child holds it
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "p2pfl", "daemon", "--site", str(self.path)],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200", **(env or {})},
         )
         log.close()
         wait(lambda: self._connected(), 60, f"{self.name}'s daemon to connect")
@@ -168,6 +170,19 @@ class Site:
     def worker_pid(self, run_id: str) -> int:
         why = self.run(run_id)["why"]  # "worker pid N" while it runs
         return int(why.rsplit(" ", 1)[-1])
+
+    def maps(self) -> str:
+        """The daemon process's memory maps (``/proc/PID/maps``): the libraries it loaded."""
+        assert self.proc is not None
+        return Path(f"/proc/{self.proc.pid}/maps").read_text()
+
+    def rss_mib(self) -> float:
+        """The daemon process's resident memory, MiB."""
+        assert self.proc is not None
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        raise AssertionError("no VmRSS")
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.is_file() else ""

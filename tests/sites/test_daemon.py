@@ -73,6 +73,9 @@ def test_a_site_refuses_the_method_and_a_dp_site_trains_under_its_own_bound(site
     assert all(isinstance(r.get("epsilon"), float) and r["epsilon"] <= 8 for r in s2.records(rid))
     assert all("epsilon" not in r for r in s1.records(rid))
     assert not (s3.state_dir / "runs" / rid).exists()  # no worker at the refusing site
+    for site in (s1, s2, s3):  # voted and ran a run: the daemon holds no torch, nor its memory
+        assert "libtorch" not in site.maps(), site.name
+        assert site.rss_mib() < 100, (site.name, site.rss_mib())
     # observability of s1: alive, ready, and metrics that parse
     assert _http(f"http://127.0.0.1:{port}/livez")[0] == 200
     assert _http(f"http://127.0.0.1:{port}/readyz") == (200, "ready\n")

@@ -1,0 +1,48 @@
+"""A site's verdict on a run, in one place: what the run says of itself (the spec and its
+method's card), what a child process learned of its outside code, and the site's policy.
+
+The daemon (at the vote, the commit and every round) and ``p2pfl policy check`` both
+judge through :func:`judge`; neither imports a method, a model or torch
+(docs/design.md, "Site policy"). The path of a decision: the spec validated by its card
+(:func:`~p2pfl.sites.run_spec.spec_from_dict`), outside code checked in a child where the
+policy allows it (:func:`check_outside_code`), then the pure rule
+(:func:`~p2pfl.sites.policy.decide`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from pathlib import Path
+
+from p2pfl.algorithms.cards.probe import OutsideCode, probe_outside_code
+from p2pfl.sites.policy import Decision, Policy, Stage, decide
+from p2pfl.sites.run_spec import RunSpec, outside_code, run_facts
+
+
+async def check_outside_code(spec: RunSpec, policy: Policy, cwd: Path | None) -> OutsideCode | None:
+    """What a child process learns of ``spec``'s outside code (a ``package.module:name``
+    method or model, a plugin's method); None when the spec names none, or when
+    ``policy`` denies plugins (the run is refused without anything imported)."""
+    if not outside_code(spec) or policy.code.plugins == "deny":
+        return None
+    return await probe_outside_code(
+        spec.algorithm.name, spec.algorithm.params, spec.model.name, cwd=cwd
+    )
+
+
+def judge(
+    spec: RunSpec,
+    proposer: str,
+    policy: Policy,
+    bindings: Collection[str],
+    *,
+    stage: Stage = "vote",
+    members: Collection[str] | None = None,
+    outside: OutsideCode | None = None,
+    hours_trained: float = 0.0,
+) -> Decision:
+    """The site's decision on ``spec`` proposed by ``proposer`` under ``policy`` at
+    ``stage``: ``bindings`` are the site's data bindings, ``members`` the committed sites
+    (None: the spec's), ``outside`` what :func:`check_outside_code` learned."""
+    facts = run_facts(spec, proposer, list(members) if members is not None else None, outside)
+    return decide(facts, policy, bindings=set(bindings), stage=stage, hours_trained=hours_trained)
