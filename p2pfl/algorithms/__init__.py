@@ -1,11 +1,14 @@
-"""Registry of federated-learning methods: one module per method, found automatically
+"""Federated-learning methods: one module per method and its card, found automatically
 (``build`` builds a node's model and method from the registry's class).
 
-Adding a method touches one file: write ``p2pfl/algorithms/<name>.py`` with a class derived
-from :class:`~p2pfl.algorithms.base.DecentralizedAlgorithm` (or
-:class:`~p2pfl.algorithms.base.CentralizedAlgorithm`) decorated with :func:`register`; if it
+Adding a built-in method is two new files and no other change: ``p2pfl/algorithms/<name>.py``
+with a class derived from :class:`~p2pfl.algorithms.base.DecentralizedAlgorithm` (or
+:class:`~p2pfl.algorithms.base.CentralizedAlgorithm`) decorated with :func:`register` (if it
 keeps state between rounds beyond its model, it overrides ``extra_state`` and
-``load_extra_state`` in the same file (base.py, "Checkpoints").
+``load_extra_state`` in the same file, base.py, "Checkpoints"), and its card,
+``p2pfl/algorithms/cards/<name>.py`` (kind, shares, ``Params``): what a site judges a run by
+without importing the method (:mod:`p2pfl.algorithms.cards`). Importing this package imports
+neither: its names come with their first use (the registry, :mod:`~p2pfl.algorithms.registry`).
 
 Outside this repository, the same one file registers a method in three ways, with the same
 contract:

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import signal
 import time
@@ -72,7 +71,7 @@ from p2pfl.sites.site_processes import ServingProcess
 from p2pfl.sites.site_workers import WorkerSlots
 from p2pfl.sites.systemd import Notifier
 from p2pfl.sites.trust_state import TrustUpdates
-from p2pfl.sites.verdict import check_outside_code, judge
+from p2pfl.sites.verdict import OutsideCodeChecks, judge
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +83,6 @@ NO_VOTE = (
 SETTLE_S = 2.0  # a spec heard this recently may still have its retained commit on the way
 EARLY_SLACK_S = 1.0  # a commit this much before the deadline (clock skew) is still taken
 MAX_EARLY = 10_000  # votes, commits and cancels kept for runs whose spec is not heard yet
-MAX_OUTSIDE = 256  # what child processes learned of outside code, remembered
 
 
 class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands):
@@ -105,7 +103,7 @@ class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands):
         self.metrics = SiteMetrics(site.site)
         self.runs: dict[str, RunState] = {}
         self._checking: set[str] = set()  # run ids whose spec is being validated
-        self._outside: dict[str, OutsideCode] = {}  # outside code checked, by what it names
+        self.outside_checks = OutsideCodeChecks(site.policy, self.state_dir)
         self._early: dict[str, list[tuple[M.SiteMessage, bytes]]] = defaultdict(list)
         self._client: aiomqtt.Client | None = None
         self._connected = asyncio.Event()
@@ -337,39 +335,17 @@ class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands):
         take it."""
         try:
             spec = spec_from_dict(msg.body.get("spec"), f"spec of run {msg.run_id}")
-        except ConfigError as exc:
-            self._checking.discard(msg.run_id)
+            asked = spec.members == "any" or self.name in spec.members
+            outside = await self.outside_checks.check(spec) if asked else None
+        except (ConfigError, ValueError, TypeError, AttributeError) as exc:  # not a spec
             self._drop(topic, "bad_spec", str(exc).splitlines()[0])
             return
-        except (ValueError, TypeError, AttributeError) as exc:  # not even a mapping
-            self._checking.discard(msg.run_id)
-            self._drop(topic, "bad_spec", str(exc))
-            return
-        outside = None
-        try:
-            if spec.members == "any" or self.name in spec.members:
-                outside = await self._outside_code(spec)
         finally:
             self._checking.discard(msg.run_id)
         try:
             self._take_spec(msg, payload, topic, spec, outside)
         except (LedgerError, ValueError, KeyError, TypeError) as exc:
             self._drop(topic, "bad_body", str(exc))
-
-    async def _outside_code(self, spec: RunSpec) -> OutsideCode | None:
-        """What a child process learned of ``spec``'s outside code (remembered by what it
-        names: a series' cycles are checked once); None when there is none to check."""
-        key = json.dumps(
-            [spec.algorithm.name, spec.algorithm.params, spec.model.name], sort_keys=True
-        )
-        if key not in self._outside:
-            outside = await check_outside_code(spec, self.site.policy, self.state_dir)
-            if outside is None:
-                return None
-            if len(self._outside) >= MAX_OUTSIDE:
-                self._outside.pop(next(iter(self._outside)))
-            self._outside[key] = outside
-        return self._outside[key]
 
     def _take_spec(
         self,

@@ -11,6 +11,7 @@ policy allows it (:func:`check_outside_code`), then the pure rule
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection
 from pathlib import Path
 
@@ -28,6 +29,31 @@ async def check_outside_code(spec: RunSpec, policy: Policy, cwd: Path | None) ->
     return await probe_outside_code(
         spec.algorithm.name, spec.algorithm.params, spec.model.name, cwd=cwd
     )
+
+
+class OutsideCodeChecks:
+    """:func:`check_outside_code` remembered by what a spec names (its method, knobs and
+    model): a series' cycles, or a spec heard again after a restart, are checked once. At
+    most ``keep`` answers are kept, the oldest forgotten first."""
+
+    def __init__(self, policy: Policy, cwd: Path | None, keep: int = 256):
+        self.policy = policy
+        self.cwd = cwd
+        self.keep = keep
+        self._known: dict[str, OutsideCode] = {}
+
+    async def check(self, spec: RunSpec) -> OutsideCode | None:
+        key = json.dumps(
+            [spec.algorithm.name, spec.algorithm.params, spec.model.name], sort_keys=True
+        )
+        if key not in self._known:
+            outside = await check_outside_code(spec, self.policy, self.cwd)
+            if outside is None:
+                return None
+            if len(self._known) >= self.keep:
+                self._known.pop(next(iter(self._known)))
+            self._known[key] = outside
+        return self._known[key]
 
 
 def judge(
