@@ -10,6 +10,7 @@ then drain and stop; their state stays in ``--out`` (default ``runs/federation``
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import subprocess
 import sys
@@ -54,6 +55,23 @@ def wait_connected(state_dir: Path, proc: subprocess.Popen, timeout: float = 60)
     raise SystemExit(f"the daemon of {state_dir} did not connect in {timeout:g} s")
 
 
+def final_line(state_dir: Path, site: str, run_id: str) -> str:
+    """One site's end of the run: its status, why, and its node's last test accuracy."""
+    runs = {r["run_id"]: r for r in call(state_dir, "runs")["runs"]}
+    run = runs.get(run_id, {})
+    line = f"{site}: {run.get('status', 'unknown')}"
+    records = state_dir / "runs" / run_id / "nodes" / f"{site}.jsonl"
+    rounds = []
+    if records.is_file():
+        rounds = [json.loads(x) for x in records.read_text().splitlines() if x.strip()]
+    accs = [r for r in rounds if isinstance(r.get("test_acc"), (int, float))]
+    if accs:
+        line += f", accuracy {accs[-1]['test_acc']:.3f} after round {accs[-1].get('round')}"
+    if run.get("why"):
+        line += f" ({run['why']})"
+    return line
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="runs/federation")
@@ -94,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                 statuses.append(runs.get(run_id, {}).get("status", "unknown"))
             now = " ".join(f"{p.parent.name}:{s}" for p, s in zip(sites, statuses, strict=True))
             if now != shown:
-                print(f"run {run_id}: {now}", flush=True)
+                print(f"run {run_id}: {now}", flush=True)  # each site's status, as it moves
                 shown = now
             if all(s in ENDED for s in statuses):
                 break
@@ -103,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"run {run_id} did not end in {args.timeout:g} s", file=sys.stderr)
             return 1
         subprocess.run([sys.executable, "-m", "p2pfl", "runs", "--site", str(first)], check=True)
+        for path in sites:
+            print(final_line(path.parent / "state", path.parent.name, run_id))
         return 0 if all(s == "finished" for s in statuses) else 1
     finally:
         for path, _ in procs:

@@ -29,11 +29,15 @@ class Tally:
 
 
 def tally(
-    votes: Mapping[str, VoteValue], min_accept: int, members: Iterable[str] | None = None
+    votes: Mapping[str, VoteValue],
+    min_accept: int,
+    members: Iterable[str] | None = None,
+    expected: Iterable[str] = (),
 ) -> Tally:
     """The members a run commits with: every site whose vote is ``accept`` (of ``members``,
     the sites the spec names; None: any site). Fewer than ``min_accept`` of them: aborted,
-    with the count and the sites still pending."""
+    with the count, the sites still pending, and the sites that did not vote in time (of
+    ``members``, or of the ``expected`` sites when the spec names none)."""
     named = None if members is None else set(members)
     accepted = sorted(
         s for s, v in votes.items() if v == "accept" and (named is None or s in named)
@@ -41,9 +45,12 @@ def tally(
     if len(accepted) >= min_accept:
         return Tally(tuple(accepted))
     pending = sorted(s for s, v in votes.items() if v == "pending")
+    silent = sorted((named if named is not None else set(expected)) - set(votes))
     why = f"{len(accepted)} of the {min_accept} accepting sites needed"
     if pending:
         why += f" ({len(pending)} still pending: {', '.join(pending)})"
+    if silent:
+        why += f"; no vote in time from {', '.join(silent)}"
     return Tally((), why)
 
 

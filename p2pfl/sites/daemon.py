@@ -110,6 +110,7 @@ class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands):
         self._draining = False
         self._drained = asyncio.Event()
         self.dropped: Counter[str] = Counter()
+        self.sites_heard: set[str] = {self.name}  # whose messages came: who could vote
         self.ledger: ConsentLedger | None = None
         self.notifier = Notifier()
         self._init_series()
@@ -299,6 +300,8 @@ class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands):
             return
         if msg is None:  # a retained message cleared
             return
+        if len(self.sites_heard) < MAX_EARLY:
+            self.sites_heard.add(msg.site)
         try:
             self._apply(msg, payload, topic)
         except (LedgerError, ValueError, KeyError, TypeError) as exc:
@@ -463,6 +466,7 @@ class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands):
             {s: v["vote"] for s, v in st.votes.items()},
             st.spec.quorum.min_accept,
             None if st.spec.members == "any" else st.spec.members,
+            expected=self.sites_heard,
         )
         body = {"members": list(counted.members), "aborted": counted.aborted}
         log.info(

@@ -34,3 +34,11 @@ def test_of_two_commits_the_first_ranked_committers_stands():
     assert winning_commit("r1", "a", {**both, "a": ("a",)}) == "a"  # the proposer's first
     with pytest.raises(ValueError):
         winning_commit("r1", "a", {})
+
+
+def test_an_abort_names_the_sites_that_did_not_vote_in_time():
+    named = tally({"a": "accept"}, 2, members=["a", "b", "c"])
+    assert named.aborted == "1 of the 2 accepting sites needed; no vote in time from b, c"
+    heard = tally({"a": "accept", "b": "reject"}, 2, expected={"a", "b", "z"})
+    assert heard.aborted is not None and heard.aborted.endswith("no vote in time from z")
+    assert tally({"a": "accept", "b": "accept"}, 2, expected={"z"}).aborted is None

@@ -110,6 +110,13 @@ def test_too_few_accepting_sites_abort_the_run_and_no_worker_starts(sites):
     assert s1.run(rid)["votes"]["s2"]["reasons"][0]["code"] == "too_many_rounds"
 
 
+def test_a_run_aborted_for_too_few_votes_names_who_did_not_vote(sites):
+    s1 = sites("s1")
+    rid = s1.ask("submit", spec=spec(members=["s1", "ghost"], quorum={"min_accept": 2}))
+    run = s1.wait_status(rid["run_id"], {"aborted"}, 60)
+    assert run["why"].endswith("no vote in time from ghost"), run
+
+
 def test_the_proposer_dies_another_site_commits_and_a_late_site_votes(sites):
     """s1 proposes a run for s2 and s3 and is killed; s3's daemon starts only after the
     proposal (a site restarted during the vote) and votes on the retained spec; with no
