@@ -32,13 +32,19 @@ def _site(args: argparse.Namespace):
 def cmd_daemon(args: argparse.Namespace) -> int:
     """Run the site's daemon in the foreground until drained (0) or stopped by a signal."""
     if args.print_systemd_unit:
-        from p2pfl.sites.systemd import unit_text
+        from p2pfl.sites.systemd import DEFAULT_USER, unit_text
 
         if not args.site:
             raise SystemExit("p2pfl daemon --print-systemd-unit: give --site site.yaml")
-        _site(args)  # the unit names a site file that loads
+        site = _site(args)  # the unit names a site file that loads
         exe = shutil.which("p2pfl") or [sys.executable, "-m", "p2pfl"]
-        sys.stdout.write(unit_text(Path(args.site).resolve(), executable=exe, user=args.user))
+        unit = unit_text(
+            Path(args.site).resolve(),
+            executable=exe,
+            state_dir=site.state_dir,
+            user=args.user or DEFAULT_USER,
+        )
+        sys.stdout.write(unit)
         return 0
     if not args.site:
         raise SystemExit("p2pfl daemon: give --site site.yaml")
