@@ -1,6 +1,6 @@
 """The site daemon's own helper processes (docs/design.md, "A site's own models"): each is
 ``python -m p2pfl ...`` with the site file, so the daemon imports no torch and a crash in
-one never takes the daemon down.
+one never takes the daemon down; none outlives the daemon (:mod:`p2pfl.sites.process_guard`).
 
 - :func:`spawn_p2pfl`: start one, its output appended to a log file (a run's worker too);
 - :class:`ServingProcess`: ``p2pfl serve --site``, started again after a back-off whenever
