@@ -138,8 +138,13 @@ class ChildRecord:
         return good
 
     def _write(self) -> None:
+        """Rewrite the file; a failure is logged, not raised: the record backs up the death
+        signal, and a child already started must not look as if it had not."""
         body = {"daemon": os.getpid(), "children": list(self._entries.values())}
-        write_bytes_atomic(self.path, json.dumps(body, indent=1).encode())
+        try:
+            write_bytes_atomic(self.path, json.dumps(body, indent=1).encode())
+        except OSError as exc:
+            log.error("%s: not written (%s)", self.path, exc)
 
     def add(self, pid: int, cmdline: Sequence[str]) -> None:
         """Record child ``pid``, started with ``cmdline`` (its ``exec`` arguments)."""

@@ -19,7 +19,12 @@ from p2pfl.errors import P2PFLError
 LOCK_NAME = "daemon.lock"
 
 
-class StateDirInUse(P2PFLError):
+class StateDirError(P2PFLError):
+    """The ``state_dir``'s lock cannot be taken: the folder or its lock file cannot be made
+    or opened (its path and the system's words)."""
+
+
+class StateDirInUse(StateDirError):
     """Another process (a site daemon) holds the ``state_dir``'s lock."""
 
 
@@ -35,12 +40,17 @@ class StateLock:
         self._fd: int | None = None
 
     def acquire(self) -> StateLock:
+        """Take the lock (:class:`StateDirError` when the folder cannot be made or the lock
+        file opened), writing this process's pid into it."""
         if self._fd is not None:
             raise RuntimeError(f"{self.path}: already held by this process")
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        # not inherited by the daemon's children (Python's default): a child outliving the
-        # daemon must not keep its state_dir locked
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            # not inherited by the daemon's children (Python's default): a child outliving
+            # the daemon must not keep its state_dir locked
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StateDirError(f"state_dir {self.state_dir}: {exc.strerror or exc}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

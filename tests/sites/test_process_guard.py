@@ -17,7 +17,7 @@ from cli_run import ROOT
 
 from p2pfl.sites.observe import ListenError, check_listen
 from p2pfl.sites.process_guard import ChildRecord, command_line, start_time
-from p2pfl.sites.state_lock import StateDirInUse, StateLock
+from p2pfl.sites.state_lock import StateDirError, StateDirInUse, StateLock
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
@@ -66,6 +66,12 @@ def test_a_second_lock_on_a_state_dir_names_the_holder_and_touches_nothing(tmp_p
     with StateLock(state):  # released: the next daemon takes it
         pass
     assert sorted(p.name for p in state.iterdir()) == ["daemon.lock"]
+
+
+def test_a_state_dir_that_cannot_be_made_is_an_error_naming_it(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(StateDirError, match=f"state_dir {tmp_path / 'file' / 'state'}: "):
+        StateLock(tmp_path / "file" / "state").acquire()
 
 
 def test_the_lock_of_a_killed_holder_is_free(tmp_path):
