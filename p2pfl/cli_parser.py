@@ -357,7 +357,9 @@ def _site_commands(sub: Any) -> None:
         action="store_true",
         help="print a systemd unit (Type=notify) that runs this daemon, and exit",
     )
-    sp.add_argument("--user", help="--print-systemd-unit: the User= it runs as")
+    sp.add_argument(
+        "--user", help="--print-systemd-unit: the User= it runs as (default: p2pfl, a system user)"
+    )
     sp.add_argument("-v", "--verbose", action="store_true")
 
     sp = sub.add_parser("submit", help="propose a run to the federation through this site")

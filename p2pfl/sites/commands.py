@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rich.console import Console
@@ -32,13 +33,19 @@ def _site(args: argparse.Namespace):
 def cmd_daemon(args: argparse.Namespace) -> int:
     """Run the site's daemon in the foreground until drained (0) or stopped by a signal."""
     if args.print_systemd_unit:
-        from p2pfl.sites.systemd import unit_text
+        from p2pfl.sites.systemd import DEFAULT_USER, unit_text
 
         if not args.site:
             raise SystemExit("p2pfl daemon --print-systemd-unit: give --site site.yaml")
-        _site(args)  # the unit names a site file that loads
+        site = _site(args)  # the unit names a site file that loads
         exe = shutil.which("p2pfl") or [sys.executable, "-m", "p2pfl"]
-        sys.stdout.write(unit_text(Path(args.site).resolve(), executable=exe, user=args.user))
+        unit = unit_text(
+            Path(args.site).resolve(),
+            executable=exe,
+            state_dir=site.state_dir,
+            user=args.user or DEFAULT_USER,
+        )
+        sys.stdout.write(unit)
         return 0
     if not args.site:
         raise SystemExit("p2pfl daemon: give --site site.yaml")
@@ -47,7 +54,35 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         from p2pfl.sites.json_log import use_json_logs
 
         use_json_logs(logging.DEBUG if args.verbose else logging.INFO)
-    return asyncio.run(_serve(site))
+    with _one_daemon(site, args.site):
+        return asyncio.run(_serve(site))
+
+
+@contextlib.contextmanager
+def _one_daemon(site, source: str) -> Iterator[None]:
+    """The daemon's start, before it binds or creates anything: the ``state_dir``'s lock
+    (a second daemon stops here, touching nothing of the first), the end of what a killed
+    predecessor left running, and its ports checked free; the record of its children is
+    kept while it runs (:mod:`p2pfl.sites.state_lock`, :mod:`p2pfl.sites.process_guard`)."""
+    from p2pfl.sites import process_guard
+    from p2pfl.sites.observe import check_listen
+    from p2pfl.sites.state_lock import StateLock
+
+    with StateLock(site.state_dir):
+        record = process_guard.ChildRecord(site.state_dir)
+        record.end_leftovers()
+        for field, listen in (
+            ("observability.listen", site.observability.listen),
+            ("serving.listen", site.serving.listen),
+        ):
+            if listen is not None:
+                check_listen(f"{source}: {field}", listen)
+        process_guard.install(record)
+        try:
+            yield
+        finally:
+            process_guard.install(None)
+            record.close()
 
 
 async def _serve(site) -> int:

@@ -5,7 +5,7 @@ Prometheus text format (``prometheus_client``, a registry of the daemon's own).
 - :class:`SiteMetrics`: the metrics, each named with the ``p2pfl_`` prefix and in base units;
 - :class:`ObservabilityServer`: the three routes over a minimal HTTP/1.1 server on the
   daemon's event loop (one request a connection, ``Connection: close``);
-- :func:`parse_listen`: ``host:port`` as a pair.
+- :func:`parse_listen`: ``host:port`` as a pair; :func:`check_listen`: whether it can be bound.
 
 Labels are bounded, so a peer can never grow the series a scraper stores: a run's state is
 one of :data:`RUN_STATES`, a lane one of :data:`LANES`, a policy rejection one of
@@ -18,12 +18,14 @@ from __future__ import annotations
 import asyncio
 import http
 import logging
+import socket
 from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 import p2pfl
+from p2pfl.errors import P2PFLError
 from p2pfl.sites.policy import REASON_CODES
 
 log = logging.getLogger(__name__)
@@ -173,6 +175,30 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
+class ListenError(P2PFLError, OSError):
+    """A ``listen`` address cannot be bound (taken, or not this machine's): its field,
+    address and the system's words."""
+
+
+def check_listen(field: str, value: str) -> None:
+    """Bind ``value`` (``host:port``) for a moment, as a server would (``SO_REUSEADDR``: a
+    port left in TIME_WAIT is free), so a daemon stops at its start, with a
+    :class:`ListenError` naming ``field``, rather than a server of it failing later. Port 0
+    is always free."""
+    host, port = parse_listen(value)
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, address = infos[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+            sock.listen(1)
+    except OSError as exc:
+        raise ListenError(f"{field} {value}: {exc.strerror or exc}") from None
+
+
 class _HeadTooLarge(Exception):
     """The request line and headers ran past :data:`MAX_HEAD_BYTES`."""
 
@@ -222,13 +248,18 @@ class ObservabilityServer:
         self._handlers: set[asyncio.Task] = set()
 
     async def start(self) -> None:
-        """Listen (an ``OSError`` when the address is taken). Raises ``RuntimeError`` when
-        already started."""
+        """Listen (a :class:`ListenError`, an ``OSError``, when the address is taken).
+        Raises ``RuntimeError`` when already started."""
         if self._server is not None:
             raise RuntimeError("the observability server is already started")
-        self._server = await asyncio.start_server(
-            self._serve, self.host, self.port, limit=MAX_HEAD_BYTES
-        )
+        try:
+            self._server = await asyncio.start_server(
+                self._serve, self.host, self.port, limit=MAX_HEAD_BYTES
+            )
+        except OSError as exc:
+            raise ListenError(
+                f"observability.listen {self.host}:{self.port}: {exc.strerror or exc}"
+            ) from None
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def aclose(self) -> None:

@@ -1,6 +1,6 @@
 """The site daemon's own helper processes (docs/design.md, "A site's own models"): each is
 ``python -m p2pfl ...`` with the site file, so the daemon imports no torch and a crash in
-one never takes the daemon down.
+one never takes the daemon down; none outlives the daemon (:mod:`p2pfl.sites.process_guard`).
 
 - :func:`spawn_p2pfl`: start one, its output appended to a log file (a run's worker too);
 - :class:`ServingProcess`: ``p2pfl serve --site``, started again after a back-off whenever
@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from p2pfl.sites.process_guard import die_with_parent, track
+
 log = logging.getLogger("p2pfl.sites.daemon")
 
 RESTART_S = (1.0, 60.0)
@@ -32,25 +34,27 @@ STEADY_S = 60.0
 async def spawn_p2pfl(
     args: list[str], log_path: Path, cwd: Path | None = None
 ) -> asyncio.subprocess.Process:
-    """``python -m p2pfl ARGS`` in a session of its own (its signals are the daemon's to
-    send), its stdout and stderr appended to ``log_path``."""
+    """``python -m p2pfl ARGS``, its stdout and stderr appended to ``log_path``. It stays in
+    the daemon's process group and gets SIGTERM when the daemon dies, however it dies
+    (:func:`~p2pfl.sites.process_guard.die_with_parent`); the daemon's record of its
+    children lists it until it exits (:func:`~p2pfl.sites.process_guard.track`)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    cmdline = [sys.executable, "-m", "p2pfl", *args]
     out = open(log_path, "ab")  # noqa: SIM115 - the child holds it
     try:
-        return await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "p2pfl",
-            *args,
+        proc = await asyncio.create_subprocess_exec(
+            *cmdline,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=out,
             stderr=asyncio.subprocess.STDOUT,
             cwd=str(cwd) if cwd is not None else None,
-            start_new_session=True,
+            preexec_fn=die_with_parent(),
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
     finally:
         out.close()
+    track(proc, cmdline)
+    return proc
 
 
 async def stop_process(proc: asyncio.subprocess.Process, grace: float = 10.0) -> int:

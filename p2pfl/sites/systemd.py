@@ -1,7 +1,8 @@
 """The site daemon as a systemd service.
 
 - :func:`unit_text`: the unit ``p2pfl daemon --print-systemd-unit`` writes (``Type=notify``,
-  a watchdog, ``Restart=on-failure``, ``StateDirectory=p2pfl``);
+  a watchdog, ``Restart=on-failure``, ``KillMode=mixed``, a dedicated ``User=``, the site's
+  ``state_dir`` as its ``StateDirectory=``);
 - :class:`Notifier`: ``sd_notify`` over the datagram socket systemd names in
   ``$NOTIFY_SOCKET`` (READY, STATUS, WATCHDOG, STOPPING), a no-op where systemd did not
   start the daemon. Plain ``socket``: no libsystemd binding to install.
@@ -25,13 +26,17 @@ WATCHDOG_SEC = 30
 _PLAIN = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
 
 
+def _control(text: str) -> bool:
+    return any(ord(c) < 0x20 or ord(c) == 0x7F for c in text)
+
+
 def _quote(arg: str, *, program: bool = False) -> str:
     """``arg`` as one word of a systemd command line: ``%`` doubled (specifiers are expanded
     everywhere, quoted or not), ``$`` doubled in an argument (systemd expands ``$VAR`` in
     arguments, never in the program's path), and double-quoted with ``\\`` and ``"`` escaped
     when it holds anything but plain characters (a space, a quote, a ``;`` word, ...).
     Raises ``ValueError`` for a control character, which no unit line can hold as is."""
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in arg):
+    if _control(arg):
         raise ValueError(f"a systemd command line cannot hold {arg!r}")
     plain = bool(_PLAIN.fullmatch(arg))
     arg = arg.replace("%", "%%")
@@ -56,23 +61,65 @@ def _command(executable: str | Sequence[str]) -> list[str]:
     return words
 
 
-def unit_text(site_file: Path, *, executable: str | Sequence[str], user: str | None = None) -> str:
+DEFAULT_USER = "p2pfl"
+"""``User=`` of the unit unless ``--user`` names another: a system user of its own, which the
+operator makes (``useradd --system p2pfl``)."""
+
+STATE_ROOT = Path("/var/lib")
+"""Where systemd makes a unit's ``StateDirectory=``."""
+
+_STATE_DIRECTORY = re.compile(r"[A-Za-z0-9_.@+-]+(/[A-Za-z0-9_.@+-]+)*")
+
+
+def state_directory(state_dir: str | Path, user: str) -> str:
+    """The unit's line for the site's ``state_dir``: ``StateDirectory=<path under /var/lib>``
+    (systemd makes it, owned by ``user``, before the daemon starts), or a comment saying why
+    there is none and that ``state_dir`` must then be writable by ``user``."""
+    path = Path(os.path.normpath(Path(state_dir).absolute()))
+    if _control(str(path)):
+        raise ValueError(f"a systemd unit cannot hold the state_dir {str(path)!r}")
+    try:
+        relative = path.relative_to(STATE_ROOT).as_posix()
+    except ValueError:
+        why = f"state_dir {path} is not under {STATE_ROOT}, where systemd makes state directories"
+    else:
+        if relative == ".":
+            why = f"state_dir {path} is {STATE_ROOT} itself"
+        elif not _STATE_DIRECTORY.fullmatch(relative):
+            why = f"state_dir {path} holds characters StateDirectory= does not take as they are"
+        else:
+            return f"StateDirectory={relative}"
+    return (
+        f"# no StateDirectory=: {why}; make it and let User={user} write it "
+        "(ProtectSystem=full keeps /usr, /boot and /etc read-only)."
+    )
+
+
+def unit_text(
+    site_file: Path,
+    *,
+    executable: str | Sequence[str],
+    state_dir: str | Path,
+    user: str = DEFAULT_USER,
+) -> str:
     """A systemd service unit that runs ``<executable> daemon --site <site_file>``.
 
     ``executable``: the ``p2pfl`` command, an absolute path (``/opt/p2pfl/bin/p2pfl``), a
     string of shell words (``/usr/bin/python3 -m p2pfl``) or a sequence of words; a string
     that names an existing file is taken whole, spaces and all. ``site_file`` is made
-    absolute (systemd starts the daemon in ``/``). ``user``: the ``User=`` it runs as
-    (None: root). Raises ``ValueError`` for a relative executable, a user name with
-    whitespace, or a control character in a path.
+    absolute (systemd starts the daemon in ``/``). ``state_dir``: the site file's, made the
+    unit's ``StateDirectory=`` when it is under ``/var/lib`` (:func:`state_directory`).
+    ``user``: the ``User=`` it runs as. Raises ``ValueError`` for a relative executable, a
+    user name with whitespace, or a control character in a path.
 
-    ``StateDirectory=p2pfl`` makes ``/var/lib/p2pfl``, owned by that user: the site file's
-    ``state_dir`` belongs there. ``ProtectSystem=full`` (``/usr``, ``/boot``, ``/etc``
-    read-only) rather than ``strict``: a site's data bindings and certificates may live
-    anywhere, and ``strict`` would need each of them named in ``ReadWritePaths=``.
+    ``KillMode=mixed``: systemd's stop sends SIGTERM to the daemon alone, which stops its
+    children itself, and SIGKILL to whatever is left after the stop timeout.
+    ``ProtectSystem=full`` (``/usr``, ``/boot``, ``/etc`` read-only) rather than ``strict``:
+    a site's data bindings and certificates may live anywhere, and ``strict`` would need
+    each of them named in ``ReadWritePaths=``.
     """
     words = _command(executable)
-    if user is not None and (not user or any(c.isspace() or ord(c) < 0x20 for c in user)):
+    if not user or any(c.isspace() or ord(c) < 0x20 for c in user):
         raise ValueError(f"User= takes a user name or id, got {user!r}")
     command = [_quote(words[0], program=True), *(_quote(w) for w in words[1:])]
     site = _quote(str(Path(site_file).absolute()))
@@ -89,14 +136,9 @@ def unit_text(site_file: Path, *, executable: str | Sequence[str], user: str | N
         "Restart=on-failure",
         "RestartSec=5",
         f"WatchdogSec={WATCHDOG_SEC}",
-        # SIGTERM to the daemon alone: it stops its run workers itself (SIGKILL to what is
-        # left after the stop timeout)
         "KillMode=mixed",
-        "StateDirectory=p2pfl",
-    ]
-    if user is not None:
-        lines.append(f"User={user.replace('%', '%%')}")
-    lines += [
+        f"User={user.replace('%', '%%')}",
+        state_directory(state_dir, user),
         "NoNewPrivileges=yes",
         "PrivateTmp=yes",
         "ProtectSystem=full",

@@ -1,5 +1,6 @@
 """The unit ``p2pfl daemon --print-systemd-unit`` writes verifies with systemd-analyze (paths
-with spaces, ``%`` and ``$`` included), and sd_notify reaches a real datagram socket."""
+with spaces, ``%`` and ``$`` included; a ``state_dir`` in or out of ``/var/lib``), and
+sd_notify reaches a real datagram socket."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 from daemon_helpers import p2pfl_cli
 
-from p2pfl.sites.systemd import Notifier, unit_text
+from p2pfl.sites.systemd import Notifier, state_directory, unit_text
 
 needs_systemd_analyze = pytest.mark.skipif(
     shutil.which("systemd-analyze") is None, reason="no systemd-analyze"
@@ -44,7 +45,14 @@ def _site(folder: Path) -> Path:
 def test_the_unit_verifies(tmp_path):
     site = _site(tmp_path / "my site")
     unit = tmp_path / "p2pfl-site.service"
-    unit.write_text(unit_text(site, executable=[sys.executable, "-m", "p2pfl"], user="root"))
+    unit.write_text(
+        unit_text(
+            site,
+            executable=[sys.executable, "-m", "p2pfl"],
+            state_dir="/var/lib/p2pfl",
+            user="root",
+        )
+    )
     text = unit.read_text()
     for line in (
         "Type=notify",
@@ -52,6 +60,7 @@ def test_the_unit_verifies(tmp_path):
         "WatchdogSec=30",
         "Restart=on-failure",
         "RestartSec=5",
+        "KillMode=mixed",
         "StateDirectory=p2pfl",
         "User=root",
         "After=network-online.target",
@@ -75,48 +84,82 @@ def test_a_program_path_with_spaces_percent_and_dollar_verifies(tmp_path):
     program.chmod(0o755)
     site = _site(tmp_path / "sites 100%" / "$USER")
     unit = tmp_path / "p2pfl-site.service"
-    text = unit_text(site, executable=str(program))  # a file's name: one word, spaces and all
+    # a file's name: one word, spaces and all; a state_dir outside /var/lib: a comment
+    text = unit_text(site, executable=str(program), state_dir=tmp_path / "state 100%")
     unit.write_text(text)
     assert 'ExecStart="' + str(bin_dir).replace("%", "%%") + '/p2pfl" daemon' in text
     assert "sites 100%%/$$USER/site.yaml" in text  # an argument: % and $ both doubled
-    assert "User=" not in text
+    assert "User=p2pfl" in text.splitlines()  # a user of its own by default
+    assert "StateDirectory=" not in text.replace("# no StateDirectory=", "")
     _verify(unit)
 
 
+@pytest.mark.parametrize(
+    ("state_dir", "line"),
+    [
+        ("/var/lib/p2pfl", "StateDirectory=p2pfl"),
+        ("/var/lib/p2pfl/site-a/", "StateDirectory=p2pfl/site-a"),
+        ("/var/lib/x/../p2pfl", "StateDirectory=p2pfl"),
+        ("/var/lib", "# no StateDirectory=: state_dir /var/lib is /var/lib itself;"),
+        ("/var/lib/my site", "# no StateDirectory=: state_dir /var/lib/my site holds"),
+        ("/var/lib/a:b", "# no StateDirectory=: state_dir /var/lib/a:b holds"),
+        ("/srv/p2pfl", "# no StateDirectory=: state_dir /srv/p2pfl is not under /var/lib,"),
+        ("/var/library", "# no StateDirectory=: state_dir /var/library is not under"),
+    ],
+)
+def test_the_state_directory_is_the_site_files_state_dir(state_dir, line):
+    got = state_directory(state_dir, "svc")
+    assert got.startswith(line), got
+    if got.startswith("#"):
+        assert "User=svc" in got and got.endswith(".")
+
+
 def test_an_executable_string_is_split_into_words(tmp_path):
-    text = unit_text(tmp_path / "site.yaml", executable=f"{sys.executable} -m p2pfl")
+    text = unit_text(
+        tmp_path / "site.yaml", executable=f"{sys.executable} -m p2pfl", state_dir="/var/lib/p"
+    )
     assert f"ExecStart={sys.executable} -m p2pfl daemon --site {tmp_path}/site.yaml" in text
 
 
 def test_a_relative_site_file_is_made_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    text = unit_text(Path("site.yaml"), executable=sys.executable)
+    text = unit_text(Path("site.yaml"), executable=sys.executable, state_dir="/var/lib/p")
     assert f"--site {tmp_path}/site.yaml\n" in text
 
 
 @pytest.mark.parametrize(
     ("site", "executable", "user"),
     [
-        ("site.yaml", "p2pfl", None),  # systemd's search path is not the caller's PATH
-        ("site.yaml", "bin/p2pfl", None),
-        ("site.yaml", [], None),
+        ("site.yaml", "p2pfl", "p2pfl"),  # systemd's search path is not the caller's PATH
+        ("site.yaml", "bin/p2pfl", "p2pfl"),
+        ("site.yaml", [], "p2pfl"),
         ("site.yaml", "/usr/bin/p2pfl", "two words"),
         ("site.yaml", "/usr/bin/p2pfl", ""),
-        ("site.yaml", ["/usr/bin/p2pfl\nExecStartPre=/bin/false"], None),
-        ("site\n.yaml", "/usr/bin/p2pfl", None),
+        ("site.yaml", ["/usr/bin/p2pfl\nExecStartPre=/bin/false"], "p2pfl"),
+        ("site\n.yaml", "/usr/bin/p2pfl", "p2pfl"),
     ],
 )
 def test_bad_input_is_refused(tmp_path, site, executable, user):
     with pytest.raises(ValueError):
-        unit_text(tmp_path / site, executable=executable, user=user)
+        unit_text(tmp_path / site, executable=executable, state_dir="/var/lib/p2pfl", user=user)
+
+
+def test_a_state_dir_with_a_line_break_is_refused(tmp_path):
+    with pytest.raises(ValueError):
+        unit_text(tmp_path / "site.yaml", executable="/usr/bin/p2pfl", state_dir="/srv/a\nb")
 
 
 def test_the_cli_prints_the_unit(tmp_path):
     site = tmp_path / "site.yaml"
     site.write_text("site: s1\nswarm: fed\nstate_dir: state\n")
-    done = p2pfl_cli("daemon", "--site", str(site), "--print-systemd-unit", timeout=120)
+    done = p2pfl_cli(
+        "daemon", "--site", str(site), "--print-systemd-unit", "--user", "svc", timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("[Unit]") and str(site) in done.stdout
+    lines = done.stdout.splitlines()
+    assert "User=svc" in lines and "KillMode=mixed" in lines
+    assert f"# no StateDirectory=: state_dir {tmp_path / 'state'} is not under" in done.stdout
 
 
 @pytest.fixture
