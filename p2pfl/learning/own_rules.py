@@ -204,10 +204,12 @@ def read_frame(kind: str, path: Path) -> Any:
     return df
 
 
-def frame_chunks(kind: str, path: Path, rows: int = CHUNK_ROWS) -> Iterator[Any]:
-    """The ``csv`` or ``parquet`` file at ``path`` as data frames of at most ``rows`` rows,
-    in order: :func:`read_frame`'s rules with a bounded memory (a CSV column's type is
-    inferred per chunk, so a column that is not numeric somewhere is so in some chunk)."""
+def frame_chunks(kind: str, path: Path, rows: int | None = None) -> Iterator[Any]:
+    """The ``csv`` or ``parquet`` file at ``path`` as data frames of at most ``rows`` rows
+    (default :data:`CHUNK_ROWS`), in order: :func:`read_frame`'s rules with a bounded memory
+    (a CSV column's type is inferred per chunk, so a column that is not numeric somewhere
+    is so in some chunk)."""
+    rows = rows or CHUNK_ROWS
     pd = _pandas(kind, path)
     seen = 0
     try:
