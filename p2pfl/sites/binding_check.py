@@ -166,7 +166,7 @@ def _read(binding: DatasetConfig, root: str | None, site: str) -> str:
         x, y, tx, _, _ = four_arrays(load_npz(path), names, str(path), counted)
         return (
             f"npz {path}: {len(x)} train and {len(tx)} test samples of shape "
-            f"{list(x.shape[1:])}, {_counts(y, names)}"
+            f"{list(x.shape[1:])}, {_counts(np.bincount(y, minlength=len(names)), names)}"
         )
     if kind == "imagefolder":
         return _images(binding, root)
@@ -179,8 +179,8 @@ def _read(binding: DatasetConfig, root: str | None, site: str) -> str:
     return f"built-in dataset {kind!r} {where} (opened by the worker)"
 
 
-def _counts(y: np.ndarray, names: list[str]) -> str:
-    counts = np.bincount(y, minlength=len(names))
+def _counts(counts: np.ndarray, names: list[str]) -> str:
+    """``classes a 12, b 30`` (the first 10 classes), for a summary."""
     shown = ", ".join(f"{n} {int(c)}" for n, c in zip(names[:10], counts[:10], strict=False))
     more = f", … ({len(names)} classes)" if len(names) > 10 else ""
     return f"classes {shown}{more}"
@@ -198,10 +198,9 @@ def _table(binding: DatasetConfig, root: str | None, site: str) -> str:
     if binding.stats:
         read_stats(binding.stats, site, features)
     held = f"{rows_test} test rows in {test.name}" if test is not None else "test split held out"
-    shown = ", ".join(f"{n} {int(c)}" for n, c in zip(names[:10], counts[:10], strict=False))
     return (
         f"{kind} {train}: {rows} rows, {len(features)} features, label {binding.label!r} "
-        f"(classes {shown}{', …' if len(names) > 10 else ''}), {held}"
+        f"({_counts(counts, names)}), {held}"
     )
 
 
