@@ -78,6 +78,10 @@ def _run_async(coro) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    if args.site is not None:
+        return _validate_site(args)
+    if args.topology is None:
+        raise SystemExit("p2pfl validate: give a topology file, or --site site.yaml")
     # with the data: it opens, the partition fits it, the model takes it
     checked = _load(args, inputs=not args.no_data, data_root=args.data_root)
     cfg, graph, model = checked.cfg, checked.graph, checked.model
@@ -107,6 +111,34 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for w in warnings:
         console.print(f"[yellow]warning[/] {args.topology}: {w}", highlight=False, soft_wrap=True)
     _print_notes(args, checked)
+    return 0
+
+
+def _validate_site(args: argparse.Namespace) -> int:
+    """``p2pfl validate --site``: the site file loads and every check of
+    :data:`~p2pfl.sites.site_check.SITE_CHECKS` passes (its data bindings serve a run), else
+    a :class:`ConfigError` naming the file and each field (exit 2). No torch on this path."""
+    from p2pfl.sites.site_check import check_site
+    from p2pfl.sites.site_file import load_site
+
+    if args.topology is not None or args.set or args.method or args.data_root:
+        raise SystemExit(
+            "p2pfl validate --site: a topology, --set, --method and --data-root "
+            "are a topology's: give --site alone"
+        )
+    site = load_site(args.site)
+    report = check_site(site, [] if args.no_data else None)
+    if report.problems:
+        raise ConfigError(args.site, [(p.field, p.message) for p in report.problems])
+    bindings = f"{len(site.data)} data binding{'s' if len(site.data) != 1 else ''}"
+    console.print(
+        f"[green]ok[/] {args.site}: site {site.site!r} of swarm {site.swarm!r}, {bindings}"
+        + (" (not opened: --no-data)" if args.no_data else ""),
+        highlight=False,
+        soft_wrap=True,
+    )
+    for line in report.lines:
+        console.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
     return 0
 
 
@@ -515,6 +547,7 @@ def cmd_methods(args: argparse.Namespace) -> int:
 def cmd_policy(args: argparse.Namespace) -> int:
     """``p2pfl policy check``: the site's decision on a run spec, with its reasons (the
     vote the site's daemon would give); exit 1 when it would reject the run."""
+    from p2pfl.sites.binding_check import check_binding
     from p2pfl.sites.run_spec import load_run_spec, run_facts, run_id
     from p2pfl.sites.site_file import load_site
     from p2pfl.sites.verdict import check_outside_code, judge
@@ -522,8 +555,14 @@ def cmd_policy(args: argparse.Namespace) -> int:
     site = load_site(args.site)
     spec = load_run_spec(args.spec)
     proposer = args.proposer or site.site
+    problems = {}  # the run's binding checked as the daemon checks it at the vote
+    if spec.data in site.data:
+        check = check_binding(spec.data, site.data[spec.data], site.site)
+        problems = {} if check.ok else {spec.data: check.text()}
     outside = asyncio.run(check_outside_code(spec, site.policy, None))
-    decision = judge(spec, proposer, site.policy, site.data, outside=outside)
+    decision = judge(
+        spec, proposer, site.policy, site.data, outside=outside, binding_problems=problems
+    )
     facts = run_facts(spec, proposer, outside=outside)
     rid = run_id(spec)
     if args.json:

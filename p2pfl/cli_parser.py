@@ -133,8 +133,11 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
     from p2pfl.launch.broker import BROKER_KINDS
 
-    def common(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("topology", help="topology YAML (see topologies/)")
+    def common(sp: argparse.ArgumentParser, optional: bool = False) -> None:
+        if optional:
+            sp.add_argument("topology", nargs="?", help="topology YAML (see topologies/)")
+        else:
+            sp.add_argument("topology", help="topology YAML (see topologies/)")
         sp.add_argument(
             "--set",
             action="append",
@@ -227,8 +230,15 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     # p2pfl swarm's node processes: the digest of the config it checked (check/checked.py)
     sp.add_argument("--checked", help=argparse.SUPPRESS)
 
-    sp = sub.add_parser("validate", help="check a topology file and print every error")
-    common(sp)
+    sp = sub.add_parser(
+        "validate", help="check a topology file (or a site file) and print every error"
+    )
+    common(sp, optional=True)
+    sp.add_argument(
+        "--site",
+        help="check this site file instead: it loads, and each data binding serves a run "
+        "(it opens, its label column and classes are there, its partition fits)",
+    )
     sp.add_argument("--data-root", help="check the data at this root (default: dataset.root)")
     sp.add_argument(
         "--no-data",

@@ -16,18 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from p2pfl.errors import P2PFLError
-
-
-class DatasetError(P2PFLError, ValueError):
-    """A dataset's files are there but cannot be used: a corrupt or truncated zip, an
-    undecodable image, a data file without its label column, a label outside the swarm's
-    classes. The message names the file (and the zip member or the column); ``field`` is
-    the configuration field to fix (``dataset.root`` unless the reader says otherwise)."""
-
-    def __init__(self, message: str, *, field: str = "dataset.root"):
-        super().__init__(message)
-        self.field = field
+from p2pfl.learning.own_rules import DatasetError as DatasetError  # raised by every reader
 
 
 def readonly(a: np.ndarray) -> np.ndarray:

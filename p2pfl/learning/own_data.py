@@ -9,9 +9,10 @@ Contract:
   (:func:`whole_node_data`) here; ``csv`` and ``parquet`` in :mod:`p2pfl.learning.own_tables`,
   a user function ``package.module:function`` in :mod:`p2pfl.learning.own_functions`.
   :func:`p2pfl.learning.data.load_node_data` picks one. This module holds what they share:
-  the swarm's labels (:func:`map_labels`), the held-out split (:func:`split_fraction`), the
-  node's files (:func:`own_files`), arrays checked into a :class:`NodeData`
-  (:func:`from_four_arrays`, :func:`node_data`).
+  the held-out split (:func:`split_fraction`) and arrays checked into a :class:`NodeData`
+  (:func:`from_four_arrays`, :func:`node_data`); the rules they apply that need no torch
+  (the node's files, the swarm's labels, a table's columns, an npz's arrays) are
+  :mod:`p2pfl.learning.own_rules`, which a site's binding check applies too.
 * The label space is the swarm's (``dataset.classes``): every node's labels are indices into
   it, ``num_classes`` is its length (required for files and functions; for image folders
   and built-ins, the dataset's own classes when it is not set). A node lacking some classes
@@ -29,7 +30,6 @@ Contract:
 
 from __future__ import annotations
 
-import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -40,79 +40,24 @@ import torch
 from p2pfl.config.schema import DatasetConfig
 from p2pfl.learning.arrays import (
     DatasetArrays,
-    DatasetError,
     NodeData,
     array_spec,
     label_hist,
 )
+from p2pfl.learning.own_rules import (
+    NPZ_KEYS,
+    DatasetError,
+    class_folders,
+    four_arrays,
+    load_npz,
+    map_labels,
+    own_files,
+    swarm_classes,
+)
 from p2pfl.learning.partition import stable_rng, subsample_like
 from p2pfl.learning.readers import load_imagefolder
-from p2pfl.learning.user_code import describe
 
-NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
-SHOWN = 5  # offending labels shown in an error
-
-
-# ----------------------------------------------------------------------------- labels
-
-
-def _classes_text(names: list[str], counted: bool) -> str:
-    if counted:
-        return f"labels 0..{len(names) - 1}"
-    shown = ", ".join(repr(n) for n in names[:10])
-    return f"classes [{shown}{', …' if len(names) > 10 else ''}] or their indices"
-
-
-def swarm_classes(cfg: DatasetConfig, where: str) -> list[str]:
-    """``dataset.classes`` as names, or a :class:`DatasetError` on ``dataset.classes`` (a
-    device's own files and functions need the swarm's label space)."""
-    names = cfg.class_names
-    if names is None:
-        raise DatasetError(
-            f"{where}: dataset {cfg.name!r} needs dataset.classes, the swarm's label space "
-            "(a count, or the class names), the same on every node",
-            field="dataset.classes",
-        )
-    return names
-
-
-def map_labels(values: Any, names: list[str], where: str, *, counted: bool = False) -> np.ndarray:
-    """``values`` as int64 indices into ``names``: ints (or integral floats, bools) in
-    ``[0, len(names))``, or strings that are a class name or such an index. Anything else
-    is a :class:`DatasetError` on ``dataset.classes`` naming ``where`` and up to
-    :data:`SHOWN` offending values. ``counted``: the classes were given as a count."""
-    v = np.asarray(values)
-    c = len(names)
-    if v.dtype.kind == "b":
-        v = v.astype(np.int64)
-    if v.dtype.kind in "iu":
-        out = v.astype(np.int64)
-        bad = np.unique(v[(out < 0) | (out >= c)])
-        bad_list = [int(b) for b in bad]
-    elif v.dtype.kind == "f":
-        ok = np.isfinite(v) & (v == np.round(v)) & (v >= 0) & (v < c)
-        out = np.where(ok, v, 0).astype(np.int64)
-        bad_list = [int(b) if float(b).is_integer() else float(b) for b in np.unique(v[~ok])]
-    else:
-        index = {n: i for i, n in enumerate(names)}
-        uniq, inverse = np.unique(v.astype(str), return_inverse=True)
-        lut = np.full(len(uniq), -1, dtype=np.int64)
-        for j, u in enumerate(uniq):
-            if u in index:
-                lut[j] = index[u]
-            elif u.strip().lstrip("-").isdigit() and 0 <= int(u) < c:
-                lut[j] = int(u)
-        bad_list = [str(u) for u in uniq[lut < 0]]
-        out = lut[inverse.reshape(-1)] if len(uniq) else np.zeros(0, np.int64)
-    if bad_list:
-        shown = ", ".join(repr(b) if isinstance(b, str) else str(b) for b in bad_list[:SHOWN])
-        more = f" and {len(bad_list) - SHOWN} more" if len(bad_list) > SHOWN else ""
-        raise DatasetError(
-            f"{where}: labels outside dataset.classes ({_classes_text(names, counted)}): "
-            f"{shown}{more}",
-            field="dataset.classes",
-        )
-    return out.reshape(-1)
+# ----------------------------------------------------------------------------- splits
 
 
 def split_fraction(
@@ -247,22 +192,9 @@ def read_imagefolder(
         )
     path = Path(root).expanduser()
     arrays = load_imagefolder(path, cache_dir, own=True)
-    names = cfg.class_names
-    if names is None:
-        names = list(arrays.classes)
-        lut = np.arange(len(names), dtype=np.int64)
-    else:
-        index = {n: i for i, n in enumerate(names)}
-        unknown = [c for c in arrays.classes if c not in index]
-        if unknown:
-            shown = ", ".join(repr(u) for u in unknown[:SHOWN])
-            counted = isinstance(cfg.classes, int)
-            raise DatasetError(
-                f"{path}: class folders not in dataset.classes "
-                f"({_classes_text(names, counted)}): {shown}",
-                field="dataset.classes",
-            )
-        lut = np.array([index[c] for c in arrays.classes], dtype=np.int64)
+    names = class_folders(path, arrays.classes, cfg)
+    index = {n: i for i, n in enumerate(names)}
+    lut = np.array([index[c] for c in arrays.classes], dtype=np.int64)
     all_y = lut[np.asarray(arrays.train_y, dtype=np.int64)]
     if len(arrays.test_y):
         every = np.arange(len(all_y), dtype=np.int64)
@@ -279,79 +211,16 @@ def read_imagefolder(
     )
 
 
-# ----------------------------------------------------------------------------- files
-
-
-def own_files(root: str | None, kind: str, ext: str) -> tuple[Path, Path | None]:
-    """``(train file, test file or None)`` at ``root``: the file itself, or a directory
-    holding ``train<ext>`` and ``test<ext>``, or ``train<ext>`` alone, or one ``*<ext>``."""
-    if not root:
-        raise DatasetError(
-            f"dataset {kind!r} needs dataset.root: the node's {ext} file, or a directory "
-            f"with train{ext} and test{ext} ('{{id}}' is replaced by the node id)",
-            field="dataset.root",
-        )
-    path = Path(root).expanduser()
-    if path.is_file():
-        return path, None
-    if not path.is_dir():
-        raise DatasetError(f"{path} does not exist", field="dataset.root")
-    train, test = path / f"train{ext}", path / f"test{ext}"
-    if train.is_file():
-        return train, (test if test.is_file() else None)
-    found = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() == ext)
-    if len(found) == 1:
-        return found[0], None
-    what = f"{len(found)} {ext} files" if found else f"no {ext} file"
-    raise DatasetError(
-        f"{path}: a directory with {what} and no train{ext}: give the file, or name them "
-        f"train{ext} (and test{ext})",
-        field="dataset.root",
-    )
-
-
 # ----------------------------------------------------------------------------- arrays
-
-
-def _float_inputs(x: Any, where: str, may_be_empty: bool = False) -> tuple[np.ndarray, bool]:
-    """``x`` as a float32 array (uint8 divided by 255: then ``True``), checked finite."""
-    if isinstance(x, torch.Tensor):
-        x = x.detach().cpu().numpy()
-    x = np.asarray(x)
-    if x.dtype.kind not in "biuf":
-        raise DatasetError(f"{where}: not numeric ({x.dtype})")
-    if x.ndim < 1 or (len(x) == 0 and not may_be_empty):
-        raise DatasetError(f"{where}: no samples (shape {list(x.shape)})")
-    scaled = x.dtype == np.uint8
-    out = x.astype(np.float32) / 255.0 if scaled else x.astype(np.float32, copy=False)
-    if not np.isfinite(out).all():
-        raise DatasetError(f"{where}: missing (NaN) or infinite values")
-    return out, scaled
 
 
 def from_four_arrays(
     parts: Sequence[Any], names: list[str], where: str, counted: bool, source: str
 ) -> NodeData:
-    """NodeData from ``(x_train, y_train, x_test, y_test)`` (numpy or torch)."""
-    x, scaled = _float_inputs(parts[0], f"{where}: x_train")
-    tx, _ = _float_inputs(parts[2], f"{where}: x_test", may_be_empty=True)
-    ys = []
-    for key, raw in (("y_train", parts[1]), ("y_test", parts[3])):
-        if isinstance(raw, torch.Tensor):
-            raw = raw.detach().cpu().numpy()
-        ys.append(
-            map_labels(np.asarray(raw).reshape(-1), names, f"{where}: {key}", counted=counted)
-        )
-    y, ty = ys
-    if len(tx) == 0:
-        tx = np.zeros((0, *x.shape[1:]), dtype=np.float32)
-    for key, xs, ls in (("train", x, y), ("test", tx, ty)):
-        if len(xs) != len(ls):
-            raise DatasetError(f"{where}: x_{key} has {len(xs)} rows but y_{key} {len(ls)}")
-    if tx.shape[1:] != x.shape[1:]:
-        raise DatasetError(
-            f"{where}: x_test's samples are {list(tx.shape[1:])}, x_train's {list(x.shape[1:])}"
-        )
+    """NodeData from ``(x_train, y_train, x_test, y_test)`` (numpy or torch), checked by
+    :func:`~p2pfl.learning.own_rules.four_arrays`."""
+    parts = [p.detach().cpu().numpy() if isinstance(p, torch.Tensor) else p for p in parts]
+    x, y, tx, ty, scaled = four_arrays(parts, names, where, counted)
     spec = array_spec(tuple(x.shape[1:]))
     if scaled:
         spec["scale"] = 255.0
@@ -372,21 +241,7 @@ def read_npz(cfg: DatasetConfig, node_id: str, seed: int, root: str | None) -> N
     as given (uint8 divided by 255), labels into ``dataset.classes``."""
     path, _ = own_files(root, "npz", ".npz")
     names = swarm_classes(cfg, str(path))
-    if not zipfile.is_zipfile(path):
-        raise DatasetError(f"{path}: not an .npz file (a zip of .npy arrays: numpy.savez)")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            missing = [k for k in NPZ_KEYS if k not in z.files]
-            if missing:
-                raise DatasetError(
-                    f"{path}: no {', '.join(repr(m) for m in missing)} array (an npz needs "
-                    f"{', '.join(NPZ_KEYS)}; it has {', '.join(z.files) or 'none'})"
-                )
-            parts = [z[k] for k in NPZ_KEYS]
-    except DatasetError:
-        raise
-    except Exception as exc:  # not a zip, a truncated one, object arrays (pickles)
-        raise DatasetError(f"{path}: not a readable .npz: {describe(exc)}") from None
+    parts = load_npz(path)
     counted = isinstance(cfg.classes, int)
     return from_four_arrays(parts, names, str(path), counted, str(path))
 

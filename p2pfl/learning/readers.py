@@ -22,7 +22,6 @@ import shutil
 import warnings
 import zipfile
 import zlib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,9 @@ from p2pfl.config.schema import DatasetConfig
 from p2pfl.files import write_atomic, write_bytes_atomic
 from p2pfl.learning.arrays import DatasetArrays, DatasetError, readonly
 from p2pfl.learning.cache import atomic_save_npy, default_cache_dir, file_lock
+from p2pfl.learning.image_layout import IMAGE_EXTENSIONS as IMAGE_EXTENSIONS
+from p2pfl.learning.image_layout import Layout as _Layout
+from p2pfl.learning.image_layout import image_layout as _imagefolder_layout
 from p2pfl.learning.partition import stable_rng
 
 # (mean, std) per channel for (x / 255 - mean) / std
@@ -43,18 +45,6 @@ NORMALIZATION: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
     "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
     "svhn": ((0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970)),
 }
-IMAGE_EXTENSIONS = (
-    ".jpg",
-    ".jpeg",
-    ".png",
-    ".bmp",
-    ".gif",
-    ".ppm",
-    ".pgm",
-    ".tif",
-    ".tiff",
-    ".webp",
-)
 SYNTHETIC_NOISE = 1.0  # std of the per-sample gaussian noise around a class prototype
 
 
@@ -255,112 +245,6 @@ def read_svhn(root: Path, download: bool) -> DatasetArrays:
 
 
 # ----------------------------------------------------------------------------- ImageFolder
-
-
-@dataclass
-class _Layout:
-    """Where ``train/<class>/*`` and ``test/<class>/*`` are, inside a zip or a directory
-    (``test`` empty: a device's own folder without a test split)."""
-
-    source: Path
-    is_zip: bool
-    files: dict[str, list[tuple[str, str]]]  # split -> [(class, member path)]
-
-
-def _is_image(name: str) -> bool:
-    base = name.rsplit("/", 1)[-1]
-    return not base.startswith(".") and base.lower().endswith(IMAGE_EXTENSIONS)
-
-
-def _split_members(names: list[str], prefix: str) -> dict[str, list[tuple[str, str]]]:
-    files: dict[str, list[tuple[str, str]]] = {"train": [], "test": []}
-    for nm in names:
-        if not nm.startswith(prefix) or not _is_image(nm):
-            continue
-        parts = nm[len(prefix) :].split("/")
-        if len(parts) == 3 and parts[0] in files and parts[1]:
-            files[parts[0]].append((parts[1], nm))
-    return files
-
-
-def _class_members(names: list[str], prefix: str) -> list[tuple[str, str]]:
-    """``<prefix><class>/<image>`` members as ``(class, member)``."""
-    found = []
-    for nm in names:
-        if not nm.startswith(prefix) or not _is_image(nm):
-            continue
-        parts = nm[len(prefix) :].split("/")
-        if len(parts) == 2 and parts[0]:
-            found.append((parts[0], nm))
-    return found
-
-
-def _layout_of_names(
-    source: Path, is_zip: bool, names: list[str], prefixes: list[str], own: bool
-) -> _Layout | None:
-    """The first layout the member ``names`` have under one of ``prefixes``: ``train/`` and
-    ``test/``; with ``own`` also ``train/`` alone, then ``<class>/`` folders (everything in
-    the ``train`` split, the ``test`` split empty)."""
-    for prefix in prefixes:
-        files = _split_members(names, prefix)
-        if files["train"] and files["test"]:
-            return _Layout(source, is_zip, files)
-    if not own:
-        return None
-    for prefix in prefixes:
-        files = _split_members(names, prefix)
-        if files["train"]:
-            return _Layout(source, is_zip, {"train": files["train"], "test": []})
-    for prefix in prefixes:
-        flat = _class_members(names, prefix)
-        if flat:
-            return _Layout(source, is_zip, {"train": flat, "test": []})
-    return None
-
-
-def _imagefolder_layout(source: Path, own: bool = False) -> _Layout | None:
-    """The layout of ``source`` (a ``.zip`` or a directory) if it has ``train/<class>/<img>``
-    and ``test/<class>/<img>``, at the top or under one top-level folder; with ``own`` (a
-    device's own folder) also ``train/<class>/<img>`` alone or ``<class>/<img>``, whose
-    images all land in the train split. Else ``None``."""
-    if source.is_file() and source.suffix.lower() == ".zip":
-        try:
-            with zipfile.ZipFile(source) as zf:
-                names = [n for n in zf.namelist() if not n.startswith("__MACOSX/")]
-        except (zipfile.BadZipFile, OSError, EOFError) as exc:
-            raise DatasetError(
-                f"{source}: not a readable zip (corrupt or truncated?): {exc}"
-            ) from None
-        tops = {n.split("/", 1)[0] for n in names if "/" in n}
-        return _layout_of_names(source, True, names, ["", *sorted(t + "/" for t in tops)], own)
-    if source.is_dir():
-        subdirs = [p for p in sorted(source.iterdir()) if p.is_dir() and not p.name.startswith(".")]
-        for base in [source, *subdirs]:
-            if (base / "train").is_dir() and (base / "test").is_dir():
-                names = [
-                    str(p.relative_to(source)).replace(os.sep, "/")
-                    for split in ("train", "test")
-                    for p in sorted((base / split).glob("*/*"))
-                    if p.is_file()
-                ]
-                rel = base.relative_to(source)
-                prefix = "" if str(rel) == "." else str(rel).replace(os.sep, "/") + "/"
-                files = _split_members(names, prefix)
-                if files["train"] and files["test"]:
-                    return _Layout(source, False, files)
-        if not own:
-            return None
-        names = [
-            str(p.relative_to(source)).replace(os.sep, "/")
-            for base in [source, *subdirs]
-            for pattern in ("train/*/*", "*/*")
-            for p in sorted(base.glob(pattern))
-            if p.is_file()
-        ]
-        names = list(dict.fromkeys(names))
-        prefixes = ["", *(p.name + "/" for p in subdirs)]
-        return _layout_of_names(source, False, names, prefixes, own)
-    return None
 
 
 def _zip_key(source: Path) -> str:

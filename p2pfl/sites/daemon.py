@@ -58,6 +58,7 @@ from p2pfl.check.load import ConfigError
 from p2pfl.sites import messages as M
 from p2pfl.sites.admin import AdminServer
 from p2pfl.sites.agreement import committers, grace_s, tally, winning_commit
+from p2pfl.sites.binding_check import BindingChecks
 from p2pfl.sites.json_log import run_context
 from p2pfl.sites.ledger import FINAL, NEXT, ConsentLedger, LedgerError
 from p2pfl.sites.observe import ObservabilityServer, SiteMetrics, parse_listen
@@ -85,7 +86,7 @@ EARLY_SLACK_S = 1.0  # a commit this much before the deadline (clock skew) is st
 MAX_EARLY = 10_000  # votes, commits and cancels kept for runs whose spec is not heard yet
 
 
-class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands):
+class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands, BindingChecks):
     """The daemon of ``site`` (a loaded site file). Run it with :meth:`run`: it returns 0
     once drained, and stops (its workers too) when cancelled."""
 
@@ -115,6 +116,7 @@ class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands):
         self.notifier = Notifier()
         self._init_series()
         self._init_trust()
+        self._init_bindings()  # each binding checked before the first vote
         self.serving: ServingProcess | None = None
         if site.serving.listen is not None:
             if site.source is None:
@@ -148,6 +150,7 @@ class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands):
             tasks += [
                 asyncio.create_task(self._series_ticks()),
                 asyncio.create_task(self._watch_data()),
+                asyncio.create_task(self._watch_bindings()),
             ]
             if self.serving is not None:
                 tasks.append(asyncio.create_task(self.serving.run()))
@@ -202,10 +205,7 @@ class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands):
             problem = self.identity.problem()
             if problem:
                 why.append(f"certificate: {problem}")
-        for name, binding in self.site.data.items():
-            if binding.root is not None and "{id}" not in binding.root:
-                if not Path(binding.root).exists():
-                    why.append(f"data binding {name}: {binding.root} does not exist")
+        why += self.binding_not_ready()  # a missing file, a label not in it, ...
         return why
 
     # ------------------------------------------------------------------ the broker
@@ -395,6 +395,8 @@ class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands):
             members=members,
             outside=st.outside,
             hours_trained=st.worker.hours() if st.worker else 0.0,
+            # a running worker holds its data already: its files are checked before it starts
+            binding_problems={} if stage == "round" else self.binding_problems(st.spec.data),
         )
 
     def _vote(self, st: RunState, operator: bool | None = None) -> None:

@@ -12,7 +12,8 @@ every round; :func:`decide` is the rule, applied to what the run says of itself
   outside code is checked in a short-lived child process (what it declares, or
   ``plugin_failed``), never in the daemon;
 - ``data``: which data bindings a run may name, each for which methods (absent: every
-  binding of the site, for any method);
+  binding of the site, for any method); a binding whose files cannot serve a run (its
+  problems found by the caller, :mod:`p2pfl.sites.binding_check`) refuses it;
 - ``share``: what may leave the site, of ``whole_weights``, ``shared_part`` and
   ``representations``; checked against what the method declares it sends
   (its card's ``shares``, :mod:`p2pfl.algorithms.cards`), never against its name. Whole
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -49,6 +51,7 @@ REASON_CODES = (
     "plugins_denied",
     "plugin_failed",
     "unknown_binding",
+    "binding_invalid",
     "data_not_allowed",
     "share_not_allowed",
     "secagg_required",
@@ -226,10 +229,14 @@ def decide(
     bindings: frozenset[str] | set[str],
     stage: Stage = "vote",
     hours_trained: float = 0.0,
+    binding_problems: Mapping[str, str] | None = None,
 ) -> Decision:
     """A site's decision on ``run`` under its ``policy`` at ``stage`` (``vote``, ``commit``,
     ``round``; ``hours_trained``: the hours its node has trained the run so far).
-    ``bindings``: the names of the site's data bindings. ``reject`` when any rule fails
+    ``bindings``: the names of the site's data bindings; ``binding_problems``: binding →
+    why it cannot serve a run (:mod:`p2pfl.sites.binding_check`, found by the caller), which
+    refuses a run on that binding at the vote and the commit (a running worker holds its
+    data already). ``reject`` when any rule fails
     (every failing rule is a reason); else ``pending`` under ``approve: manual`` at the vote;
     else ``accept``."""
     reasons: list[Reason] = []
@@ -257,6 +264,11 @@ def decide(
             refuse(
                 "data_not_allowed", f"data binding {run.data!r} is not offered to {run.method!r}"
             )
+    problems = binding_problems or {}
+    if stage != "round" and run.data in bindings and run.data in problems:
+        refuse(
+            "binding_invalid", f"data binding {run.data!r} cannot serve a run: {problems[run.data]}"
+        )
     allowed = set(policy.share)
     if "whole_weights" in allowed:
         allowed.add("shared_part")

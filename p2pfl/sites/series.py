@@ -36,6 +36,7 @@ from typing import Any
 
 from p2pfl.sites import messages as M
 from p2pfl.sites.agreement import grace_s
+from p2pfl.sites.binding_check import LogLimit
 from p2pfl.sites.data_version import DataVersion, DataVersionError, data_version
 from p2pfl.sites.models import ModelStore
 from p2pfl.sites.policy import Decision
@@ -62,6 +63,7 @@ class SeriesCycles:
         self._trained: dict[str, int] = {}  # series → the rows its last cycle here trained on
         self._due_since: dict[str, float] = {}  # series → when its data first made it due
         self._proposed: set[str] = set()  # cycle run ids this site published
+        self._watch_log = LogLimit()  # a watched binding's read errors, once a minute at most
 
     # ------------------------------------------------------------------ the cycles
     def _cycles(self) -> dict[str, dict[int, RunState]]:
@@ -201,11 +203,12 @@ class SeriesCycles:
 
     async def _watch_data(self) -> None:
         """Report every series this site trains on a watched binding whenever it changes."""
-        watched = {n: b.root for n, b in self.site.data.items() if b.watch and b.root is not None}
-        if not watched:
-            return
         seen: dict[str, tuple[int, ...]] = {}
         while True:
+            # read each time: the site file's bindings may change under the daemon
+            watched = {
+                n: b.root for n, b in self.site.data.items() if b.watch and b.root is not None
+            }
             for name, root in watched.items():
                 try:
                     await self._look_at(name, root, seen)
@@ -221,7 +224,11 @@ class SeriesCycles:
         try:
             version = await asyncio.to_thread(data_version, root)
         except DataVersionError as exc:
-            log.warning("%s: data binding %s: %s", self.name, name, exc)
+            # looked at again every WATCH_S, said once a minute at most; a missing file is
+            # the binding check's to say (/readyz, the vote)
+            exists = await asyncio.to_thread(Path(root).exists)
+            if exists and self._watch_log.allows(name, str(exc)):
+                log.warning("%s: data binding %s: %s", self.name, name, exc)
             return
         seen[name] = mark
         if version == self._versions.get(name):

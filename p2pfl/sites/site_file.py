@@ -23,7 +23,7 @@ from pydantic import (
 
 from p2pfl.check.load import load_yaml, validated
 from p2pfl.config.bounds import MAX_NODES
-from p2pfl.config.dataset_schema import DatasetConfig
+from p2pfl.config.dataset_schema import FILE_DATASETS, DatasetConfig, is_import_path
 from p2pfl.config.paths import PathBase, resolve_fields
 from p2pfl.config.schema import ID_PATTERN
 from p2pfl.config.strict import PathNotes, StrictModel
@@ -36,8 +36,16 @@ BINDING_PATHS = ("root", "stats")
 """The fields of a data binding that hold paths."""
 
 
+OWN_DATA = (*FILE_DATASETS, "imagefolder")
+"""The kinds of data a site's binding reads whole by default (``partition: none``), as a
+user function (``package.module:function``) does: the site's own files, never a shard."""
+
+
 class SiteBinding(DatasetConfig):
-    """A named data binding: the reader fields of a topology's ``dataset:``, and ``watch``."""
+    """A named data binding: the reader fields of a topology's ``dataset:``, and ``watch``.
+    A binding of the site's own files (:data:`OWN_DATA`) or of a user function reads them
+    whole unless it says otherwise: its ``partition`` defaults to ``none`` (a built-in
+    dataset's keeps the topology's default, a shard of it per committed member)."""
 
     watch: bool = Field(
         default=False,
@@ -45,6 +53,17 @@ class SiteBinding(DatasetConfig):
         "folder changes, for series that start a cycle on new data; its held-out rows are "
         "drawn by row hash, so they stay held out as it grows",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _own_data_reads_whole(cls, data: Any) -> Any:
+        # a site's own file is its data, not a swarm's to split: a CSV binding written
+        # without partition must not be cut into a Dirichlet shard by the worker
+        if isinstance(data, dict) and "partition" not in data:
+            name = data.get("name")
+            if isinstance(name, str) and (name in OWN_DATA or is_import_path(name)):
+                return {**data, "partition": "none"}
+        return data
 
 
 class Limits(StrictModel):

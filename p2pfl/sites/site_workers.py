@@ -54,7 +54,10 @@ class WorkerSlots:
     async def _run_worker(self, st: RunState) -> None:
         assert st.worker is not None and st.members is not None and st.decision is not None
         worker = st.worker
-        binding = self.site.data[st.spec.data]
+        binding = self.site.data.get(st.spec.data)
+        if binding is None:  # the site file changed under the daemon since the commit
+            self._end(st, "failed", f"data binding {st.spec.data!r} left the site file")
+            return
         init, cycle_facts = await self._cycle_inputs(st)
         topology = worker_topology(
             st.spec,

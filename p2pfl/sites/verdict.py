@@ -12,7 +12,7 @@ policy allows it (:func:`check_outside_code`), then the pure rule
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 from p2pfl.algorithms.cards.probe import OutsideCode, probe_outside_code
@@ -66,9 +66,18 @@ def judge(
     members: Collection[str] | None = None,
     outside: OutsideCode | None = None,
     hours_trained: float = 0.0,
+    binding_problems: Mapping[str, str] | None = None,
 ) -> Decision:
     """The site's decision on ``spec`` proposed by ``proposer`` under ``policy`` at
     ``stage``: ``bindings`` are the site's data bindings, ``members`` the committed sites
-    (None: the spec's), ``outside`` what :func:`check_outside_code` learned."""
+    (None: the spec's), ``outside`` what :func:`check_outside_code` learned,
+    ``binding_problems`` why a binding of the site cannot serve a run (binding → words)."""
     facts = run_facts(spec, proposer, list(members) if members is not None else None, outside)
-    return decide(facts, policy, bindings=set(bindings), stage=stage, hours_trained=hours_trained)
+    return decide(
+        facts,
+        policy,
+        bindings=set(bindings),
+        stage=stage,
+        hours_trained=hours_trained,
+        binding_problems=binding_problems,
+    )
