@@ -22,28 +22,23 @@ passes is one the worker reads:
   user code and imports no torch. It is reported as not checked, and the worker checks it.
 
 Contract: torch-free (pandas and pyarrow are imported only when a table is read). A problem
-names the binding's field (``data.<binding>.<field>``) and the file. :class:`BindingChecks`
-is the daemon's part (a mixin of :class:`~p2pfl.sites.daemon.SiteDaemon`): it keeps the
-latest check of each binding, checks again when a binding's files or the site file
-changed, gives the problems to the vote (:func:`~p2pfl.sites.policy.decide`'s
-``binding_problems``) and to ``/readyz``, and logs a problem once a minute at most.
+names the binding's field (``data.<binding>.<field>``) and the file. The daemon runs the
+check in a child process (:func:`check_in_child_main`, :mod:`p2pfl.sites.binding_watch`),
+so its own memory never holds pandas or a table.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
+import json
 import os
 import stat
-import time
-from collections.abc import Callable, Hashable
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from p2pfl.check.load import ConfigError
 from p2pfl.config.dataset_schema import FILE_DATASETS, DatasetConfig, is_import_path
 from p2pfl.learning.image_layout import image_layout
 from p2pfl.learning.own_rules import (
@@ -62,14 +57,6 @@ from p2pfl.learning.own_rules import (
     swarm_classes,
 )
 from p2pfl.learning.user_code import describe
-
-log = logging.getLogger("p2pfl.sites.daemon")
-
-WATCH_S = 2.0
-"""How often the daemon looks at its bindings' files and its site file (a stat each)."""
-
-LOG_EVERY_S = 60.0
-"""A binding's unchanged problem is logged again at most this often."""
 
 DOWNLOADABLE = ("fashionmnist", "mnist", "cifar10", "cifar100", "svhn")
 
@@ -309,166 +296,37 @@ def binding_mark(binding: DatasetConfig, site: str) -> tuple:
     return (binding.model_dump_json(), path_mark(binding.root_for(site)), path_mark(stats))
 
 
-class LogLimit:
-    """Each message is logged at most once every ``every_s`` under its key; a message that
-    differs from the key's last one is logged at once."""
+def check_in_child_main(argv: list[str]) -> int:
+    """``python -m p2pfl.sites.binding_check SITE BINDING_NAME BINDING_JSON``: one JSON line,
+    the check of the binding (the daemon's memory never holds pandas or a table)."""
+    from p2pfl.sites.site_file import SiteBinding
 
-    def __init__(self, every_s: float = LOG_EVERY_S, clock: Callable[[], float] = time.monotonic):
-        self.every_s = every_s
-        self.clock = clock
-        self._last: dict[Hashable, tuple[str, float]] = {}
-
-    def allows(self, key: Hashable, message: str) -> bool:
-        """Whether to log ``message`` under ``key`` now (then it counts as logged)."""
-        now = self.clock()
-        last = self._last.get(key)
-        if last is not None and last[0] == message and now - last[1] < self.every_s:
-            return False
-        self._last[key] = (message, now)
-        return True
-
-    def forget(self, key: Hashable) -> None:
-        self._last.pop(key, None)
+    site, name, raw = argv
+    check = check_binding(name, SiteBinding.model_validate_json(raw), site)
+    body = {
+        "problems": [[p.field, p.message] for p in check.problems],
+        "summary": check.summary,
+        "checked": check.checked,
+    }
+    print(json.dumps(body))
+    return 0
 
 
-# ----------------------------------------------------------------------------- the daemon
-
-
-class BindingChecks:
-    """The daemon's checks of its data bindings (a mixin of
-    :class:`~p2pfl.sites.daemon.SiteDaemon`, which holds ``site`` and ``name``)."""
-
-    def _init_bindings(self) -> None:
-        """Check every binding now (the daemon's start), logging each problem."""
-        self._checks: dict[str, tuple[tuple, BindingCheck]] = {}
-        self._binding_log = LogLimit()
-        self._site_mark = path_mark(self.site.source)
-        self._site_problem = ""  # the site file, changed since the start, does not load
-        for name in self.site.data:
-            self._fresh_check(name)
-
-    def binding_problems(self, *names: str) -> dict[str, str]:
-        """Binding → why it cannot serve a run (``data.<binding>.<field>: message``), for
-        ``names`` (none given: every binding); a binding whose files changed since its last
-        check is checked again now. Bindings that can serve a run are left out."""
-        out = {}
-        for name in names or tuple(self.site.data):
-            if name in self.site.data:
-                check = self._fresh_check(name)
-                if not check.ok:
-                    out[name] = check.text()
-        return out
-
-    def binding_not_ready(self) -> list[str]:
-        """The bindings' problems as of their latest check, and the site file's, for
-        ``/readyz`` (no file is read: :meth:`_watch_bindings` keeps them current)."""
-        why = [self._site_problem] if self._site_problem else []
-        for name in self.site.data:
-            held = self._checks.get(name)
-            if held is not None and not held[1].ok:
-                why.append(held[1].text())
-        return why
-
-    def _fresh_check(self, name: str) -> BindingCheck:
-        binding = self.site.data[name]
-        mark = binding_mark(binding, self.name)
-        held = self._checks.get(name)
-        if held is not None and held[0] == mark:
-            return held[1]
-        check = check_binding(name, binding, self.name)
-        self._took(name, mark, check)
-        return check
-
-    def _took(self, name: str, mark: tuple, check: BindingCheck) -> None:
-        before = self._checks.get(name)
-        self._checks[name] = (mark, check)
-        if not check.ok:
-            if self._binding_log.allows(name, check.text()):
-                log.warning(
-                    "%s: data binding %s cannot serve a run: %s", self.name, name, check.text()
-                )
-        elif before is not None and not before[1].ok:
-            self._binding_log.forget(name)
-            log.info("%s: data binding %s can serve runs again: %s", self.name, name, check.summary)
-
-    async def _watch_bindings(self) -> None:
-        """Check a binding again when its files change, and take the site file's bindings
-        when it changes (looked at every :data:`WATCH_S`)."""
-        while True:
-            await asyncio.sleep(WATCH_S)
-            try:
-                self._reload_site_file()
-                for name, binding in list(self.site.data.items()):
-                    mark = await asyncio.to_thread(binding_mark, binding, self.name)
-                    held = self._checks.get(name)
-                    if held is None or held[0] != mark:
-                        check = await asyncio.to_thread(check_binding, name, binding, self.name)
-                        if self.site.data.get(name) is binding:  # not replaced meanwhile
-                            self._took(name, mark, check)
-            except Exception:  # the watch goes on: the vote checks again by itself
-                log.exception("%s: data bindings: not looked at", self.name)
-
-    def _reload_site_file(self) -> None:
-        """When the site file changed: take its ``data:`` bindings (checked again by the
-        watch); a change elsewhere in it applies at the daemon's next start, which the log
-        says; a file that no longer loads keeps the bindings the daemon has, and says why
-        in ``/readyz``."""
-        source = self.site.source
-        if source is None:
-            return
-        mark = path_mark(source)
-        if mark == self._site_mark:
-            return
-        self._site_mark = mark
-        from p2pfl.sites.site_file import SiteFile, load_site
-
-        try:
-            new = load_site(source)
-        except (ConfigError, OSError) as exc:
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            self._site_problem = f"site file {source} changed and does not load: {first}"
-            log.warning(
-                "%s: %s (the daemon goes on with what it loaded)", self.name, self._site_problem
-            )
-            return
-        self._site_problem = ""
-        if new.data != self.site.data:
-            changed = sorted(
-                n
-                for n in set(new.data) | set(self.site.data)
-                if new.data.get(n) != self.site.data.get(n)
-            )
-            self.site.data = new.data
-            for name in changed:  # a changed binding's mark differs: the watch checks it
-                self._binding_log.forget(name)
-                if name not in new.data:
-                    self._checks.pop(name, None)
-            log.info(
-                "%s: site file %s: data bindings changed (%s): taken, checked again",
-                self.name,
-                source,
-                ", ".join(changed),
-            )
-        others = [
-            f
-            for f in SiteFile.model_fields
-            if f != "data" and getattr(new, f) != getattr(self.site, f)
-        ]
-        if others:
-            log.warning(
-                "%s: site file %s: changes to %s apply when the daemon starts again",
-                self.name,
-                source,
-                ", ".join(others),
-            )
+def check_from_answer(name: str, answer: dict[str, Any]) -> BindingCheck:
+    """A :class:`BindingCheck` from :func:`check_in_child_main`'s answer."""
+    problems = tuple(Problem(str(f), str(m)) for f, m in answer["problems"])
+    return BindingCheck(name, problems, str(answer["summary"]), bool(answer["checked"]))
 
 
 __all__ = [
     "BindingCheck",
-    "BindingChecks",
-    "LogLimit",
     "Problem",
     "binding_mark",
     "check_binding",
+    "check_from_answer",
     "path_mark",
 ]
+
+
+if __name__ == "__main__":
+    sys.exit(check_in_child_main(sys.argv[1:]))

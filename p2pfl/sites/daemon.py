@@ -58,7 +58,7 @@ from p2pfl.check.load import ConfigError
 from p2pfl.sites import messages as M
 from p2pfl.sites.admin import AdminServer
 from p2pfl.sites.agreement import committers, grace_s, tally, winning_commit
-from p2pfl.sites.binding_check import BindingChecks
+from p2pfl.sites.binding_watch import BindingWatch
 from p2pfl.sites.json_log import run_context
 from p2pfl.sites.ledger import FINAL, NEXT, ConsentLedger, LedgerError
 from p2pfl.sites.observe import ObservabilityServer, SiteMetrics, parse_listen
@@ -86,7 +86,7 @@ EARLY_SLACK_S = 1.0  # a commit this much before the deadline (clock skew) is st
 MAX_EARLY = 10_000  # votes, commits and cancels kept for runs whose spec is not heard yet
 
 
-class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands, BindingChecks):
+class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands):
     """The daemon of ``site`` (a loaded site file). Run it with :meth:`run`: it returns 0
     once drained, and stops (its workers too) when cancelled."""
 
@@ -116,7 +116,7 @@ class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands, Binding
         self.notifier = Notifier()
         self._init_series()
         self._init_trust()
-        self._init_bindings()  # each binding checked before the first vote
+        self.bindings = BindingWatch(site)  # each binding checked before the first vote
         self.serving: ServingProcess | None = None
         if site.serving.listen is not None:
             if site.source is None:
@@ -128,6 +128,7 @@ class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands, Binding
         """Serve until drained (0) or cancelled; workers still running are stopped."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.ledger = ConsentLedger(self.state_dir / "ledger.sqlite")
+        await self.bindings.start()
         self._recover()
         if self.identity is None:
             log.warning(
@@ -150,7 +151,7 @@ class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands, Binding
             tasks += [
                 asyncio.create_task(self._series_ticks()),
                 asyncio.create_task(self._watch_data()),
-                asyncio.create_task(self._watch_bindings()),
+                asyncio.create_task(self.bindings.watch()),
             ]
             if self.serving is not None:
                 tasks.append(asyncio.create_task(self.serving.run()))
@@ -205,7 +206,7 @@ class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands, Binding
             problem = self.identity.problem()
             if problem:
                 why.append(f"certificate: {problem}")
-        why += self.binding_not_ready()  # a missing file, a label not in it, ...
+        why += self.bindings.not_ready()  # a missing file, a label not in it, ...
         return why
 
     # ------------------------------------------------------------------ the broker
@@ -340,6 +341,8 @@ class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands, Binding
             spec = spec_from_dict(msg.body.get("spec"), f"spec of run {msg.run_id}")
             asked = spec.members == "any" or self.name in spec.members
             outside = await self.outside_checks.check(spec) if asked else None
+            if asked:  # its binding as it is now (checked again if its files changed)
+                await self.bindings.refresh(spec.data)
         except (ConfigError, ValueError, TypeError, AttributeError) as exc:  # not a spec
             self._drop(topic, "bad_spec", str(exc).splitlines()[0])
             return
@@ -396,7 +399,7 @@ class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands, Binding
             outside=st.outside,
             hours_trained=st.worker.hours() if st.worker else 0.0,
             # a running worker holds its data already: its files are checked before it starts
-            binding_problems={} if stage == "round" else self.binding_problems(st.spec.data),
+            binding_problems={} if stage == "round" else self.bindings.problems(st.spec.data),
         )
 
     def _vote(self, st: RunState, operator: bool | None = None) -> None:

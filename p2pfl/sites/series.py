@@ -36,7 +36,7 @@ from typing import Any
 
 from p2pfl.sites import messages as M
 from p2pfl.sites.agreement import grace_s
-from p2pfl.sites.binding_check import LogLimit
+from p2pfl.sites.binding_watch import LogLimit
 from p2pfl.sites.data_version import DataVersion, DataVersionError, data_version
 from p2pfl.sites.models import ModelStore
 from p2pfl.sites.policy import Decision

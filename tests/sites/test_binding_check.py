@@ -19,7 +19,8 @@ from daemon_helpers import FEATURES, csv_binding, p2pfl_cli, patients
 from p2pfl.config.schema import TopologyConfig
 from p2pfl.learning import own_rules
 from p2pfl.learning.own_rules import DatasetError, frame_xy, map_labels, read_frame
-from p2pfl.sites.binding_check import LogLimit, binding_mark, check_binding
+from p2pfl.sites.binding_check import binding_mark, check_binding
+from p2pfl.sites.binding_watch import LogLimit
 from p2pfl.sites.policy import REASON_CODES, Policy, RunFacts, decide
 from p2pfl.sites.run_spec import RunSpec
 from p2pfl.sites.site_file import SiteBinding, load_site

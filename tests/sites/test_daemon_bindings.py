@@ -90,5 +90,8 @@ def test_a_binding_that_cannot_serve_a_run_is_refused_at_the_vote_and_said_in_re
         fixed = site.ask("submit", spec=spec("fixed", data="ward"))["run_id"]
         assert _own_vote(site, fixed)["vote"] == "accept"
         assert "data bindings changed (ward): taken" in site.log()
+        # the tables were read by child processes: the daemon holds no pandas, nor its memory
+        assert "pandas" not in site.maps() and "pyarrow" not in site.maps()
+        assert site.rss_mib() < 100, site.rss_mib()
     finally:
         site.stop()
