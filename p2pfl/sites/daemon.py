@@ -32,7 +32,8 @@ first.
 
 A commit is taken from the proposer or from a site whose ``accept`` this daemon heard, and
 only once every member it names has been heard accepting; one published before the deadline
-(by the signer's clock) is refused. Every message that fails these checks, or
+(by the signer's clock) is refused, but for the proposer's ``aborted``: a proposer aborts its
+run at once when the votes rule its quorum out (a run that names its members). Every message that fails these checks, or
 :func:`~p2pfl.sites.messages.decode`, is dropped, logged and counted.
 
 The ledger (:class:`~p2pfl.sites.ledger.ConsentLedger`, ``state_dir/ledger.sqlite``) keeps
@@ -56,7 +57,7 @@ import aiomqtt
 from p2pfl.check.load import ConfigError
 from p2pfl.sites import messages as M
 from p2pfl.sites.admin import AdminServer
-from p2pfl.sites.agreement import committers, grace_s, tally, winning_commit
+from p2pfl.sites.agreement import committers, grace_s, out_of_reach, tally, winning_commit
 from p2pfl.sites.json_log import run_context
 from p2pfl.sites.ledger import FINAL, NEXT, ConsentLedger, LedgerError
 from p2pfl.sites.observe import ObservabilityServer, SiteMetrics, parse_listen
@@ -430,8 +431,10 @@ class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands):
     # ------------------------------------------------------------------ commits
     async def _commit_turns(self, st: RunState) -> None:
         """Commit ``st`` when it is this site's turn and no commit came: the proposer at the
-        deadline, the k-th ranked accepted site k grace periods later. A site that is not a
-        committer stops following once every committer's turn is long past."""
+        deadline, or at once with ``aborted`` when the votes rule the quorum out
+        (:func:`~p2pfl.sites.agreement.out_of_reach`), the k-th ranked accepted site k grace
+        periods after the deadline. A site that is not a committer stops following once
+        every committer's turn is long past."""
         grace = grace_s(st.spec.vote_deadline_s)
         while not st.commits and not self._final(st):
             accepted = st.accepted()
@@ -441,20 +444,32 @@ class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands):
             now = time.time()
             settled = time.monotonic() - st.heard_at >= SETTLE_S
             if self.name in order and settled:
-                if now >= st.deadline + order.index(self.name) * grace:
-                    await self._commit(st)
+                early = None
+                if self.name == st.proposer and now < st.deadline:
+                    early = out_of_reach(
+                        {s: v["vote"] for s, v in st.votes.items()},
+                        st.spec.quorum.min_accept,
+                        None if st.spec.members == "any" else st.spec.members,
+                    )
+                if early is not None or now >= st.deadline + order.index(self.name) * grace:
+                    await self._commit(st, early)
                     return
             elif now > st.deadline + (len(order) + 2) * grace:
                 return
             await asyncio.sleep(0.25)
 
-    async def _commit(self, st: RunState) -> None:
+    async def _commit(self, st: RunState, early: str | None = None) -> None:
+        """Publish this site's commit of ``st``: the tally of its votes; ``early``: why the
+        proposer aborts it before the deadline (the quorum is out of reach)."""
         counted = tally(
             {s: v["vote"] for s, v in st.votes.items()},
             st.spec.quorum.min_accept,
             None if st.spec.members == "any" else st.spec.members,
         )
-        body = {"members": list(counted.members), "aborted": counted.aborted}
+        aborted = counted.aborted
+        if early is not None and aborted is not None:
+            aborted = f"before the deadline, {early}"
+        body = {"members": list(counted.members), "aborted": aborted}
         log.info(
             "%s: commits run %s: %s",
             self.name,
@@ -483,7 +498,10 @@ class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands):
             raise ValueError("a commit's aborted is the reason or none")
         if aborted is None and len(members) < st.spec.quorum.min_accept:
             raise ValueError(f"{len(members)} members, fewer than quorum.min_accept")
-        if msg.ts < st.deadline - EARLY_SLACK_S:
+        # the proposer's abort may come early: it aborts only once the votes rule the quorum
+        # out, and a proposer may withdraw its run at any time anyway (cancel)
+        early_abort = aborted is not None and msg.site == st.proposer
+        if msg.ts < st.deadline - EARLY_SLACK_S and not early_abort:
             self._drop(f"commit of {st.run_id} by {msg.site}", "early_commit")
             return
         why = self._commit_ok(st, msg.site, body)
