@@ -155,7 +155,7 @@ class SeriesCycles:
         self._proposed.add(rid)
         self._due_since.pop(sid, None)
         if refused:
-            why += f" ({', '.join(sorted(refused))} refused as proposers: last in turn)"
+            why += f" ({', '.join(sorted(refused))}: refused as proposer, last in turn)"
         log.info("%s: series %s: proposes cycle %d (run %s): %s", self.name, sid, k + 1, rid, why)
         self._spawn(None, self._publish("spec", rid, {"spec": nxt.model_dump(mode="json")}))
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from daemon_helpers import Site, wait
 from daemon_helpers import spec as spec_body
 from PIL import Image
 
@@ -285,3 +286,53 @@ def test_a_site_refused_in_its_latest_proposal_only_is_refused():
     unasked = _refused_cycle(first, "b", "proposer_not_allowed", 100)
     unasked.spec = unasked.spec.model_copy(update={"members": ["c", "d"]})
     assert refused_proposers({1: first, 2: unasked}) == {}  # a and b were not asked
+
+
+@pytest.mark.one_broker  # the daemons' MQTT use is the nodes'; Mosquitto only
+def test_only_the_allowed_site_proposes_after_one_refusal(tmp_path, broker):
+    """Sites a and b; both policies let only b propose. b submits cycle 1; cycle 2 falls to
+    a in turn: b (and a itself) refuse it as proposer, a aborts it as soon as the quorum
+    is out of reach (long before its deadline) and b takes that abort; cycle 3 follows at
+    once, proposed by b, and trains; cycle 4, a's turn again, is b's too."""
+    policy = {"proposers": ["b"]}
+    sites = [Site(tmp_path, n, broker.address, policy) for n in ("a", "b")]
+    try:
+        a, b = (site.start() for site in sites)
+        body = spec_body(
+            "steady",
+            rounds=1,
+            members=["a", "b"],
+            vote_deadline_s=10,
+            series={"every_s": 10, "rounds": 1, "warm_start": "fresh"},
+        )
+        first = b.ask("submit", spec=body)["run_id"]
+        for site in sites:
+            site.wait_status(first, {"finished"}, 120)
+        second = _cycle_at(a, 2, 120)
+        assert second["proposer"] == "a"
+        for site in sites:
+            run = site.wait_status(second["run_id"], {"aborted"}, 30)
+            assert "before the deadline, 2 of the 2 sites asked rejected it" in run["why"], run
+            assert run["votes"]["b"]["reasons"][0]["code"] == "proposer_not_allowed"
+            assert "early_commit" not in site.ask("status")["dropped"]
+        third = _cycle_at(b, 3, 30)
+        assert third["proposer"] == "b"
+        for site in sites:
+            assert site.wait_status(third["run_id"], {"finished"}, 120)["members"] == ["a", "b"]
+        assert _cycle_at(b, 4, 60)["proposer"] == "b"  # a, first in turn, stepped aside
+        assert [run["proposer"] for run in b.runs().values()].count("a") == 1
+    finally:
+        for site in sites:
+            site.stop()
+
+
+def _cycle_at(site: Site, cycle: int, timeout: float) -> dict:
+    """The run of the series' ``cycle`` at ``site``, once it knows it."""
+
+    def find() -> dict | None:
+        return next((r for r in site.runs().values() if r["cycle"] == cycle), None)
+
+    wait(find, timeout, f"cycle {cycle} at {site.name}", lambda: site.log()[-3000:])
+    run = find()
+    assert run is not None
+    return run
