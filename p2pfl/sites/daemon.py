@@ -32,9 +32,9 @@ first.
 
 A commit is taken from the proposer or from a site whose ``accept`` this daemon heard, and
 only once every member it names has been heard accepting; one published before the deadline
-(by the signer's clock) is refused, but for the proposer's ``aborted``: a proposer aborts its
-run at once when the votes rule its quorum out (a run that names its members). Every message that fails these checks, or
-:func:`~p2pfl.sites.messages.decode`, is dropped, logged and counted.
+(by the signer's clock) is refused, but the proposer's ``aborted`` of a run out of reach.
+Every message that fails these checks, or :func:`~p2pfl.sites.messages.decode`, is dropped,
+logged and counted.
 
 The ledger (:class:`~p2pfl.sites.ledger.ConsentLedger`, ``state_dir/ledger.sqlite``) keeps
 every spec, vote and commit as its signed bytes, and the run's status at this site.
@@ -57,7 +57,7 @@ import aiomqtt
 from p2pfl.check.load import ConfigError
 from p2pfl.sites import messages as M
 from p2pfl.sites.admin import AdminServer
-from p2pfl.sites.agreement import committers, grace_s, out_of_reach, tally, winning_commit
+from p2pfl.sites.agreement import committers, grace_s, tally, winning_commit
 from p2pfl.sites.json_log import run_context
 from p2pfl.sites.ledger import FINAL, NEXT, ConsentLedger, LedgerError
 from p2pfl.sites.observe import ObservabilityServer, SiteMetrics, parse_listen
@@ -431,10 +431,8 @@ class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands):
     # ------------------------------------------------------------------ commits
     async def _commit_turns(self, st: RunState) -> None:
         """Commit ``st`` when it is this site's turn and no commit came: the proposer at the
-        deadline, or at once with ``aborted`` when the votes rule the quorum out
-        (:func:`~p2pfl.sites.agreement.out_of_reach`), the k-th ranked accepted site k grace
-        periods after the deadline. A site that is not a committer stops following once
-        every committer's turn is long past."""
+        deadline (at once when its quorum is out of reach), the k-th ranked accepted site k
+        grace periods later; a non-committer stops once every committer's turn is long past."""
         grace = grace_s(st.spec.vote_deadline_s)
         while not st.commits and not self._final(st):
             accepted = st.accepted()
@@ -444,32 +442,25 @@ class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands):
             now = time.time()
             settled = time.monotonic() - st.heard_at >= SETTLE_S
             if self.name in order and settled:
-                early = None
-                if self.name == st.proposer and now < st.deadline:
-                    early = out_of_reach(
-                        {s: v["vote"] for s, v in st.votes.items()},
-                        st.spec.quorum.min_accept,
-                        None if st.spec.members == "any" else st.spec.members,
-                    )
-                if early is not None or now >= st.deadline + order.index(self.name) * grace:
-                    await self._commit(st, early)
+                # the proposer aborts at once a run that can no longer commit
+                early = self.name == st.proposer and now < st.deadline and st.out_of_reach()
+                if early or now >= st.deadline + order.index(self.name) * grace:
+                    await self._commit(st)
                     return
             elif now > st.deadline + (len(order) + 2) * grace:
                 return
             await asyncio.sleep(0.25)
 
-    async def _commit(self, st: RunState, early: str | None = None) -> None:
-        """Publish this site's commit of ``st``: the tally of its votes; ``early``: why the
-        proposer aborts it before the deadline (the quorum is out of reach)."""
+    async def _commit(self, st: RunState) -> None:
         counted = tally(
             {s: v["vote"] for s, v in st.votes.items()},
             st.spec.quorum.min_accept,
             None if st.spec.members == "any" else st.spec.members,
         )
-        aborted = counted.aborted
-        if early is not None and aborted is not None:
-            aborted = f"before the deadline, {early}"
-        body = {"members": list(counted.members), "aborted": aborted}
+        body = {"members": list(counted.members), "aborted": counted.aborted}
+        early = st.out_of_reach() if time.time() < st.deadline else None
+        if early and counted.aborted:  # the proposer's, at once (_commit_turns)
+            body["aborted"] = f"before the deadline, {early}"
         log.info(
             "%s: commits run %s: %s",
             self.name,
@@ -498,10 +489,8 @@ class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands):
             raise ValueError("a commit's aborted is the reason or none")
         if aborted is None and len(members) < st.spec.quorum.min_accept:
             raise ValueError(f"{len(members)} members, fewer than quorum.min_accept")
-        # the proposer's abort may come early: it aborts only once the votes rule the quorum
-        # out, and a proposer may withdraw its run at any time anyway (cancel)
-        early_abort = aborted is not None and msg.site == st.proposer
-        if msg.ts < st.deadline - EARLY_SLACK_S and not early_abort:
+        # the proposer aborts early a run out of reach; it may withdraw it any time (cancel)
+        if msg.ts < st.deadline - EARLY_SLACK_S and not (aborted and msg.site == st.proposer):
             self._drop(f"commit of {st.run_id} by {msg.site}", "early_commit")
             return
         why = self._commit_ok(st, msg.site, body)
