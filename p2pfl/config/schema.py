@@ -17,9 +17,10 @@ re-exported, so the rest of p2pfl imports the whole schema from this one module.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
+    BeforeValidator,
     Field,
     ValidationInfo,
     field_validator,
@@ -200,10 +201,49 @@ class TrainingConfig(StrictModel):
 
 
 class GeneratedEdges(StrictModel):
+    """A graph generated over the nodes, whoever they are: what a topology's ``edges`` and a
+    run spec's (whose members are known only at the commit) share. Written as the kind's
+    name (``edges: full``, :func:`edges_by_name`) or a mapping with the kind's knobs;
+    checked by :meth:`check`."""
+
     kind: Literal["ring", "full", "star", "line", "random-k", "erdos"]
     k: int | None = Field(None, ge=1, le=B.MAX_NODES, description="random-k: neighbours per node")
     p: float | None = Field(None, gt=0, le=1, description="erdos: edge probability")
     center: str | None = Field(None, description="star: the hub node id (default: first)")
+
+    def check(self, ids: list[str] | None) -> None:
+        """Raise ``ValueError`` (``edges...: why``) when the kind lacks its knob (random-k:
+        ``k``, erdos: ``p``) or, over the node ids ``ids`` (None: not known yet), would
+        enumerate more edges than the bound or centres a star on no node."""
+        if self.kind == "random-k" and self.k is None:
+            raise ValueError("edges: random-k needs k")
+        if self.kind == "erdos" and self.p is None:
+            raise ValueError("edges: erdos needs p")
+        if ids is None:
+            return
+        B.check_edges(self.kind, len(ids), self.k)
+        if self.center is not None and self.center not in ids:
+            raise ValueError(f"edges.center: unknown node id {self.center!r}")
+
+
+def edges_by_name(v: Any) -> Any:
+    """``edges:`` as written, before it is validated: a generated kind's name (``full``)
+    is the mapping ``{kind: full}``; anything else as it is."""
+    return {"kind": v} if isinstance(v, str) else v
+
+
+def _generated_only(v: Any) -> Any:
+    if isinstance(v, list):
+        raise ValueError(
+            "a run spec's edges are generated (ring, full, star, line, random-k, erdos): "
+            "its members are known only at the commit, so it cannot list edges between them"
+        )
+    return edges_by_name(v)
+
+
+GeneratedEdgesField = Annotated[GeneratedEdges, BeforeValidator(_generated_only)]
+"""``edges:`` where only a generated graph fits (a run spec's): a kind's name or a mapping,
+as a topology takes it; a list of edges is refused with the reason."""
 
 
 class NodeSpec(StrictModel):
@@ -412,7 +452,7 @@ class TopologyConfig(PathNotes):
     def _edges_from_string(cls, v: Any) -> Any:
         if isinstance(v, list) and len(v) > B.MAX_EDGES:  # before each is validated
             raise ValueError(f"{len(v):,} edges listed, above the bound of {B.MAX_EDGES:,}")
-        return {"kind": v} if isinstance(v, str) else v
+        return edges_by_name(v)
 
     @model_validator(mode="after")
     def _check_graph(self) -> TopologyConfig:
@@ -429,13 +469,7 @@ class TopologyConfig(PathNotes):
                 if a == b:
                     raise ValueError(f"edges: self-loop on {a!r}")
         else:
-            if self.edges.kind == "random-k" and self.edges.k is None:
-                raise ValueError("edges: random-k needs k")
-            B.check_edges(self.edges.kind, len(ids), self.edges.k)
-            if self.edges.kind == "erdos" and self.edges.p is None:
-                raise ValueError("edges: erdos needs p")
-            if self.edges.center is not None and self.edges.center not in ids:
-                raise ValueError(f"edges.center: unknown node id {self.edges.center!r}")
+            self.edges.check(ids)
         for i, attack in enumerate(self.attacks):
             unknown = sorted(set(attack.nodes or ()) - set(ids))
             if unknown:

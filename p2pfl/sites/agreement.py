@@ -3,6 +3,8 @@ rules of propose, vote, commit.
 
 - :func:`tally`: the members a run commits with (every site that voted ``accept``, in
   the spec's ``members`` when it names them), or why it aborts (fewer than ``min_accept``);
+- :func:`out_of_reach`: why a run that names its members can no longer commit, whatever
+  the votes still to come: its proposer aborts it then, before the deadline;
 - :func:`committers`: who commits, in order: the proposer first, then the accepting sites
   ranked by a pure function of ``(run_id, site)``, so every site names the same fallback
   committer without a vote on it (the rotating aggregator's handover, applied to commits);
@@ -52,6 +54,26 @@ def tally(
     if silent:
         why += f"; no vote in time from {', '.join(silent)}"
     return Tally((), why)
+
+
+def out_of_reach(
+    votes: Mapping[str, VoteValue], min_accept: int, members: Iterable[str] | None
+) -> str | None:
+    """Why the run can no longer commit, whatever the votes still to come: fewer than
+    ``min_accept`` of the sites it names (``members``) have not rejected it (a pending vote,
+    or none yet, may still accept). None while they might reach it, and always for a run
+    open to any site (``members`` None: a site not heard yet may still accept)."""
+    if members is None:
+        return None
+    named = set(members)
+    rejected = sorted(s for s, v in votes.items() if v == "reject" and s in named)
+    left = len(named) - len(rejected)
+    if left >= min_accept:
+        return None
+    return (
+        f"{len(rejected)} of the {len(named)} sites asked rejected it ({', '.join(rejected)}): "
+        f"at most {left} may accept, {min_accept} needed"
+    )
 
 
 def rank(run_id: str, site: str) -> str:

@@ -32,8 +32,9 @@ first.
 
 A commit is taken from the proposer or from a site whose ``accept`` this daemon heard, and
 only once every member it names has been heard accepting; one published before the deadline
-(by the signer's clock) is refused. Every message that fails these checks, or
-:func:`~p2pfl.sites.messages.decode`, is dropped, logged and counted.
+(by the signer's clock) is refused, but the proposer's ``aborted`` of a run out of reach.
+Every message that fails these checks, or :func:`~p2pfl.sites.messages.decode`, is dropped,
+logged and counted.
 
 The ledger (:class:`~p2pfl.sites.ledger.ConsentLedger`, ``state_dir/ledger.sqlite``) keeps
 every spec, vote and commit as its signed bytes, and the run's status at this site.
@@ -448,8 +449,8 @@ class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands):
     # ------------------------------------------------------------------ commits
     async def _commit_turns(self, st: RunState) -> None:
         """Commit ``st`` when it is this site's turn and no commit came: the proposer at the
-        deadline, the k-th ranked accepted site k grace periods later. A site that is not a
-        committer stops following once every committer's turn is long past."""
+        deadline (at once when its quorum is out of reach), the k-th ranked accepted site k
+        grace periods later; a non-committer stops once every committer's turn is long past."""
         grace = grace_s(st.spec.vote_deadline_s)
         while not st.commits and not self._final(st):
             accepted = st.accepted()
@@ -459,7 +460,9 @@ class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands):
             now = time.time()
             settled = time.monotonic() - st.heard_at >= SETTLE_S
             if self.name in order and settled:
-                if now >= st.deadline + order.index(self.name) * grace:
+                # the proposer aborts at once a run that can no longer commit
+                early = self.name == st.proposer and now < st.deadline and st.out_of_reach()
+                if early or now >= st.deadline + order.index(self.name) * grace:
                     await self._commit(st)
                     return
             elif now > st.deadline + (len(order) + 2) * grace:
@@ -474,6 +477,9 @@ class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands):
             expected=self.sites_heard,
         )
         body = {"members": list(counted.members), "aborted": counted.aborted}
+        early = st.out_of_reach() if time.time() < st.deadline else None
+        if early and counted.aborted:  # the proposer's, at once (_commit_turns)
+            body["aborted"] = f"before the deadline, {early}"
         log.info(
             "%s: commits run %s: %s",
             self.name,
@@ -502,7 +508,8 @@ class SiteDaemon(WorkerSlots, SeriesCycles, TrustUpdates, AdminCommands):
             raise ValueError("a commit's aborted is the reason or none")
         if aborted is None and len(members) < st.spec.quorum.min_accept:
             raise ValueError(f"{len(members)} members, fewer than quorum.min_accept")
-        if msg.ts < st.deadline - EARLY_SLACK_S:
+        # the proposer aborts early a run out of reach; it may withdraw it any time (cancel)
+        if msg.ts < st.deadline - EARLY_SLACK_S and not (aborted and msg.site == st.proposer):
             self._drop(f"commit of {st.run_id} by {msg.site}", "early_commit")
             return
         why = self._commit_ok(st, msg.site, body)

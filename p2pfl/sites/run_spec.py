@@ -32,6 +32,7 @@ from p2pfl.config.schema import (
     AlgorithmConfig,
     DefenceConfig,
     GeneratedEdges,
+    GeneratedEdgesField,
     ModelConfig,
     TrainingConfig,
 )
@@ -98,10 +99,11 @@ class RunSpec(StrictModel):
     transfer: TransferConfig = Field(default_factory=TransferConfig)
     defence: DefenceConfig = Field(default_factory=DefenceConfig)
     privacy: PrivacyConfig | None = None
-    edges: GeneratedEdges = Field(
+    edges: GeneratedEdgesField = Field(
         default_factory=lambda: GeneratedEdges(kind="full"),
-        description="the neighbours among the committed sites (a generated kind: the "
-        "members are known only at the commit)",
+        description="the neighbours among the committed sites, as a topology's generated "
+        "edges (full, ring, {kind: random-k, k: 3}, ...): the members are known only at the "
+        "commit, so no list of edges",
     )
     data: str = Field(pattern=ID_PATTERN, description="the data binding each site trains on")
     members: Literal["any"] | list[str] = Field(
@@ -131,6 +133,12 @@ class RunSpec(StrictModel):
                 raise ValueError(
                     f"quorum.min_accept: {self.quorum.min_accept} of {len(self.members)} members"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _edges(self) -> RunSpec:
+        # as a topology checks them, over the members when the spec names them
+        self.edges.check(None if self.members == "any" else self.members)
         return self
 
 

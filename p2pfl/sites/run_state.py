@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from p2pfl.algorithms.cards.probe import OutsideCode
+from p2pfl.sites.agreement import out_of_reach
 from p2pfl.sites.policy import Decision
 from p2pfl.sites.run_spec import RunSpec
 from p2pfl.sites.worker import RunWorker
@@ -42,3 +43,10 @@ class RunState:
 
     def accepted(self) -> set[str]:
         return {s for s, v in self.votes.items() if v.get("vote") == "accept"}
+
+    def out_of_reach(self) -> str | None:
+        """Why the run can no longer commit, whatever votes are still to come, by the votes
+        heard (:func:`~p2pfl.sites.agreement.out_of_reach`); None while it may."""
+        named = None if self.spec.members == "any" else self.spec.members
+        votes = {s: v["vote"] for s, v in self.votes.items()}
+        return out_of_reach(votes, self.spec.quorum.min_accept, named)

@@ -12,7 +12,11 @@ again when the sites' data grows, or on a schedule, and each cycle is a run of i
   this site and either ``every_s`` has passed since cycle k's vote deadline, or at least
   ``quorum.min_accept`` of the series' members report ``on_new_data.min_new`` new rows.
   The last committed cycle's members propose it in an order rotated by the cycle, one
-  commit grace period apart, each only while no spec of it has been heard.
+  commit grace period apart, each only while no spec of it has been heard; a site whose
+  latest proposal an asked site refused as ``proposer_not_allowed`` steps to the back of
+  the order (:func:`refused_proposers`). A cycle that did not commit is proposed again no
+  sooner than its vote deadline, but at once when its proposer was refused in it for the
+  first time and another member may propose.
 - **Standing acceptance.** A site that accepted an earlier cycle under the policy digest it
   holds now accepts the next without asking its operator again (a ``pending`` vote, as
   ``approve: manual`` gives, becomes ``accept``); a changed policy votes again.
@@ -53,6 +57,9 @@ TICK_S = 1.0
 
 _VERSION = re.compile(r"[0-9a-f]{16}")
 
+PROPOSER_REFUSED = "proposer_not_allowed"
+"""The reason code of a vote that refuses the run's proposer (:mod:`p2pfl.sites.policy`)."""
+
 
 class SeriesCycles:
     """The daemon's series (a mixin of :class:`~p2pfl.sites.daemon.SiteDaemon`)."""
@@ -62,6 +69,7 @@ class SeriesCycles:
         self._versions: dict[str, DataVersion] = {}  # watched binding → its latest version
         self._trained: dict[str, int] = {}  # series → the rows its last cycle here trained on
         self._due_since: dict[str, float] = {}  # series → when its data first made it due
+        self._retry_since: dict[str, float] = {}  # a cycle's run id → when it was to be retried
         self._proposed: set[str] = set()  # cycle run ids this site published
         self._watch_log = LogLimit()  # a watched binding's read errors, once a minute at most
 
@@ -113,25 +121,33 @@ class SeriesCycles:
             return
         series = last.spec.series
         assert series is not None
+        members = sorted(committed[0].members or ())
+        refused = refused_proposers(cycles)
         now = time.time()
         due: float | None = None
         why = "the schedule"
-        if series.every_s is not None:
-            due = last.deadline + series.every_s
-        if series.on_new_data is not None:
-            members = committed[0].members or ()
-            grown = [m for m in members if self._new_rows(sid, m) >= series.on_new_data.min_new]
-            if len(grown) >= last.spec.quorum.min_accept:
-                since = self._due_since.setdefault(sid, now)
-                if due is None or since < due:
-                    due, why = since, f"new rows at {', '.join(grown)}"
-            else:
-                self._due_since.pop(sid, None)
+        if _retry(cycles, k, members, refused):
+            # the cycle was due and nothing trained: proposed again at once, by another site
+            due = self._retry_since.setdefault(last.run_id, now)
+            why = f"cycle {k}'s proposer {last.proposer} was refused"
+        else:
+            if series.every_s is not None:
+                due = last.deadline + series.every_s
+            if series.on_new_data is not None:
+                grown = [m for m in members if self._new_rows(sid, m) >= series.on_new_data.min_new]
+                if len(grown) >= last.spec.quorum.min_accept:
+                    since = self._due_since.setdefault(sid, now)
+                    if due is None or since < due:
+                        due, why = since, f"new rows at {', '.join(grown)}"
+                else:
+                    self._due_since.pop(sid, None)
+            if due is not None and last.members is None:
+                # a cycle that did not commit (it may abort before its deadline) is proposed
+                # again no sooner than its deadline: a refusal does not loop faster
+                due = max(due, last.deadline)
         if due is None or now < due:
             return
-        members = sorted(committed[0].members or ())
-        turn = (k + 1) % len(members)
-        order = members[turn:] + members[:turn]
+        order = proposer_order(members, k + 1, refused)
         if now < due + order.index(self.name) * grace_s(last.spec.vote_deadline_s):
             return
         nxt = cycle_spec(last.spec, k + 1)
@@ -140,6 +156,8 @@ class SeriesCycles:
             return
         self._proposed.add(rid)
         self._due_since.pop(sid, None)
+        if refused:
+            why += f" ({', '.join(sorted(refused))}: refused as proposer, last in turn)"
         log.info("%s: series %s: proposes cycle %d (run %s): %s", self.name, sid, k + 1, rid, why)
         self._spawn(None, self._publish("spec", rid, {"spec": nxt.model_dump(mode="json")}))
 
@@ -246,6 +264,52 @@ class SeriesCycles:
                 st.spec.data == name and self.name in (st.members or ()) for st in cycles.values()
             ):
                 self._report(sid, name)
+
+
+def refuses_proposer(st: RunState, site: str) -> bool:
+    """Whether ``site``, asked by ``st``'s spec, voted on ``st`` refusing its proposer."""
+    if st.spec.members != "any" and site not in st.spec.members:
+        return False  # a vote nobody asked for moves no one
+    reasons = (st.votes.get(site) or {}).get("reasons") or []
+    return any(isinstance(r, dict) and r.get("code") == PROPOSER_REFUSED for r in reasons)
+
+
+def _refused(st: RunState) -> bool:
+    return any(refuses_proposer(st, site) for site in st.votes)
+
+
+def refused_proposers(cycles: dict[int, RunState]) -> dict[str, int]:
+    """The sites refused as proposers of a series (``cycles``: cycle → run), each with the
+    cycle of its latest proposal: one that a site the spec asks voted on as
+    ``proposer_not_allowed``. A site whose latest proposal no one refused is not among
+    them: a policy may have changed since."""
+    latest = {cycles[k].proposer: k for k in sorted(cycles)}
+    return {site: k for site, k in latest.items() if _refused(cycles[k])}
+
+
+def proposer_order(members: list[str], cycle: int, refused: dict[str, int]) -> list[str]:
+    """Who proposes ``cycle``, in turn: the sorted ``members`` rotated by the cycle, those
+    ``refused`` as proposers moved to the back (they still propose when the others are
+    down). Every member computes the same order from the same retained votes."""
+    turn = cycle % len(members)
+    order = members[turn:] + members[:turn]
+    return [m for m in order if m not in refused] + [m for m in order if m in refused]
+
+
+def _retry(
+    cycles: dict[int, RunState], k: int, members: list[str], refused: dict[str, int]
+) -> bool:
+    """Whether cycle ``k`` (the last), which did not commit, is proposed again at once: its
+    proposer was refused as proposer in it for the first time (its proposal before, if any,
+    was not refused), and one of ``members`` (who propose) is not refused. A retry needs a
+    proposer newly refused: where every member is refused, cycles wait for the deadlines."""
+    last = cycles[k]
+    if last.members is not None or refused.get(last.proposer) != k:
+        return False
+    before = [j for j in cycles if j < k and cycles[j].proposer == last.proposer]
+    if before and _refused(cycles[max(before)]):
+        return False
+    return any(m not in refused for m in members)
 
 
 def _stat_mark(root: Path) -> tuple[int, ...]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from p2pfl.sites.agreement import committers, rank, tally, winning_commit
+from p2pfl.sites.agreement import committers, out_of_reach, rank, tally, winning_commit
 
 
 def test_a_run_commits_with_every_accepting_site():
@@ -42,3 +42,15 @@ def test_an_abort_names_the_sites_that_did_not_vote_in_time():
     heard = tally({"a": "accept", "b": "reject"}, 2, expected={"a", "b", "z"})
     assert heard.aborted is not None and heard.aborted.endswith("no vote in time from z")
     assert tally({"a": "accept", "b": "accept"}, 2, expected={"z"}).aborted is None
+
+
+def test_a_run_out_of_reach_is_known_before_its_deadline():
+    named = ["a", "b", "c"]
+    assert out_of_reach({"a": "accept", "b": "reject"}, 2, named) is None  # c may accept
+    assert out_of_reach({"b": "reject", "c": "pending"}, 2, named) is None  # c may still
+    why = out_of_reach({"a": "accept", "b": "reject", "c": "reject"}, 2, named)
+    assert why == "2 of the 3 sites asked rejected it (b, c): at most 1 may accept, 2 needed"
+    assert out_of_reach({"b": "reject", "z": "reject"}, 3, named) is not None  # z not asked
+    assert out_of_reach({"b": "reject", "z": "reject"}, 2, named) is None
+    # open to any site: one not heard yet may accept, however many rejected
+    assert out_of_reach({"a": "reject", "b": "reject", "c": "reject"}, 2, None) is None

@@ -117,6 +117,21 @@ def test_a_run_aborted_for_too_few_votes_names_who_did_not_vote(sites):
     assert run["why"].endswith("no vote in time from ghost"), run
 
 
+def test_a_run_whose_quorum_is_out_of_reach_aborts_before_its_deadline(sites):
+    """s2 refuses the method of a run that names s1 and s2 and needs both: s1, its proposer,
+    aborts it as soon as it hears s2's reject, not at the 120 s deadline, and s2 takes that
+    abort (a commit before the deadline is otherwise dropped)."""
+    s1 = sites("s1")
+    s2 = sites("s2", {"methods": {"allow": ["fedavg"]}})
+    body = spec(members=["s1", "s2"], quorum={"min_accept": 2}, vote_deadline_s=120)
+    rid = s1.ask("submit", spec=body)["run_id"]
+    for site in (s1, s2):
+        run = site.wait_status(rid, {"aborted"}, 60)
+        assert "before the deadline, 1 of the 2 sites asked rejected it (s2)" in run["why"], run
+        assert "early_commit" not in site.ask("status")["dropped"]
+        assert not (site.state_dir / "runs" / rid).exists()
+
+
 def test_the_proposer_dies_another_site_commits_and_a_late_site_votes(sites):
     """s1 proposes a run for s2 and s3 and is killed; s3's daemon starts only after the
     proposal (a site restarted during the vote) and votes on the retained spec; with no

@@ -7,9 +7,11 @@ import json
 
 import pytest
 
-from p2pfl.check.load import ConfigError
+from p2pfl.check.load import ConfigError, topology_from_dict
 from p2pfl.cli import main
-from p2pfl.sites.run_spec import load_run_spec, run_facts, run_id, spec_from_dict
+from p2pfl.config.dataset_schema import DatasetConfig
+from p2pfl.sites.run_spec import canonical, load_run_spec, run_facts, run_id, spec_from_dict
+from p2pfl.sites.worker_topology import worker_topology
 
 SPEC = {"name": "ward-fedavg", "rounds": 3, "algorithm": {"name": "fedavg"}, "data": "ward"}
 
@@ -39,6 +41,36 @@ def test_what_a_policy_reads_of_a_spec():
 
 
 @pytest.mark.parametrize(
+    "edges", ["ring", "full", {"kind": "random-k", "k": 2}, {"kind": "star", "center": "b"}]
+)
+def test_a_spec_takes_generated_edges_as_a_topology_does(edges):
+    spec = spec_from_dict({**SPEC, "edges": edges})
+    topology = topology_from_dict({"name": "t", "nodes": ["a", "b", "c"], "edges": edges})
+    assert spec.edges == topology.edges
+    body = worker_topology(
+        spec,
+        run_id=run_id(spec),
+        site="a",
+        members=["a", "b", "c"],
+        binding=DatasetConfig(name="synthetic", num_classes=3),
+        broker="127.0.0.1:1883",
+        certs=None,
+        epsilon=None,
+    )
+    assert topology_from_dict(body).edges == spec.edges  # what the worker trains over
+
+
+def test_edges_full_keeps_the_run_id_of_a_spec_without_edges():
+    """``edges: full`` is the default, written as a topology writes it: a spec that leaves
+    edges out, one that writes ``{kind: full}`` and one that writes ``full`` have one
+    canonical JSON (so one run_id), its edges as specs were first hashed."""
+    texts = {canonical(spec_from_dict({**SPEC, **e})) for e in ({}, {"edges": "full"})}
+    texts.add(canonical(spec_from_dict({**SPEC, "edges": {"kind": "full"}})))
+    [text] = texts
+    assert '"edges":{"center":null,"k":null,"kind":"full","p":null}' in text
+
+
+@pytest.mark.parametrize(
     "change, words",
     [
         ({"dataset": {"name": "csv"}}, "dataset: unknown field"),
@@ -47,7 +79,10 @@ def test_what_a_policy_reads_of_a_spec():
         ({"members": ["a", "a"]}, "named twice"),
         ({"members": ["a"], "quorum": {"min_accept": 2}}, "2 of 1 members"),
         ({"algorithm": {"name": "fedavg", "params": {"fractoin": 0.1}}}, "fraction"),
-        ({"edges": [["a", "b"]]}, "edges"),
+        ({"edges": [["a", "b"]]}, "edges: a run spec's edges are generated"),
+        ({"edges": "fulll"}, "did you mean 'full'"),
+        ({"edges": {"kind": "random-k"}}, "edges: random-k needs k"),
+        ({"members": ["a", "b"], "edges": {"kind": "star", "center": "c"}}, "edges.center"),
     ],
 )
 def test_a_spec_has_no_device_fields_and_checks_its_knobs(change, words):

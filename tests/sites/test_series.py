@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from daemon_helpers import Site, wait
 from daemon_helpers import spec as spec_body
 from PIL import Image
 
@@ -27,7 +28,7 @@ from p2pfl.sites.run_spec import (
     spec_from_dict,
 )
 from p2pfl.sites.run_state import RunState
-from p2pfl.sites.series import SeriesCycles
+from p2pfl.sites.series import SeriesCycles, proposer_order, refused_proposers
 
 SERIES = {"on_new_data": {"min_new": 20}, "rounds": 1}
 
@@ -223,3 +224,115 @@ def test_the_next_cycle_is_due_when_enough_members_report_new_rows():
     assert [spec_from_dict(b["spec"]).series.cycle for _, _, b in member.published] == [2]
     member._next_cycle(sid, cycles)
     assert len(member.published) == 1  # proposed once
+
+
+def _refused_cycle(first: RunState, proposer: str, code: str, ago_s: float) -> RunState:
+    """Cycle 2 of ``first``'s series proposed by ``proposer``, aborted (no commit) ``ago_s``
+    after it was proposed: a's and b's votes reject it with ``code``."""
+    import time
+
+    spec = cycle_spec(first.spec, 2)
+    st = RunState(run_id(spec), spec, proposer, time.time() - ago_s)
+    for site in ("a", "b"):
+        st.votes[site] = {"vote": "reject", "reasons": [{"code": code, "detail": "..."}]}
+    return st
+
+
+def test_a_proposer_refused_steps_aside_and_the_cycle_is_proposed_again_at_once():
+    """Members a, b, c; c proposed cycle 2 and a and b refused it as proposer: cycle 3 is
+    proposed at once (not one deadline or period later) by a, the first in turn once c is
+    moved to the back; c proposes only after the others' turns."""
+    series = {"every_s": 3600}
+    first = _ended_cycle(series, 61)
+    first.members = ("a", "b", "c")
+    second = _refused_cycle(first, "c", "proposer_not_allowed", 3)  # deadline 3 s away
+    assert refused_proposers({1: first, 2: second}) == {"c": 2}
+    assert proposer_order(["a", "b", "c"], 3, {"c": 2}) == ["a", "b", "c"]
+    assert proposer_order(["a", "b", "c"], 2, {"c": 2}) == ["a", "b", "c"]  # c was first
+    assert proposer_order(["a", "b", "c"], 4, {"c": 2}) == ["b", "a", "c"]
+    sites = {n: _Proposer(n, [first, second]) for n in ("a", "b", "c")}
+    for site in sites.values():
+        site._next_cycle(*next(iter(site._cycles().items())))
+    [(kind, rid, body)] = sites["a"].published
+    assert spec_from_dict(body["spec"]).series.cycle == 3 and rid == run_id(
+        cycle_spec(first.spec, 3)
+    )
+    assert sites["b"].published == sites["c"].published == []  # their turns come later
+
+
+def test_a_cycle_refused_for_another_reason_is_not_proposed_again_before_its_deadline():
+    series = {"on_new_data": {"min_new": 30}}
+    first = _ended_cycle(series, 61)
+    second = _refused_cycle(first, "a", "too_many_rounds", 3)  # aborted before its deadline
+    member = _Proposer("b", [first, second])  # the first in turn for cycle 3
+    sid, cycles = next(iter(member._cycles().items()))
+    for site in ("a", "b"):
+        member.data_reports[(sid, site)] = {"rows": 200, "trained": 160}  # still new
+    member._next_cycle(sid, cycles)
+    assert member.published == []  # the refusal does not loop faster than its deadline
+    second.proposed_ts -= 10  # its deadline passed
+    member._next_cycle(sid, cycles)
+    assert [spec_from_dict(b["spec"]).series.cycle for _, _, b in member.published] == [3]
+
+
+def test_a_site_refused_in_its_latest_proposal_only_is_refused():
+    series = {"every_s": 3600}
+    first = _ended_cycle(series, 61)
+    second = _refused_cycle(first, "b", "proposer_not_allowed", 100)
+    third = _refused_cycle(first, "b", "too_many_rounds", 50)  # a policy changed since
+    third.spec = cycle_spec(first.spec, 3)
+    assert refused_proposers({1: first, 2: second}) == {"b": 2}
+    assert refused_proposers({1: first, 2: second, 3: third}) == {}
+    unasked = _refused_cycle(first, "b", "proposer_not_allowed", 100)
+    unasked.spec = unasked.spec.model_copy(update={"members": ["c", "d"]})
+    assert refused_proposers({1: first, 2: unasked}) == {}  # a and b were not asked
+
+
+@pytest.mark.one_broker  # the daemons' MQTT use is the nodes'; Mosquitto only
+def test_only_the_allowed_site_proposes_after_one_refusal(tmp_path, broker):
+    """Sites a and b; both policies let only b propose. b submits cycle 1; cycle 2 falls to
+    a in turn: b (and a itself) refuse it as proposer, a aborts it as soon as the quorum
+    is out of reach (long before its deadline) and b takes that abort; cycle 3 follows at
+    once, proposed by b, and trains; cycle 4, a's turn again, is b's too."""
+    policy = {"proposers": ["b"]}
+    sites = [Site(tmp_path, n, broker.address, policy) for n in ("a", "b")]
+    try:
+        a, b = (site.start() for site in sites)
+        body = spec_body(
+            "steady",
+            rounds=1,
+            members=["a", "b"],
+            vote_deadline_s=10,
+            series={"every_s": 10, "rounds": 1, "warm_start": "fresh"},
+        )
+        first = b.ask("submit", spec=body)["run_id"]
+        for site in sites:
+            site.wait_status(first, {"finished"}, 120)
+        second = _cycle_at(a, 2, 120)
+        assert second["proposer"] == "a"
+        for site in sites:
+            run = site.wait_status(second["run_id"], {"aborted"}, 30)
+            assert "before the deadline" in run["why"] and "may accept, 2 needed" in run["why"]
+            assert run["votes"]["b"]["reasons"][0]["code"] == "proposer_not_allowed"
+            assert "early_commit" not in site.ask("status")["dropped"]
+        third = _cycle_at(b, 3, 30)
+        assert third["proposer"] == "b"
+        for site in sites:
+            assert site.wait_status(third["run_id"], {"finished"}, 120)["members"] == ["a", "b"]
+        assert _cycle_at(b, 4, 60)["proposer"] == "b"  # a, first in turn, stepped aside
+        assert [run["proposer"] for run in b.runs().values()].count("a") == 1
+    finally:
+        for site in sites:
+            site.stop()
+
+
+def _cycle_at(site: Site, cycle: int, timeout: float) -> dict:
+    """The run of the series' ``cycle`` at ``site``, once it knows it."""
+
+    def find() -> dict | None:
+        return next((r for r in site.runs().values() if r["cycle"] == cycle), None)
+
+    wait(find, timeout, f"cycle {cycle} at {site.name}", lambda: site.log()[-3000:])
+    run = find()
+    assert run is not None
+    return run
