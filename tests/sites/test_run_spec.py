@@ -96,7 +96,7 @@ site: hospital-b
 swarm: hospitals
 state_dir: state
 data:
-  ward: {name: csv, root: ward.csv}
+  ward: {name: csv, root: ward.csv, label: outcome, classes: [good, bad]}
 policy:
   methods: {allow: [uapdfl]}
   privacy: {require_dp: true, max_epsilon: 8}
@@ -105,6 +105,7 @@ policy:
 
 def test_policy_check_prints_the_decision_and_its_reasons(tmp_path, capsys):
     (tmp_path / "site.yaml").write_text(SITE)
+    (tmp_path / "ward.csv").write_text("f1,f2,outcome\n1,2,good\n3,4,bad\n")
     (tmp_path / "run.yaml").write_text(json.dumps(SPEC))
     args = ["policy", "check", str(tmp_path / "run.yaml"), "--site", str(tmp_path / "site.yaml")]
     assert main([*args, "--proposer", "hospital-a"]) == 1
