@@ -116,10 +116,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def _validate_site(args: argparse.Namespace) -> int:
     """``p2pfl validate --site``: the site file loads and every check of
-    :data:`~p2pfl.sites.site_check.SITE_CHECKS` passes (its data bindings serve a run), else
+    :data:`~p2pfl.sites.policy.site_check.SITE_CHECKS` passes (its data bindings serve a run), else
     a :class:`ConfigError` naming the file and each field (exit 2). No torch on this path."""
-    from p2pfl.sites.site_check import check_site
-    from p2pfl.sites.site_file import load_site
+    from p2pfl.sites.daemon.site_file import load_site
+    from p2pfl.sites.policy.site_check import check_site
 
     if args.topology is not None or args.set or args.method or args.data_root:
         raise SystemExit(
@@ -468,7 +468,7 @@ def cmd_certs(args: argparse.Namespace) -> int:
 
 def cmd_enroll(args: argparse.Namespace) -> int:
     """``p2pfl enroll request|approve``: a certificate whose key never leaves the device."""
-    from p2pfl.sites.enroll_command import enroll
+    from p2pfl.sites.trust.enroll_command import enroll
 
     return enroll(args)
 
@@ -547,10 +547,10 @@ def cmd_methods(args: argparse.Namespace) -> int:
 def cmd_policy(args: argparse.Namespace) -> int:
     """``p2pfl policy check``: the site's decision on a run spec, with its reasons (the
     vote the site's daemon would give); exit 1 when it would reject the run."""
-    from p2pfl.sites.binding_check import check_binding
-    from p2pfl.sites.run_spec import load_run_spec, run_facts, run_id
-    from p2pfl.sites.site_file import load_site
-    from p2pfl.sites.verdict import check_outside_code, judge
+    from p2pfl.sites.consent.run_spec import load_run_spec, run_facts, run_id
+    from p2pfl.sites.daemon.site_file import load_site
+    from p2pfl.sites.policy.binding_check import check_binding
+    from p2pfl.sites.policy.verdict import check_outside_code, judge
 
     site = load_site(args.site)
     spec = load_run_spec(args.spec)

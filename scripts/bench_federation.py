@@ -39,7 +39,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from p2pfl.launch.broker import make_broker  # noqa: E402
-from p2pfl.sites.admin import AdminError, call  # noqa: E402
+from p2pfl.sites.daemon.admin_socket import AdminError, call  # noqa: E402
 
 HERE = Path(__file__).resolve().parents[1]
 ENDED = {"finished", "failed", "aborted", "cancelled"}

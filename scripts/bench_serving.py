@@ -110,7 +110,7 @@ def last_round(run: Path, node: str) -> int | None:
 
 def site_file(work: Path, name: str, run: Path) -> Path:
     """A site whose store serves ``run``'s model of the example's node."""
-    from p2pfl.sites.models import ModelStore
+    from p2pfl.sites.models.store import ModelStore
 
     site = SITE_OF[name]
     root = work / "sites" / name
@@ -377,8 +377,8 @@ def breakdown(site: Path, content_type: str, bodies: list[bytes], n: int = 300) 
     (``ModelServer.predict``: parse, normalise, forward, answer) and of the forward pass
     alone (``Classifier.probabilities`` on the prepared input)."""
     from p2pfl.export.predict import image_batches, table_inputs
-    from p2pfl.sites.models import ModelStore
-    from p2pfl.sites.serving import ModelServer, _json_frame
+    from p2pfl.sites.models.serving import ModelServer, _json_frame
+    from p2pfl.sites.models.store import ModelStore
 
     body = yaml.safe_load(site.read_text())
     server = ModelServer(ModelStore(body["state_dir"], body["site"]), "127.0.0.1", 0).start()
@@ -415,8 +415,8 @@ def breakdown(site: Path, content_type: str, bodies: list[bytes], n: int = 300) 
 def _http_p50(site: Path, content_type: str, bodies: list[bytes], nodelay: bool, n: int) -> float:
     """One client's median ms over ``n`` requests to a ``ModelServer`` in this process, its
     handler's ``disable_nagle_algorithm`` set to ``nodelay`` (then restored)."""
-    from p2pfl.sites import serving
-    from p2pfl.sites.models import ModelStore
+    from p2pfl.sites.models import serving
+    from p2pfl.sites.models.store import ModelStore
 
     body = yaml.safe_load(site.read_text())
     before = serving._Handler.disable_nagle_algorithm

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from p2pfl.launch.broker import free_port, make_broker
-from p2pfl.sites.admin import AdminError, call
+from p2pfl.sites.daemon.admin_socket import AdminError, call
 
 HERE = Path(__file__).resolve().parents[1]
 ENDED = {"finished", "failed", "aborted", "cancelled"}

@@ -113,7 +113,7 @@ def classify(
 
 class Classifier:
     """A node's trained model, loaded once, and how its inputs are made (``input_spec``):
-    :func:`classify` and the serving endpoint (:mod:`p2pfl.sites.serving`) both answer
+    :func:`classify` and the serving endpoint (:mod:`p2pfl.sites.models.serving`) both answer
     through it, so the same rows give the same classes and probabilities."""
 
     def __init__(self, module: torch.nn.Module, info: dict[str, Any]):

@@ -3,7 +3,7 @@ and ``test/<class>/*``, at its top or under one top-level folder, or for a devic
 folder also ``train/<class>/*`` alone or ``<class>/*`` (:func:`image_layout`).
 
 Contract: the standard library only (names are listed, no image is opened), so a site's
-binding check (:mod:`p2pfl.sites.binding_check`) reads an image folder's classes by the
+binding check (:mod:`p2pfl.sites.policy.binding_check`) reads an image folder's classes by the
 rule the reader (:func:`p2pfl.learning.readers.load_imagefolder`) decodes it by. A zip that
 cannot be read is a :class:`~p2pfl.learning.own_rules.DatasetError` naming it.
 """

@@ -1,7 +1,7 @@
 """The rules a device's own data must meet, without torch: what the node's readers
 (:mod:`p2pfl.learning.own_data`, :mod:`p2pfl.learning.own_tables`) apply as they load it, and
 what a site daemon and ``p2pfl validate --site`` apply to a site's data bindings before the
-site consents to a run (:mod:`p2pfl.sites.binding_check`). One set of rules, so a binding
+site consents to a run (:mod:`p2pfl.sites.policy.binding_check`). One set of rules, so a binding
 that passes the check is one the worker reads.
 
 Contract: numpy, the standard library, and pandas / pyarrow imported when a table is read;

@@ -5,7 +5,7 @@ restart and drops the revoked identities' messages from then on.
 
 The CRL authenticates itself (the CA's signature), so any member may carry it, and an
 older one, replayed, is told by its number and ignored. Pure functions here; the daemon
-(:mod:`p2pfl.sites.trust_state`) applies them.
+(:mod:`p2pfl.sites.trust.crl_updates`) applies them.
 """
 
 from __future__ import annotations

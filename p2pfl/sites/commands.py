@@ -18,14 +18,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from p2pfl.sites.admin import call
+from p2pfl.sites.daemon.admin_socket import call
 
 log = logging.getLogger("p2pfl.sites")
 out = Console(highlight=False, soft_wrap=True)  # a command's answer: on stdout
 
 
 def _site(args: argparse.Namespace):
-    from p2pfl.sites.site_file import load_site
+    from p2pfl.sites.daemon.site_file import load_site
 
     return load_site(args.site)
 
@@ -33,7 +33,7 @@ def _site(args: argparse.Namespace):
 def cmd_daemon(args: argparse.Namespace) -> int:
     """Run the site's daemon in the foreground until drained (0) or stopped by a signal."""
     if args.print_systemd_unit:
-        from p2pfl.sites.systemd import DEFAULT_USER, unit_text
+        from p2pfl.sites.daemon.systemd import DEFAULT_USER, unit_text
 
         if not args.site:
             raise SystemExit("p2pfl daemon --print-systemd-unit: give --site site.yaml")
@@ -51,7 +51,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         raise SystemExit("p2pfl daemon: give --site site.yaml")
     site = _site(args)
     if site.observability.log_format == "json":
-        from p2pfl.sites.json_log import use_json_logs
+        from p2pfl.sites.daemon.json_log import use_json_logs
 
         use_json_logs(logging.DEBUG if args.verbose else logging.INFO)
     with _one_daemon(site, args.site):
@@ -63,10 +63,10 @@ def _one_daemon(site, source: str) -> Iterator[None]:
     """The daemon's start, before it binds or creates anything: the ``state_dir``'s lock
     (a second daemon stops here, touching nothing of the first), the end of what a killed
     predecessor left running, and its ports checked free; the record of its children is
-    kept while it runs (:mod:`p2pfl.sites.state_lock`, :mod:`p2pfl.sites.process_guard`)."""
-    from p2pfl.sites import process_guard
-    from p2pfl.sites.observe import check_listen
-    from p2pfl.sites.state_lock import StateLock
+    kept while it runs (:mod:`p2pfl.sites.daemon.state_lock`, :mod:`p2pfl.sites.daemon.process_guard`)."""
+    from p2pfl.sites.daemon import process_guard
+    from p2pfl.sites.daemon.observe import check_listen
+    from p2pfl.sites.daemon.state_lock import StateLock
 
     with StateLock(site.state_dir):
         record = process_guard.ChildRecord(site.state_dir)
@@ -86,7 +86,7 @@ def _one_daemon(site, source: str) -> Iterator[None]:
 
 
 async def _serve(site) -> int:
-    from p2pfl.sites.daemon import SiteDaemon, install_signal_handlers
+    from p2pfl.sites.daemon.site_daemon import SiteDaemon, install_signal_handlers
 
     broker = None
     address = site.broker
@@ -118,7 +118,7 @@ async def _serve(site) -> int:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     from p2pfl.check.load import load_yaml
-    from p2pfl.sites.run_spec import load_run_spec
+    from p2pfl.sites.consent.run_spec import load_run_spec
 
     site = _site(args)
     load_run_spec(args.spec)  # its errors name the file, before the daemon is asked
@@ -190,8 +190,8 @@ def cmd_drain(args: argparse.Namespace) -> int:
 
 def cmd_models(args: argparse.Namespace) -> int:
     """``p2pfl models list | promote | rollback``: the site's model store, read and changed
-    in its ``state_dir`` (:mod:`p2pfl.sites.models`; no daemon needed)."""
-    from p2pfl.sites.models import ModelStore
+    in its ``state_dir`` (:mod:`p2pfl.sites.models.store`; no daemon needed)."""
+    from p2pfl.sites.models.store import ModelStore
 
     site = _site(args)
     store = ModelStore(site.state_dir, site.site)
@@ -201,7 +201,7 @@ def cmd_models(args: argparse.Namespace) -> int:
         return 0
     if args.models_command == "offer":
         from p2pfl.export.held_out import held_out_scorer
-        from p2pfl.sites.worker import RunWorker
+        from p2pfl.sites.runs.worker import RunWorker
 
         run_dir = Path(site.state_dir) / "runs" / args.run_id
         records = RunWorker(run_dir, args.run_id, site.site)  # the reader of its records
@@ -252,18 +252,18 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """``p2pfl serve --site``: the site's served model over HTTP (:mod:`p2pfl.sites.serving`)
+    """``p2pfl serve --site``: the site's served model over HTTP (:mod:`p2pfl.sites.models.serving`)
     until SIGTERM or Ctrl-C; the site daemon runs it when ``serving.listen`` is set."""
-    from p2pfl.sites.models import ModelStore
-    from p2pfl.sites.observe import parse_listen
-    from p2pfl.sites.serving import serve
+    from p2pfl.sites.daemon.observe import parse_listen
+    from p2pfl.sites.models.serving import serve
+    from p2pfl.sites.models.store import ModelStore
 
     site = _site(args)
     listen = args.listen or site.serving.listen
     if listen is None:
         raise SystemExit(f"p2pfl serve: {args.site}: serving.listen is not set (or give --listen)")
     if site.observability.log_format == "json":
-        from p2pfl.sites.json_log import use_json_logs
+        from p2pfl.sites.daemon.json_log import use_json_logs
 
         use_json_logs(logging.DEBUG if args.verbose else logging.INFO)
     try:
@@ -280,7 +280,7 @@ def cmd_trust(args: argparse.Namespace) -> int:
     site's broker and identity; every daemon applies it without a restart."""
     from p2pfl.security.certs import SwarmCerts, crl_number, load_certificate, load_crl
     from p2pfl.security.trust import crl_text
-    from p2pfl.sites import messages as M
+    from p2pfl.sites.consent import messages as M
 
     site = _site(args)
     if site.certs is None:

@@ -1,4 +1,4 @@
-"""A site's model store (``p2pfl.sites.models``): entries copied from runs, the promotion
+"""A site's model store (``p2pfl.sites.models.store``): entries copied from runs, the promotion
 gate on the site's held-out data, atomic promotion with ``current.onnx``, promotion by hand
 and rollback; on models built and trained like a swarm's, scored by ``p2pfl predict``'s
 own ``classify``."""
@@ -15,7 +15,7 @@ from export_helpers import CLASSES, FEATURES, SPEC, make_run, two_tabular_runs
 
 from p2pfl.export import ExportError, classify
 from p2pfl.export.predict import table_inputs
-from p2pfl.sites.models import (
+from p2pfl.sites.models.store import (
     CURRENT,
     CURRENT_ONNX,
     PROMOTED,

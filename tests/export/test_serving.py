@@ -1,4 +1,4 @@
-"""A site's served model over HTTP (``p2pfl.sites.serving``): ``POST /v1/predict`` answers
+"""A site's served model over HTTP (``p2pfl.sites.models.serving``): ``POST /v1/predict`` answers
 what ``p2pfl predict`` answers for the same rows and model, ``GET /v1/model`` says which
 model it is, a promotion or a rollback swaps the model answering, and bad requests get a
 status and a reason. A real server on loopback, real models built like a swarm's."""
@@ -18,8 +18,8 @@ from export_helpers import CLASSES, FEATURES, SPEC, make_run, two_tabular_runs
 from PIL import Image
 
 from p2pfl.export import classify
-from p2pfl.sites.models import ModelStore
-from p2pfl.sites.serving import ModelServer
+from p2pfl.sites.models.serving import ModelServer
+from p2pfl.sites.models.store import ModelStore
 
 IMAGE_SPEC = {"kind": "image", "channels": 1, "size": [8, 8], "mean": [0.3], "std": [0.25]}
 

@@ -43,7 +43,7 @@ from p2pfl.security.enroll import (
     tally_approvals,
 )
 from p2pfl.security.signing import tls_context
-from p2pfl.sites.site_file import load_site
+from p2pfl.sites.daemon.site_file import load_site
 
 ROOT = Path(__file__).resolve().parents[2]
 SWARM = "enr"

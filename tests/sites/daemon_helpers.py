@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from cli_run import run_p2pfl as p2pfl_cli  # noqa: F401 - the tests' name for it
 
-from p2pfl.sites.admin import AdminError, call
+from p2pfl.sites.daemon.admin_socket import AdminError, call
 
 SYNTHETIC = {
     "name": "synthetic",

@@ -1,0 +1,1 @@
+"""How sites agree on a run without a server: the signed, retained spec/vote/commit/cancel/data/trust messages, the pure rules of propose, vote and commit, the consent ledger (SQLite in ``state_dir``), a run spec and its ``run_id``, and one run as a daemon follows it (docs/design.md, "Site policy")."""

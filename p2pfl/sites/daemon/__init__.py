@@ -1,0 +1,1 @@
+"""One site's standing process: its lifecycle (:mod:`~p2pfl.sites.daemon.site_daemon`), the site's own file, the admin socket and its commands, ``/livez``, ``/readyz`` and ``/metrics``, JSON logs, the systemd unit, one daemon a ``state_dir`` and no child outliving it (docs/design.md, "The site daemon")."""

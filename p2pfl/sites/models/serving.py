@@ -1,0 +1,385 @@
+"""A site's served model over HTTP, on ``serving.listen`` (docs/design.md, "A site's own
+models"): ``p2pfl serve --site``, which the site daemon starts and restarts as a process of
+its own (the daemon imports no torch, and a crash here never takes it down).
+
+- ``POST /v1/predict``: rows to classify, answered with classes and probabilities;
+- ``GET /v1/model``: which model answers (entry, run, cycle, round, data version, held-out
+  accuracy), its lineage (the models it was warm-started from, its parent first) and the
+  models served before it (what a rollback goes back to).
+
+The model is the site's served entry in its model store (:class:`~p2pfl.sites.models.store.
+ModelStore`, ``models/current.json``), the personalized model its node trained. A watcher
+re-reads ``current.json`` every :data:`POLL_S` and swaps in a newly promoted (or rolled
+back) model once it is loaded: a request is answered wholly by the old model or wholly by
+the new one. Answers come from :class:`~p2pfl.export.predict.Classifier`, as ``p2pfl
+predict``'s do, so the same rows and model give the same classes and probabilities.
+
+A predict request's body, by its ``Content-Type``:
+
+- ``application/json``: a list of records (``[{"column": value, ...}, ...]``), or
+  ``{"records": [...]}``, or ``{"columns": [...], "rows": [[...], ...]}`` (JSON rows), the
+  columns of the site's data binding (its feature columns; others are ignored), or, for an
+  image model, ``{"images": [base64, ...]}``;
+- ``text/csv``: a batch of records with a header line;
+- ``image/*`` or ``application/octet-stream``: one image file's bytes (image models).
+
+The answer: ``{"model", "run_id", "classes", "predictions": [{"predicted", "label",
+"probabilities"}]}``, ``probabilities`` in the order of ``classes``. Bad input is a 400 that
+says what is wrong; more than ``serving.max_request_bytes`` a 413; no model served yet a
+503.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import io
+import json
+import logging
+import os
+import threading
+from dataclasses import asdict, dataclass
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from p2pfl.errors import P2PFLError
+from p2pfl.sites.models.store import CURRENT, ModelEntry, ModelStore, ModelStoreError
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.2
+"""How often the server looks for a newly served model (``models/current.json``)."""
+
+IMAGE_TYPES = ("image/", "application/octet-stream")
+
+
+class ServingError(P2PFLError, RuntimeError):
+    """The server cannot start (its address is taken, the store is unreadable)."""
+
+
+class BadRequest(P2PFLError, ValueError):
+    """A request the server cannot answer: the status and what to tell the client."""
+
+    def __init__(self, status: HTTPStatus, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Served:
+    """The model answering now: its entry, what it was served after, and its classifier."""
+
+    entry: ModelEntry
+    lineage: list[dict[str, Any]]
+    served_before: list[dict[str, Any]]
+    classifier: Any  # p2pfl.export.predict.Classifier (torch, imported when serving)
+
+    def describe(self) -> dict[str, Any]:
+        """``GET /v1/model``'s answer."""
+        entry = asdict(self.entry)
+        entry.pop("history", None)
+        spec = self.classifier.spec
+        return {
+            "model": entry,
+            "lineage": self.lineage,
+            "served_before": self.served_before,
+            "classes": self.classifier.classes,
+            "input": {k: spec[k] for k in ("kind", "features", "channels", "size") if k in spec},
+        }
+
+
+class ModelServer:
+    """Serve site ``store``'s current model on ``host:port`` (port 0: a free one). Explicit
+    lifecycle: :meth:`start` (binds, loads the served model, starts the watcher), then
+    :meth:`serve_forever` or :meth:`close`; ``with`` closes it."""
+
+    def __init__(
+        self, store: ModelStore, host: str, port: int, *, max_request_bytes: int = 16 << 20
+    ):
+        self.store = store
+        self.max_request_bytes = max_request_bytes
+        self.served: Served | None = None
+        self._seen: tuple[int, ...] | None = None  # current.json's (inode, mtime, size) loaded
+        self._stop = threading.Event()
+        self._running = False
+        self._watcher: threading.Thread | None = None
+        try:
+            self.httpd = _HTTPServer((host, port), _Handler)
+        except OSError as exc:
+            raise ServingError(f"serving.listen {host}:{port}: {exc.strerror or exc}") from None
+        self.httpd.app = self
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self.httpd.server_address[:2]
+        return str(host), int(port)
+
+    def start(self) -> ModelServer:
+        self.refresh()
+        self._watcher = threading.Thread(target=self._watch, name="serving-watch", daemon=True)
+        self._watcher.start()
+        return self
+
+    def serve_forever(self) -> None:
+        """Answer requests until :meth:`shutdown` (from another thread)."""
+        self._running = True
+        try:
+            self.httpd.serve_forever(poll_interval=0.5)
+        finally:
+            self._running = False
+
+    def shutdown(self) -> None:
+        """Stop :meth:`serve_forever` (call from another thread: it waits for it)."""
+        self.httpd.shutdown()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._running:
+            self.httpd.shutdown()
+        self.httpd.server_close()
+        if self._watcher is not None:
+            self._watcher.join(5)
+
+    def __enter__(self) -> ModelServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ the served model
+    def refresh(self) -> bool:
+        """Load the store's served model when ``current.json`` changed; True when the
+        model answering changed. A model that cannot be loaded leaves the old one
+        answering (logged)."""
+        path = self.store.root / CURRENT
+        try:
+            st = os.stat(path)
+            seen: tuple[int, ...] | None = (st.st_ino, st.st_mtime_ns, st.st_size)
+        except FileNotFoundError:
+            seen = None
+        if seen == self._seen:
+            return False
+        try:
+            served = self._load()
+        except (P2PFLError, OSError, ValueError) as exc:
+            log.error("%s: the served model cannot be loaded: %s", self.store.root, exc)
+            return False
+        self._seen = seen
+        if served is None or self.served is None or served.entry.id != self.served.entry.id:
+            self.served = served  # one assignment: a request holds one model or the other
+            if served is not None:
+                log.info(
+                    "%s: serving %s (run %s)", self.store.site, served.entry.id, served.entry.run_id
+                )
+            return True
+        return False
+
+    def _load(self) -> Served | None:
+        from p2pfl.export.predict import Classifier  # torch: only in the serving process
+
+        entry = self.store.served()
+        if entry is None:
+            return None
+
+        def brief(e: ModelEntry) -> dict[str, Any]:
+            return {"id": e.id, "run_id": e.run_id, "cycle": e.cycle, "round": e.round}
+
+        lineage = [brief(e) for e in self.store.lineage(entry.id)]
+        served_before = []
+        for before in reversed(self.store.before()):
+            with contextlib.suppress(ModelStoreError):
+                served_before.append(brief(self.store.entry(before)))
+        classifier = Classifier.load(self.store.path(entry.id), self.store.site)
+        return Served(entry, lineage, served_before, classifier)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(POLL_S):
+            try:
+                self.refresh()
+            except Exception:  # the watcher must outlive a bad store read
+                log.exception("%s: reading the served model failed", self.store.root)
+
+    # ------------------------------------------------------------------ answers
+    def predict(self, content_type: str, body: bytes) -> dict[str, Any]:
+        """``POST /v1/predict``'s answer for ``body``; :class:`BadRequest` otherwise."""
+        from p2pfl.export import ExportError
+
+        served = self.served
+        if served is None:
+            raise BadRequest(
+                HTTPStatus.SERVICE_UNAVAILABLE,
+                f"site {self.store.site} serves no model yet (p2pfl models list)",
+            )
+        model = served.classifier
+        kind = content_type.split(";", 1)[0].strip().lower()
+        try:
+            if kind.startswith(IMAGE_TYPES):
+                probs = model.images([body], "the request's image")
+            elif kind == "text/csv":
+                probs = model.table(_csv_frame(body), "the request's CSV")
+            elif kind in ("application/json", ""):
+                data = _json(body)
+                if isinstance(data, dict) and "images" in data:
+                    probs = model.images(_images(data["images"]), "the request's images")
+                else:
+                    probs = model.table(_json_frame(data), "the request's rows")
+            else:
+                raise BadRequest(
+                    HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+                    f"Content-Type {content_type!r}: send application/json, text/csv or an image",
+                )
+        except ExportError as exc:
+            raise BadRequest(HTTPStatus.BAD_REQUEST, str(exc)) from None
+        classes = model.classes
+        pred = probs.argmax(axis=1)
+        return {
+            "model": served.entry.id,
+            "run_id": served.entry.run_id,
+            "classes": classes,
+            "predictions": [
+                {
+                    "predicted": int(k),
+                    "label": classes[int(k)],
+                    "probabilities": [float(v) for v in row],
+                }
+                for k, row in zip(pred, probs, strict=True)
+            ],
+        }
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise BadRequest(HTTPStatus.BAD_REQUEST, f"the body is not JSON: {exc}") from None
+
+
+def _json_frame(data: Any):
+    """A DataFrame from JSON records, ``{"records": [...]}`` or ``{"columns", "rows"}``."""
+    import pandas as pd
+
+    if isinstance(data, dict) and "rows" in data:
+        columns, rows = data.get("columns"), data["rows"]
+        if not isinstance(columns, list) or not all(isinstance(c, str) for c in columns):
+            raise BadRequest(HTTPStatus.BAD_REQUEST, "rows need 'columns': a list of names")
+        if not isinstance(rows, list) or not all(
+            isinstance(r, list) and len(r) == len(columns) for r in rows
+        ):
+            raise BadRequest(
+                HTTPStatus.BAD_REQUEST, f"'rows' must be lists of {len(columns)} values each"
+            )
+        return pd.DataFrame(rows, columns=columns)
+    records = data.get("records") if isinstance(data, dict) else data
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        raise BadRequest(
+            HTTPStatus.BAD_REQUEST,
+            "send a list of records ({column: value}), {'records': [...]} or "
+            "{'columns': [...], 'rows': [[...]]}",
+        )
+    if not records:
+        raise BadRequest(HTTPStatus.BAD_REQUEST, "no records to classify")
+    return pd.DataFrame.from_records(records)
+
+
+def _csv_frame(body: bytes):
+    import pandas as pd
+
+    try:
+        return pd.read_csv(io.BytesIO(body))
+    except (ValueError, pd.errors.ParserError) as exc:
+        raise BadRequest(HTTPStatus.BAD_REQUEST, f"the body is not a readable CSV: {exc}") from None
+
+
+def _images(items: Any) -> list[bytes]:
+    if not isinstance(items, list) or not items or not all(isinstance(i, str) for i in items):
+        raise BadRequest(HTTPStatus.BAD_REQUEST, "'images' must be a list of base64 strings")
+    try:
+        return [base64.b64decode(i, validate=True) for i in items]
+    except (binascii.Error, ValueError) as exc:
+        raise BadRequest(HTTPStatus.BAD_REQUEST, f"'images': not base64: {exc}") from None
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True  # a client that holds its connection open never blocks shutdown
+    allow_reuse_address = True
+    app: ModelServer
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: a client's requests share a connection
+    # the head and the body go out as two writes: with Nagle's algorithm the body would
+    # wait for the client's delayed ACK of the head, some 40 ms an answer
+    disable_nagle_algorithm = True
+    server: _HTTPServer
+    timeout = 30  # a client silent this long is dropped
+
+    def do_GET(self) -> None:  # noqa: N802 - the http.server contract
+        if self.path != "/v1/model":
+            return self._reply(HTTPStatus.NOT_FOUND, {"error": f"no route {self.path}"})
+        served = self.server.app.served
+        if served is None:
+            return self._reply(
+                HTTPStatus.SERVICE_UNAVAILABLE,
+                {"error": f"site {self.server.app.store.site} serves no model yet"},
+            )
+        self._reply(HTTPStatus.OK, served.describe())
+
+    def do_POST(self) -> None:  # noqa: N802 - the http.server contract
+        if self.path != "/v1/predict":
+            return self._reply(HTTPStatus.NOT_FOUND, {"error": f"no route {self.path}"})
+        app = self.server.app
+        try:
+            length = int(self.headers.get("Content-Length", ""))
+        except ValueError:
+            self.close_connection = True
+            return self._reply(HTTPStatus.LENGTH_REQUIRED, {"error": "Content-Length required"})
+        if length < 0 or length > app.max_request_bytes:
+            self.close_connection = True  # the body is not read: the connection cannot go on
+            return self._reply(
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                {
+                    "error": f"{length} bytes: more than serving.max_request_bytes {app.max_request_bytes}"
+                },
+            )
+        body = self.rfile.read(length)
+        try:
+            answer = app.predict(self.headers.get("Content-Type", ""), body)
+        except BadRequest as exc:
+            return self._reply(exc.status, {"error": str(exc)})
+        self._reply(HTTPStatus.OK, answer)
+
+    def _reply(self, status: HTTPStatus, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the contract
+        log.debug("%s %s", self.address_string(), format % args)
+
+
+def serve(store: ModelStore, listen: tuple[str, int], max_request_bytes: int) -> None:
+    """Serve until the process is told to stop (SIGTERM or Ctrl-C)."""
+    import signal
+
+    server = ModelServer(store, *listen, max_request_bytes=max_request_bytes).start()
+
+    def on_signal(*_: object) -> None:
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    host, port = server.address
+    log.info(
+        "%s: serving on http://%s:%d (POST /v1/predict, GET /v1/model)", store.site, host, port
+    )
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()

@@ -1,0 +1,1 @@
+"""A site's decision on a run: its policy (a pure rule), the one path a decision takes (the spec, the method's card, outside code checked in a child process), and the site's own data bindings checked before it consents (docs/design.md, "Site policy")."""

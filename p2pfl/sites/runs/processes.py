@@ -1,0 +1,118 @@
+"""The site daemon's own helper processes (docs/design.md, "A site's own models"): each is
+``python -m p2pfl ...`` with the site file, so the daemon imports no torch and a crash in
+one never takes the daemon down; none outlives the daemon (:mod:`p2pfl.sites.daemon.process_guard`).
+
+- :func:`spawn_p2pfl`: start one, its output appended to a log file (a run's worker too);
+- :class:`ServingProcess`: ``p2pfl serve --site``, started again after a back-off whenever
+  it exits, until the daemon stops;
+- :func:`offer_model`: ``p2pfl models offer RUN_ID --site`` run to its end, when a run this
+  site trained has finished: the model is kept and judged at the promotion gate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from p2pfl.sites.daemon.process_guard import die_with_parent, track
+
+log = logging.getLogger("p2pfl.sites.daemon.site_daemon")
+
+RESTART_S = (1.0, 60.0)
+"""The serving process's first and longest wait before it is started again."""
+
+STEADY_S = 60.0
+"""A serving process that ran this long starts again after the first wait, not a longer one."""
+
+
+async def spawn_p2pfl(
+    args: list[str], log_path: Path, cwd: Path | None = None
+) -> asyncio.subprocess.Process:
+    """``python -m p2pfl ARGS``, its stdout and stderr appended to ``log_path``. It stays in
+    the daemon's process group and gets SIGTERM when the daemon dies, however it dies
+    (:func:`~p2pfl.sites.daemon.process_guard.die_with_parent`); the daemon's record of its
+    children lists it until it exits (:func:`~p2pfl.sites.daemon.process_guard.track`)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    cmdline = [sys.executable, "-m", "p2pfl", *args]
+    out = open(log_path, "ab")  # noqa: SIM115 - the child holds it
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *cmdline,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=out,
+            stderr=asyncio.subprocess.STDOUT,
+            cwd=str(cwd) if cwd is not None else None,
+            preexec_fn=die_with_parent(),
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    finally:
+        out.close()
+    track(proc, cmdline)
+    return proc
+
+
+async def stop_process(proc: asyncio.subprocess.Process, grace: float = 10.0) -> int:
+    """SIGTERM, then SIGKILL after ``grace`` s; the exit status."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), grace)
+        except asyncio.TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+    return proc.returncode  # type: ignore[return-value]
+
+
+class ServingProcess:
+    """``p2pfl serve --site SITE_FILE`` kept running: :meth:`run` until cancelled (the
+    process is stopped then). :attr:`problem` says why it is not running, for ``/readyz``."""
+
+    def __init__(self, site_file: Path, log_path: Path):
+        self.site_file = site_file
+        self.log_path = log_path
+        self.proc: asyncio.subprocess.Process | None = None
+        self.problem = "serving: not started yet"
+
+    async def run(self) -> None:
+        wait = RESTART_S[0]
+        try:
+            while True:
+                started = time.monotonic()
+                self.proc = await spawn_p2pfl(
+                    ["serve", "--site", str(self.site_file)], self.log_path
+                )
+                self.problem = ""
+                log.info("serving: started (pid %d, log %s)", self.proc.pid, self.log_path)
+                code = await self.proc.wait()
+                if time.monotonic() - started >= STEADY_S:
+                    wait = RESTART_S[0]
+                self.problem = f"serving: exited with {code} (see {self.log_path})"
+                log.error("%s; starting it again in %.0f s", self.problem, wait)
+                await asyncio.sleep(wait)
+                wait = min(wait * 2, RESTART_S[1])
+        finally:
+            if self.proc is not None:
+                await asyncio.shield(stop_process(self.proc))
+
+
+async def offer_model(site_file: Path, run_id: str, log_path: Path) -> tuple[int, str]:
+    """Run ``p2pfl models offer RUN_ID --site SITE_FILE`` to its end: (exit status, the last
+    line it printed: what the gate decided, or why the model was not kept)."""
+    start = log_path.stat().st_size if log_path.is_file() else 0
+    proc = await spawn_p2pfl(["models", "offer", run_id, "--site", str(site_file)], log_path)
+    try:
+        code = await proc.wait()
+    finally:
+        await asyncio.shield(stop_process(proc))
+    with open(log_path, "rb") as f:
+        f.seek(start)
+        lines = [ln for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+    return code, lines[-1].strip() if lines else ""
