@@ -29,7 +29,7 @@ from typing import Any
 
 from p2pfl.files import write_bytes_atomic
 
-log = logging.getLogger("p2pfl.sites.daemon.site_daemon")
+log = logging.getLogger("p2pfl.sites.daemon")
 
 RECORD_NAME = "children.json"
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>

@@ -27,7 +27,7 @@ from p2pfl.sites.policy.binding_check import (
     path_mark,
 )
 
-log = logging.getLogger("p2pfl.sites.daemon.site_daemon")
+log = logging.getLogger("p2pfl.sites.daemon")
 
 WATCH_S = 2.0
 """How often the daemon looks at its bindings' files and its site file (a stat each)."""

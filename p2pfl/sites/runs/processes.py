@@ -22,7 +22,7 @@ from pathlib import Path
 
 from p2pfl.sites.daemon.process_guard import die_with_parent, track
 
-log = logging.getLogger("p2pfl.sites.daemon.site_daemon")
+log = logging.getLogger("p2pfl.sites.daemon")
 
 RESTART_S = (1.0, 60.0)
 """The serving process's first and longest wait before it is started again."""

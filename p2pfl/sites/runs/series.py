@@ -47,7 +47,7 @@ from p2pfl.sites.policy.rules import Decision
 from p2pfl.sites.consent.run_spec import cycle_spec, run_id, series_id
 from p2pfl.sites.consent.run_state import RunState
 
-log = logging.getLogger("p2pfl.sites.daemon.site_daemon")
+log = logging.getLogger("p2pfl.sites.daemon")
 
 WATCH_S = 2.0
 """How often a watched binding's file or folder is looked at."""

@@ -19,7 +19,7 @@ from p2pfl.sites.runs.processes import offer_model
 from p2pfl.sites.runs.worker import RunWorker
 from p2pfl.sites.runs.topology import worker_topology
 
-log = logging.getLogger("p2pfl.sites.daemon.site_daemon")
+log = logging.getLogger("p2pfl.sites.daemon")
 
 RECORD_POLL_S = 1.0  # how often a running worker's new records are read
 

@@ -28,7 +28,7 @@ from p2pfl.security.trust import (
 )
 from p2pfl.sites.consent import messages as M
 
-log = logging.getLogger("p2pfl.sites.daemon.site_daemon")
+log = logging.getLogger("p2pfl.sites.daemon")
 
 
 class TrustUpdates:
