@@ -79,7 +79,9 @@ def _run_async(coro) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     if args.site is not None:
-        return _validate_site(args)
+        from p2pfl.sites.commands import cmd_validate_site
+
+        return cmd_validate_site(args)
     if args.topology is None:
         raise SystemExit("p2pfl validate: give a topology file, or --site site.yaml")
     # with the data: it opens, the partition fits it, the model takes it
@@ -111,34 +113,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for w in warnings:
         console.print(f"[yellow]warning[/] {args.topology}: {w}", highlight=False, soft_wrap=True)
     _print_notes(args, checked)
-    return 0
-
-
-def _validate_site(args: argparse.Namespace) -> int:
-    """``p2pfl validate --site``: the site file loads and every check of
-    :data:`~p2pfl.sites.policy.site_check.SITE_CHECKS` passes (its data bindings serve a run), else
-    a :class:`ConfigError` naming the file and each field (exit 2). No torch on this path."""
-    from p2pfl.sites.daemon.site_file import load_site
-    from p2pfl.sites.policy.site_check import check_site
-
-    if args.topology is not None or args.set or args.method or args.data_root:
-        raise SystemExit(
-            "p2pfl validate --site: a topology, --set, --method and --data-root "
-            "are a topology's: give --site alone"
-        )
-    site = load_site(args.site)
-    report = check_site(site, [] if args.no_data else None)
-    if report.problems:
-        raise ConfigError(args.site, [(p.field, p.message) for p in report.problems])
-    bindings = f"{len(site.data)} data binding{'s' if len(site.data) != 1 else ''}"
-    console.print(
-        f"[green]ok[/] {args.site}: site {site.site!r} of swarm {site.swarm!r}, {bindings}"
-        + (" (not opened: --no-data)" if args.no_data else ""),
-        highlight=False,
-        soft_wrap=True,
-    )
-    for line in report.lines:
-        console.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
     return 0
 
 
@@ -544,42 +518,6 @@ def cmd_methods(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_policy(args: argparse.Namespace) -> int:
-    """``p2pfl policy check``: the site's decision on a run spec, with its reasons (the
-    vote the site's daemon would give); exit 1 when it would reject the run."""
-    from p2pfl.sites.consent.run_spec import load_run_spec, run_facts, run_id
-    from p2pfl.sites.daemon.site_file import load_site
-    from p2pfl.sites.policy.binding_check import check_binding
-    from p2pfl.sites.policy.verdict import check_outside_code, judge
-
-    site = load_site(args.site)
-    spec = load_run_spec(args.spec)
-    proposer = args.proposer or site.site
-    problems = {}  # the run's binding checked as the daemon checks it at the vote
-    if spec.data in site.data:
-        check = check_binding(spec.data, site.data[spec.data], site.site)
-        problems = {} if check.ok else {spec.data: check.text()}
-    outside = asyncio.run(check_outside_code(spec, site.policy, None))
-    decision = judge(
-        spec, proposer, site.policy, site.data, outside=outside, binding_problems=problems
-    )
-    facts = run_facts(spec, proposer, outside=outside)
-    rid = run_id(spec)
-    if args.json:
-        print(json.dumps({"run_id": rid, "site": site.site, **decision.as_record()}))
-    else:  # the command's answer: on stdout
-        out = Console(highlight=False, soft_wrap=True)
-        out.print(
-            f"{site.site}: run {rid} ({spec.name}, {spec.algorithm.name}): "
-            f"[bold]{decision.vote}[/] under policy {decision.policy}"
-        )
-        for reason in decision.reasons:
-            out.print(f"  {reason.code}: {escape(reason.detail)}")
-        if decision.dp_epsilon is not None and decision.dp_epsilon != facts.dp_epsilon:
-            out.print(f"  this site trains with DP at epsilon {decision.dp_epsilon:g}")
-    return 1 if decision.vote == "reject" else 0
-
-
 # ----------------------------------------------------------------------------- parser
 
 
@@ -597,7 +535,6 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "export": cmd_export,
     "predict": cmd_predict,
     "methods": cmd_methods,
-    "policy": cmd_policy,
     **site_commands(),
 }
 

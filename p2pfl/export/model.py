@@ -9,11 +9,8 @@ included) and loads the trained weights into it, strictly.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-import os
 import shutil
-import uuid
 import warnings
 from pathlib import Path
 from typing import Any
@@ -25,6 +22,7 @@ from p2pfl.algorithms import get_algorithm
 from p2pfl.algorithms.build import build_node_model
 from p2pfl.check.load import load_topology
 from p2pfl.config.schema import ModelConfig
+from p2pfl.files import atomic_path
 from p2pfl.learning.artifacts import (
     ExportError,
     info_path,
@@ -129,12 +127,6 @@ def dummy_input(info: dict[str, Any], batch: int = 2) -> torch.Tensor:
     return torch.zeros(batch, *info["input_shape"])
 
 
-def _atomic_path(path: Path) -> Path:
-    """A unique temporary name beside ``path`` (whose folder is created)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-
-
 def export_model(
     run_dir: str | Path, node_id: str, fmt: str, out_path: str | Path | None = None
 ) -> Path:
@@ -155,16 +147,11 @@ def export_model(
         read_model_info(run, node_id)  # a malformed json is not copied on
         return _copy_safetensors(run, node_id, out)
     module, info = load_model_with_info(run, node_id)
-    tmp = _atomic_path(out)
-    try:
+    with atomic_path(out) as tmp:
         if fmt == "onnx":
             _export_onnx(module, info, tmp)
         else:
             _export_torchscript(module, info, tmp)
-        tmp.replace(out)
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
     return out
 
 
@@ -173,13 +160,8 @@ def _copy_safetensors(run: Path, node_id: str, out: Path) -> Path:
     for src, dst in ((weights_path(run, node_id), out), (info_path(run, node_id), json_out)):
         if dst.exists() and dst.resolve() == src.resolve():
             continue
-        tmp = _atomic_path(dst)
-        try:
+        with atomic_path(dst) as tmp:
             shutil.copyfile(src, tmp)
-            tmp.replace(dst)
-        finally:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
     return out
 
 

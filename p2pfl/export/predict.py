@@ -21,11 +21,8 @@ softmax probability of each class.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import math
-import os
-import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +32,7 @@ import numpy as np
 import torch
 
 from p2pfl.export.model import load_model_with_info
+from p2pfl.files import atomic_path
 from p2pfl.learning.artifacts import ExportError, info_path
 from p2pfl.learning.readers import IMAGE_EXTENSIONS
 
@@ -366,13 +364,8 @@ def _write_csv(
     for c, name in enumerate(classes):
         columns[f"p_{name}"] = probs[:, c]
     df = pd.DataFrame(columns)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        df.to_csv(tmp, index=False)
-        tmp.replace(out)
+        with atomic_path(out) as tmp:
+            df.to_csv(tmp, index=False)
     except OSError as exc:
         raise ExportError(f"{out}: predictions not written: {exc}") from None
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()

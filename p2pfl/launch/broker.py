@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from p2pfl.errors import P2PFLError
+from p2pfl.files import write_bytes_atomic
 from p2pfl.launch.bridge import Bridges, bridge_config, bridge_tls_files
 from p2pfl.security.certs import SwarmCerts, load_certificate, mosquitto_acl, revoked_names
 
@@ -299,9 +300,7 @@ class MosquittoBroker(ChildBroker):
             shutil.copyfile(src.crl, dst / "crl.pem")
             revoked = revoked_names(src, load_certificate(src.ca_cert))
         acl = dst / "acl"
-        tmp = acl.with_name(".acl.tmp")
-        tmp.write_text(mosquitto_acl(self.tls.swarm, revoked))
-        os.replace(tmp, acl)
+        write_bytes_atomic(acl, mosquitto_acl(self.tls.swarm, revoked).encode())
 
     def reload_trust(self) -> None:
         """Take the certificate folder's CRL as it is now: the staged ACL is written again

@@ -20,6 +20,7 @@ implementation, or code a run names:
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import pkgutil
@@ -72,9 +73,11 @@ def builtin_card(name: str) -> MethodCard | None:
     return builtin_cards().get(name)
 
 
+@functools.cache
 def installed_plugins() -> dict[str, str]:
     """The methods installed packages declare (entry-point group :data:`PLUGIN_GROUP`): name
-    -> ``package <dist>``, read from the packages' metadata (nothing is imported)."""
+    -> ``package <dist>``, read from the packages' metadata (nothing is imported), once a
+    process, as the registry loads them once."""
     found: dict[str, str] = {}
     for ep in importlib.metadata.entry_points(group=PLUGIN_GROUP):
         if ep.name in builtin_cards():

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import os
 import re
 import shutil
 import time
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from p2pfl.errors import P2PFLError
+from p2pfl.files import write_bytes_atomic
 
 CANDIDATE, PROMOTED, REFUSED, RETIRED = "candidate", "promoted", "refused", "retired"
 STATUSES = (CANDIDATE, PROMOTED, REFUSED, RETIRED)
@@ -301,7 +301,5 @@ class ModelStore:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    """Write ``data`` to ``path`` atomically (a temporary file, then ``os.replace``)."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    """Write ``data`` to ``path`` as JSON, whole or not at all."""
+    write_bytes_atomic(path, json.dumps(data, indent=1, sort_keys=True).encode())

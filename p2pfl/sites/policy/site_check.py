@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from p2pfl.algorithms.cards import check_method_name
 from p2pfl.sites.daemon.site_file import SiteFile
 from p2pfl.sites.policy.binding_check import check_binding
 
@@ -52,7 +53,24 @@ def check_bindings(site: SiteFile) -> SiteReport:
     return report
 
 
-SITE_CHECKS: list[SiteChecker] = [check_bindings]
+def check_method_names(site: SiteFile) -> SiteReport:
+    """Every method the policy names (``methods.allow``, ``data.<binding>.methods``) is one
+    a run can name: built-in, an installed plugin's, or a ``package.module:Class`` path (by
+    the methods' cards: nothing is imported); else the known names, with "did you mean"."""
+    report = SiteReport()
+    named = [("policy.methods.allow", site.policy.methods.allow)]
+    for binding, rule in (site.policy.data or {}).items():
+        named.append((f"policy.data.{binding}.methods", rule.methods))
+    for where, names in named:
+        for name in [] if names == "any" else names:
+            try:
+                check_method_name(name)
+            except ValueError as exc:
+                report.problems.append(SiteProblem(where, str(exc)))
+    return report
+
+
+SITE_CHECKS: list[SiteChecker] = [check_bindings, check_method_names]
 """The checks ``p2pfl validate --site`` runs, in order; every one runs, whatever the others
 found."""
 
@@ -73,5 +91,6 @@ __all__ = [
     "SiteProblem",
     "SiteReport",
     "check_bindings",
+    "check_method_names",
     "check_site",
 ]

@@ -24,8 +24,8 @@ again when the sites' data grows, or on a schedule, and each cycle is a run of i
   member, from its last promoted model of the series (its personal part too:
   :meth:`~p2pfl.sites.models.store.ModelStore.warm_start`); ``run.json`` names it.
 
-:class:`SeriesCycles` is a part of :class:`~p2pfl.sites.daemon.site_daemon.SiteDaemon`, kept apart so
-each module holds one job.
+:class:`SeriesCycles` is a part of the site daemon: it receives the daemon's
+:class:`~p2pfl.sites.daemon.context.SiteContext`.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from p2pfl.sites.models.store import ModelStore
 from p2pfl.sites.policy.rules import Decision
 from p2pfl.sites.consent.run_spec import cycle_spec, run_id, series_id
 from p2pfl.sites.consent.run_state import RunState
+from p2pfl.sites.daemon.context import SiteContext
 
 log = logging.getLogger("p2pfl.sites.daemon")
 
@@ -62,9 +63,10 @@ PROPOSER_REFUSED = "proposer_not_allowed"
 
 
 class SeriesCycles:
-    """The daemon's series (a mixin of :class:`~p2pfl.sites.daemon.site_daemon.SiteDaemon`)."""
+    """The series this site takes part in, over the daemon's ``ctx``."""
 
-    def _init_series(self) -> None:
+    def __init__(self, ctx: SiteContext):
+        self.ctx = ctx
         self.data_reports: dict[tuple[str, str], dict[str, Any]] = {}  # (series, site) → body
         self._versions: dict[str, DataVersion] = {}  # watched binding → its latest version
         self._trained: dict[str, int] = {}  # series → the rows its last cycle here trained on
@@ -77,13 +79,13 @@ class SeriesCycles:
     def _cycles(self) -> dict[str, dict[int, RunState]]:
         """Every series this daemon knows: its id → cycle number → run."""
         found: dict[str, dict[int, RunState]] = {}
-        for st in self.runs.values():
+        for st in self.ctx.runs.values():
             sid = series_id(st.spec)
             if sid is not None:
                 found.setdefault(sid, {})[st.spec.series.cycle] = st  # type: ignore[union-attr]
         return found
 
-    def _standing(self, st: RunState, decision: Decision) -> Decision:
+    def standing(self, st: RunState, decision: Decision) -> Decision:
         """``decision`` on ``st``, a pending one turned to accept when ``st`` is a later
         cycle of a series this site accepted under the policy digest it holds now."""
         series = st.spec.series
@@ -91,23 +93,23 @@ class SeriesCycles:
             return decision
         earlier = self._cycles().get(series_id(st.spec) or "", {})
         for k, prev in earlier.items():
-            mine = prev.votes.get(self.name) or {}
+            mine = prev.votes.get(self.ctx.name) or {}
             if k < series.cycle and mine.get("vote") == "accept":
                 if mine.get("policy") == decision.policy:
                     return Decision("accept", (), decision.policy, decision.dp_epsilon)
         return decision
 
-    async def _series_ticks(self) -> None:
+    async def ticks(self) -> None:
         while True:
             await asyncio.sleep(TICK_S)
-            if self._draining or not self._connected.is_set():
+            if self.ctx.draining or not self.ctx.link.connected.is_set():
                 continue
             for sid, cycles in self._cycles().items():
                 try:
                     self._next_cycle(sid, cycles)
                 except Exception:  # one series' trouble must not stop the others' cycles
                     log.exception(
-                        "%s: series %s: its next cycle could not be checked", self.name, sid
+                        "%s: series %s: its next cycle could not be checked", self.ctx.name, sid
                     )
 
     def _next_cycle(self, sid: str, cycles: dict[int, RunState]) -> None:
@@ -115,9 +117,9 @@ class SeriesCycles:
         k = max(cycles)
         last = cycles[k]
         committed = [cycles[j] for j in sorted(cycles, reverse=True) if cycles[j].members]
-        if not committed or self.name not in committed[0].members:  # type: ignore[operator]
+        if not committed or self.ctx.name not in committed[0].members:  # type: ignore[operator]
             return
-        if not all(self._final(st) for st in cycles.values()):
+        if not all(self.ctx.final(st) for st in cycles.values()):
             return
         series = last.spec.series
         assert series is not None
@@ -134,7 +136,7 @@ class SeriesCycles:
             if series.every_s is not None:
                 due = last.deadline + series.every_s
             if series.on_new_data is not None:
-                grown = [m for m in members if self._new_rows(sid, m) >= series.on_new_data.min_new]
+                grown = [m for m in members if self.new_rows(sid, m) >= series.on_new_data.min_new]
                 if len(grown) >= last.spec.quorum.min_accept:
                     since = self._due_since.setdefault(sid, now)
                     if due is None or since < due:
@@ -148,26 +150,26 @@ class SeriesCycles:
         if due is None or now < due:
             return
         order = proposer_order(members, k + 1, refused)
-        if now < due + order.index(self.name) * grace_s(last.spec.vote_deadline_s):
+        if now < due + order.index(self.ctx.name) * grace_s(last.spec.vote_deadline_s):
             return
         nxt = cycle_spec(last.spec, k + 1)
         rid = run_id(nxt)
-        if rid in self.runs or rid in self._proposed:
+        if rid in self.ctx.runs or rid in self._proposed:
             return
         self._proposed.add(rid)
         self._due_since.pop(sid, None)
         if refused:
             why += f" ({', '.join(sorted(refused))}: refused as proposer, last in turn)"
-        log.info("%s: series %s: proposes cycle %d (run %s): %s", self.name, sid, k + 1, rid, why)
-        self._spawn(None, self._publish("spec", rid, {"spec": nxt.model_dump(mode="json")}))
+        log.info("%s: series %s: proposes cycle %d (run %s): %s", self.ctx.name, sid, k + 1, rid, why)
+        self.ctx.spawn(None, self.ctx.publish("spec", rid, {"spec": nxt.model_dump(mode="json")}))
 
-    def _new_rows(self, sid: str, site: str) -> int:
+    def new_rows(self, sid: str, site: str) -> int:
         report = self.data_reports.get((sid, site))
         if report is None:
             return 0
         return int(report["rows"]) - int(report.get("trained") or 0)
 
-    async def _cycle_inputs(self, st: RunState) -> tuple[str | None, dict[str, Any]]:
+    async def cycle_inputs(self, st: RunState) -> tuple[str | None, dict[str, Any]]:
         """For a cycle starting here: the model file it warm-starts from (None: fresh) and
         what ``run.json`` records of it (series, cycle, data version, rows, warm start). The
         rows it trains on become the series' ``trained`` in this site's data reports."""
@@ -176,12 +178,12 @@ class SeriesCycles:
         if spec.series is None or sid is None:
             return None, {}
         facts: dict[str, Any] = {"series": sid, "cycle": spec.series.cycle, "warm_start": None}
-        binding = self.site.data[spec.data]
+        binding = self.ctx.site.data[spec.data]
         if binding.root is not None and "{id}" not in binding.root:
             try:
                 version = await asyncio.to_thread(data_version, binding.root)
             except DataVersionError as exc:
-                log.warning("%s: run %s: no data version: %s", self.name, st.run_id, exc)
+                log.warning("%s: run %s: no data version: %s", self.ctx.name, st.run_id, exc)
             else:
                 facts.update(version.as_dict())
                 self._trained[sid] = version.rows
@@ -189,14 +191,14 @@ class SeriesCycles:
                 self._report(sid, spec.data)
         init = None
         if spec.series.cycle > 1 and spec.series.warm_start == "last_promoted":
-            path = ModelStore(self.state_dir, self.name).warm_start(sid)
+            path = ModelStore(self.ctx.state_dir, self.ctx.name).warm_start(sid)
             if path is not None and path.is_file():
                 init = str(path)
                 facts["warm_start"] = path.parent.parent.name  # the entry's id
         return init, facts
 
     # ------------------------------------------------------------------ data versions
-    def _on_data(self, msg: M.SiteMessage) -> None:
+    def on_data(self, msg: M.SiteMessage) -> None:
         """A member's data report on a series: kept, the latest per (series, site)."""
         body = msg.body
         if not isinstance(body.get("binding"), str) or not _VERSION.fullmatch(
@@ -209,7 +211,7 @@ class SeriesCycles:
         if trained is not None and (not isinstance(trained, int) or trained < 0):
             raise ValueError("a data report's trained is a count or none")
         self.data_reports[(msg.run_id, msg.site)] = body
-        if msg.site == self.name and trained is not None:
+        if msg.site == self.ctx.name and trained is not None:
             self._trained.setdefault(msg.run_id, trained)  # what it said before a restart
 
     def _report(self, sid: str, binding: str) -> None:
@@ -217,21 +219,21 @@ class SeriesCycles:
         if version is None:
             return
         body = {"binding": binding, **version.as_dict(), "trained": self._trained.get(sid)}
-        self._spawn(None, self._publish("data", sid, body))
+        self.ctx.spawn(None, self.ctx.publish("data", sid, body))
 
-    async def _watch_data(self) -> None:
+    async def watch_data(self) -> None:
         """Report every series this site trains on a watched binding whenever it changes."""
         seen: dict[str, tuple[int, ...]] = {}
         while True:
             # read each time: the site file's bindings may change under the daemon
             watched = {
-                n: b.root for n, b in self.site.data.items() if b.watch and b.root is not None
+                n: b.root for n, b in self.ctx.site.data.items() if b.watch and b.root is not None
             }
             for name, root in watched.items():
                 try:
                     await self._look_at(name, root, seen)
                 except Exception:  # the watch goes on for the other bindings and later
-                    log.exception("%s: data binding %s: not looked at", self.name, name)
+                    log.exception("%s: data binding %s: not looked at", self.ctx.name, name)
             await asyncio.sleep(WATCH_S)
 
     async def _look_at(self, name: str, root: str, seen: dict[str, tuple[int, ...]]) -> None:
@@ -246,7 +248,7 @@ class SeriesCycles:
             # the binding check's to say (/readyz, the vote)
             exists = await asyncio.to_thread(Path(root).exists)
             if exists and self._watch_log.allows(name, str(exc)):
-                log.warning("%s: data binding %s: %s", self.name, name, exc)
+                log.warning("%s: data binding %s: %s", self.ctx.name, name, exc)
             return
         seen[name] = mark
         if version == self._versions.get(name):
@@ -254,14 +256,14 @@ class SeriesCycles:
         self._versions[name] = version
         log.info(
             "%s: data binding %s: version %s, %d rows",
-            self.name,
+            self.ctx.name,
             name,
             version.version,
             version.rows,
         )
         for sid, cycles in self._cycles().items():
             if any(
-                st.spec.data == name and self.name in (st.members or ()) for st in cycles.values()
+                st.spec.data == name and self.ctx.name in (st.members or ()) for st in cycles.values()
             ):
                 self._report(sid, name)
 

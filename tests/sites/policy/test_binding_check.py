@@ -259,6 +259,14 @@ def test_validate_site_names_the_file_and_field_and_imports_no_torch(tmp_path):
     assert "did you mean 'outcome'?" in err
     assert f"{site_file}: data.gone.root: {tmp_path / 'gone.csv'} does not exist" in err
     site["data"] = {"ward": csv_binding(path)}
+    site["policy"] = {"methods": {"allow": ["fedavgg"]}, "data": {"ward": {"methods": ["ua"]}}}
+    site_file.write_text(yaml.safe_dump(site))
+    typo = p2pfl_cli("validate", "--site", str(site_file))
+    err = " ".join(typo.stderr.split())
+    assert typo.returncode == 2 and "unknown algorithm 'fedavgg' (did you mean 'fedavg'" in err
+    assert f"{site_file}: policy.methods.allow: unknown algorithm 'fedavgg'" in err
+    assert "policy.data.ward.methods: unknown algorithm 'ua'" in err
+    site["policy"] = {"methods": {"allow": ["fedavg", "mypkg.mine:Mine"]}}
     site_file.write_text(yaml.safe_dump(site))
     code = (
         "import sys; from p2pfl.cli import main; "

@@ -104,13 +104,28 @@ def test_held_out_rows_by_row_hash_stay_held_out_as_the_file_grows():
     assert [len(s) for s in split_by_row_hash(old[:2], 0.99)] == [1, 1]
 
 
-class _Daemon(SeriesCycles):
-    """The series part of a daemon over hand-made runs."""
+class _Context:
+    """What the series part reads of its daemon's context, over hand-made runs: every run
+    ended, and what it publishes recorded."""
 
-    def __init__(self, runs: list[RunState]):
-        self.name = "a"
+    def __init__(self, name: str, runs: list[RunState]):
+        self.name = name
         self.runs = {st.run_id: st for st in runs}
-        self._init_series()
+        self.published: list[tuple[str, str, dict]] = []
+
+    def final(self, st: RunState) -> bool:
+        return True
+
+    def publish(self, kind: str, run: str, body: dict) -> None:
+        self.published.append((kind, run, body))
+
+    def spawn(self, st, coro) -> None:
+        assert coro is None  # publish above records at once
+
+
+def _Daemon(runs: list[RunState], name: str = "a") -> SeriesCycles:
+    """The series part of site ``name``'s daemon over hand-made runs."""
+    return SeriesCycles(_Context(name, runs))  # type: ignore[arg-type]
 
 
 def _cycle(k: int, vote: dict | None) -> RunState:
@@ -126,23 +141,23 @@ def test_standing_acceptance_holds_only_while_the_policy_is_unchanged():
     first = _cycle(1, {"vote": "accept", "policy": "digest-1"})
     second = _cycle(2, None)
     daemon = _Daemon([first, second])
-    assert daemon._standing(second, pending).vote == "accept"
+    assert daemon.standing(second, pending).vote == "accept"
     changed = Decision("pending", (), "digest-2")  # the site's policy changed: it votes again
-    assert daemon._standing(second, changed).vote == "pending"
-    assert daemon._standing(first, pending).vote == "pending"  # the first cycle: asked
+    assert daemon.standing(second, changed).vote == "pending"
+    assert daemon.standing(first, pending).vote == "pending"  # the first cycle: asked
     rejected = _Daemon([_cycle(1, {"vote": "reject", "policy": "digest-1"}), second])
-    assert rejected._standing(second, pending).vote == "pending"
+    assert rejected.standing(second, pending).vote == "pending"
     refused = Decision("reject", (), "digest-1")  # a policy that rejects still rejects
-    assert daemon._standing(second, refused).vote == "reject"
+    assert daemon.standing(second, refused).vote == "reject"
 
 
 def test_new_rows_are_counted_from_what_the_last_cycle_trained_on():
     daemon = _Daemon([])
     daemon.data_reports[("s", "b")] = {"rows": 130, "trained": 100}
     daemon.data_reports[("s", "c")] = {"rows": 90, "trained": None}
-    assert daemon._new_rows("s", "b") == 30
-    assert daemon._new_rows("s", "c") == 90
-    assert daemon._new_rows("s", "d") == 0
+    assert daemon.new_rows("s", "b") == 30
+    assert daemon.new_rows("s", "c") == 90
+    assert daemon.new_rows("s", "d") == 0
 
 
 def test_warm_start_loads_the_whole_model_or_names_the_field(tmp_path):
@@ -169,22 +184,10 @@ def test_warm_start_loads_the_whole_model_or_names_the_field(tmp_path):
         warm_start(other, str(tmp_path / "none.safetensors"), "topology.yaml")
 
 
-class _Proposer(_Daemon):
-    """A member of the series' last cycle, every cycle ended, recording what it publishes."""
-
-    def __init__(self, name: str, runs: list[RunState]):
-        super().__init__(runs)
-        self.name = name
-        self.published: list[tuple[str, str, dict]] = []
-
-    def _final(self, st: RunState) -> bool:
-        return True
-
-    def _publish(self, kind: str, run: str, body: dict) -> None:
-        self.published.append((kind, run, body))
-
-    def _spawn(self, st, coro) -> None:
-        assert coro is None  # _publish above records at once
+def _Proposer(name: str, runs: list[RunState]) -> SeriesCycles:
+    """A member of the series' last cycle, every cycle ended, recording what it publishes
+    (``.ctx.published``)."""
+    return _Daemon(runs, name)
 
 
 def _ended_cycle(series: dict, ago_s: float) -> RunState:
@@ -201,14 +204,14 @@ def test_the_next_cycle_is_proposed_on_schedule_by_the_first_in_turn():
     series = {"every_s": 60}
     not_yet = _Proposer("a", [_ended_cycle(series, 59)])
     not_yet._next_cycle(*next(iter(not_yet._cycles().items())))
-    assert not_yet.published == []
+    assert not_yet.ctx.published == []
     first, second = (_Proposer(n, [_ended_cycle(series, 61)]) for n in ("a", "b"))
     for member in (first, second):
         member._next_cycle(*next(iter(member._cycles().items())))
-    [(kind, rid, body)] = first.published
+    [(kind, rid, body)] = first.ctx.published
     cycle = spec_from_dict(body["spec"])
     assert kind == "spec" and cycle.series.cycle == 2 and run_id(cycle) == rid
-    assert second.published == []  # its turn comes one grace period later
+    assert second.ctx.published == []  # its turn comes one grace period later
 
 
 def test_the_next_cycle_is_due_when_enough_members_report_new_rows():
@@ -218,12 +221,12 @@ def test_the_next_cycle_is_due_when_enough_members_report_new_rows():
     member.data_reports[(sid, "a")] = {"rows": 200, "trained": 160}
     member.data_reports[(sid, "b")] = {"rows": 170, "trained": 160}  # 10 new: too few
     member._next_cycle(sid, cycles)
-    assert member.published == []  # one member of the two min_accept asks
+    assert member.ctx.published == []  # one member of the two min_accept asks
     member.data_reports[(sid, "b")] = {"rows": 190, "trained": 160}
     member._next_cycle(sid, cycles)
-    assert [spec_from_dict(b["spec"]).series.cycle for _, _, b in member.published] == [2]
+    assert [spec_from_dict(b["spec"]).series.cycle for _, _, b in member.ctx.published] == [2]
     member._next_cycle(sid, cycles)
-    assert len(member.published) == 1  # proposed once
+    assert len(member.ctx.published) == 1  # proposed once
 
 
 def _refused_cycle(first: RunState, proposer: str, code: str, ago_s: float) -> RunState:
@@ -253,11 +256,11 @@ def test_a_proposer_refused_steps_aside_and_the_cycle_is_proposed_again_at_once(
     sites = {n: _Proposer(n, [first, second]) for n in ("a", "b", "c")}
     for site in sites.values():
         site._next_cycle(*next(iter(site._cycles().items())))
-    [(kind, rid, body)] = sites["a"].published
+    [(kind, rid, body)] = sites["a"].ctx.published
     assert spec_from_dict(body["spec"]).series.cycle == 3 and rid == run_id(
         cycle_spec(first.spec, 3)
     )
-    assert sites["b"].published == sites["c"].published == []  # their turns come later
+    assert sites["b"].ctx.published == sites["c"].ctx.published == []  # their turns come later
 
 
 def test_a_cycle_refused_for_another_reason_is_not_proposed_again_before_its_deadline():
@@ -269,10 +272,10 @@ def test_a_cycle_refused_for_another_reason_is_not_proposed_again_before_its_dea
     for site in ("a", "b"):
         member.data_reports[(sid, site)] = {"rows": 200, "trained": 160}  # still new
     member._next_cycle(sid, cycles)
-    assert member.published == []  # the refusal does not loop faster than its deadline
+    assert member.ctx.published == []  # the refusal does not loop faster than its deadline
     second.proposed_ts -= 10  # its deadline passed
     member._next_cycle(sid, cycles)
-    assert [spec_from_dict(b["spec"]).series.cycle for _, _, b in member.published] == [3]
+    assert [spec_from_dict(b["spec"]).series.cycle for _, _, b in member.ctx.published] == [3]
 
 
 def test_a_site_refused_in_its_latest_proposal_only_is_refused():
