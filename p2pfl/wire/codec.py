@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from p2pfl.errors import P2PFLError
+from p2pfl.wire.untrusted import UntrustedBytes, unpack_untrusted
 
 __all__ = [
     "ALLOWED_DTYPES",
@@ -140,10 +141,6 @@ def encode(obj: Any) -> bytes:
 # ----------------------------------------------------------------------------- decode
 
 
-def _reject_ext(code: int, data: bytes) -> Any:
-    raise CodecError(f"msgpack ext type {code} is not allowed")
-
-
 def _check_shape(shape: Any, where: str) -> list[int]:
     if not isinstance(shape, (list, tuple)):
         raise CodecError(f"{where}: shape must be a list, got {type(shape).__name__}")
@@ -225,49 +222,10 @@ def decode(data: bytes | bytearray | memoryview, max_size: int) -> Any:
     """Decode one message of at most ``max_size`` bytes; raise :class:`CodecError` on
     anything that is not exactly one valid message (oversized, truncated, trailing bytes,
     not msgpack, ext types, too deep, bad tensor maps)."""
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise CodecError(f"expected bytes, got {type(data).__name__}")
-    if isinstance(data, memoryview):
-        if not data.contiguous:
-            raise CodecError("message buffer is not contiguous")
-        data = data.cast("B") if data.format != "B" or data.ndim != 1 else data
-    size = len(data)
-    if size > max_size:
-        raise CodecError(f"message of {size} bytes exceeds the limit of {max_size} bytes")
-    if size == 0:
-        raise CodecError("empty message")
     try:
-        obj = msgpack.unpackb(
-            data,
-            raw=False,
-            use_list=True,
-            strict_map_key=True,
-            ext_hook=_reject_ext,
-            max_str_len=size,
-            max_bin_len=size,
-            max_array_len=size,
-            max_map_len=size // 2,
-            max_ext_len=0,
-        )
-    except CodecError:
-        raise
-    except msgpack.ExtraData as exc:
-        raise CodecError(f"trailing garbage: {len(exc.extra)} bytes after the message") from None
-    except msgpack.FormatError:
-        raise CodecError("not a valid msgpack message: reserved or invalid type byte") from None
-    except msgpack.StackError:
-        raise CodecError(f"message nested deeper than {MAX_DEPTH} levels") from None
-    except UnicodeDecodeError as exc:
-        raise CodecError(f"invalid UTF-8 in a string: {exc.reason}") from None
-    except ValueError as exc:
-        msg = str(exc) or type(exc).__name__
-        if "incomplete" in msg.lower():
-            raise CodecError(f"truncated message ({size} bytes)") from None
-        if "max_ext_len" in msg:
-            raise CodecError("msgpack ext types are not allowed") from None
-        raise CodecError(f"not a valid msgpack message: {msg}") from None
-    except Exception as exc:  # untrusted bytes: anything msgpack raises is a bad message
-        raise CodecError(f"not a valid msgpack message: {type(exc).__name__}: {exc}") from None
+        obj = unpack_untrusted(data, max_size)
+    except UntrustedBytes as exc:
+        raise CodecError(str(exc)) from None
     return _walk(obj, 1)
 
 

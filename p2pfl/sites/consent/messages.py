@@ -61,6 +61,7 @@ from p2pfl.security.certs import (
     revoked_serials,
     verify_member_certificate,
 )
+from p2pfl.wire.untrusted import UntrustedBytes, unpack_untrusted
 
 __all__ = [
     "KINDS",
@@ -399,32 +400,12 @@ def encode(
 
 
 def _unpack(data: bytes) -> Any:
-    """One msgpack value of untrusted bytes: str keys and strings as str, no ext types,
-    every length bounded by the payload's; :class:`MessageRefused` (``malformed``)."""
-
-    def no_ext(code: int, _data: bytes) -> Any:
-        raise MessageRefused("malformed", f"msgpack ext type {code} is not allowed")
-
-    size = len(data)
+    """One msgpack value of untrusted bytes (:func:`~p2pfl.wire.untrusted.unpack_untrusted`,
+    the node's decoder too); :class:`MessageRefused` (``malformed``) otherwise."""
     try:
-        return msgpack.unpackb(
-            data,
-            raw=False,
-            use_list=True,
-            strict_map_key=True,
-            ext_hook=no_ext,
-            max_str_len=size,
-            max_bin_len=size,
-            max_array_len=size,
-            max_map_len=size // 2,
-            max_ext_len=0,
-        )
-    except MessageRefused:
-        raise
-    except msgpack.ExtraData as exc:
-        raise MessageRefused("malformed", f"{len(exc.extra)} bytes after the message") from None
-    except Exception as exc:  # untrusted bytes: whatever msgpack raises is a bad message
-        raise MessageRefused("malformed", f"not msgpack: {type(exc).__name__}: {exc}") from None
+        return unpack_untrusted(data, MAX_SITE_MESSAGE_BYTES)
+    except UntrustedBytes as exc:
+        raise MessageRefused("malformed", f"not msgpack: {exc}") from None
 
 
 def _check_body(value: Any, depth: int) -> None:
