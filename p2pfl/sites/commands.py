@@ -23,6 +23,9 @@ from p2pfl.sites.daemon.admin_socket import call
 
 log = logging.getLogger("p2pfl.sites")
 out = Console(highlight=False, soft_wrap=True)  # a command's answer: on stdout
+said = Console(
+    stderr=True, highlight=False, soft_wrap=True
+)  # what validate says, as for a topology
 
 
 def _site(args: argparse.Namespace):
@@ -382,12 +385,12 @@ def cmd_validate_site(args: argparse.Namespace) -> int:
     if report.problems:
         raise ConfigError(args.site, [(p.field, p.message) for p in report.problems])
     bindings = f"{len(site.data)} data binding{'s' if len(site.data) != 1 else ''}"
-    out.print(
+    said.print(
         f"[green]ok[/] {args.site}: site {site.site!r} of swarm {site.swarm!r}, {bindings}"
         + (" (not opened: --no-data)" if args.no_data else "")
     )
     for line in report.lines:
-        out.print(f"  {escape(line)}")
+        said.print(f"  {escape(line)}")
     return 0
 
 
