@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from p2pfl.wire.codec import CodecError
 from p2pfl.wire.envelope import Envelope
 from p2pfl.wire.status import MAX_STATUS_BYTES, check_status
+from p2pfl.wire.untrusted import CodecError
 
 PRESENCE_STATUSES = ("online", "done", "offline")
 MAX_PRESENCE_BYTES = 16 << 10  # a signed presence carries a certificate (~1 KiB)
@@ -103,7 +103,7 @@ class LiveState:
         if owner not in self.node_ids:
             return "unknown_node"
         try:
-            env = Envelope.unpack(bytes(payload), limit)
+            env = Envelope.unpack(bytes(payload), limit, tensors=False)
         except CodecError:
             return "malformed"
         if env.swarm != self.swarm:

@@ -28,8 +28,7 @@ import msgpack
 import numpy as np
 import torch
 
-from p2pfl.errors import P2PFLError
-from p2pfl.wire.untrusted import UntrustedBytes, unpack_untrusted
+from p2pfl.wire.untrusted import MAX_DEPTH, TENSOR_TAG, CodecError, unpack_untrusted
 
 __all__ = [
     "ALLOWED_DTYPES",
@@ -45,10 +44,6 @@ __all__ = [
 
 if sys.byteorder != "little":  # pragma: no cover - every supported torch platform is LE
     raise ImportError("p2pfl.wire.codec assumes a little-endian host")
-
-
-class CodecError(P2PFLError, ValueError):
-    """Bytes (or an index) that do not describe a valid message / state."""
 
 
 ALLOWED_DTYPES: dict[str, torch.dtype] = {
@@ -70,11 +65,9 @@ _ITEMSIZE: dict[str, int] = {
 # numpy dtype names that map onto an allowed torch dtype (numpy has no bfloat16)
 _NUMPY_OK = frozenset(ALLOWED_DTYPES) - {"bfloat16"}
 
-MAX_DEPTH = 32  # nesting of maps/lists in a decoded message
 MAX_NDIM = 32  # dimensions of one tensor (torch's own limit is 64)
 MAX_DIM = 1 << 48  # one dimension; only reachable by zero-element tensors anyway
 ALIGN = 64  # state_to_buffer: every tensor starts at a multiple of this offset
-TENSOR_TAG = "__tensor__"
 _TENSOR_KEYS = frozenset({TENSOR_TAG, "dtype", "shape", "data"})
 _INDEX_KEYS = frozenset({"name", "dtype", "shape", "offset", "nbytes"})
 _CPU = torch.device("cpu")
@@ -222,11 +215,7 @@ def decode(data: bytes | bytearray | memoryview, max_size: int) -> Any:
     """Decode one message of at most ``max_size`` bytes; raise :class:`CodecError` on
     anything that is not exactly one valid message (oversized, truncated, trailing bytes,
     not msgpack, ext types, too deep, bad tensor maps)."""
-    try:
-        obj = unpack_untrusted(data, max_size)
-    except UntrustedBytes as exc:
-        raise CodecError(str(exc)) from None
-    return _walk(obj, 1)
+    return _walk(unpack_untrusted(data, max_size), 1)
 
 
 # ----------------------------------------------------------------------------- states

@@ -17,12 +17,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from p2pfl import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION
-from p2pfl.wire.codec import CodecError, decode, encode
+from p2pfl.wire.untrusted import CodecError, decode_plain
+
+
+def _codec():  # noqa: ANN202 - the module
+    """:mod:`p2pfl.wire.codec` (tensors: torch), imported with the first message that needs
+    it, so a reader of presence and status (the dashboard) imports no torch."""
+    from p2pfl.wire import codec
+
+    return codec
 
 
 def same_body(a: Any, b: Any) -> bool:
     """Whether two message bodies travel as the same bytes (their :mod:`~p2pfl.wire.codec`
     encodings are equal: lists and tuples alike, tensors bit for bit)."""
+    encode = _codec().encode
     return encode(a) == encode(b)
 
 
@@ -124,7 +133,7 @@ class Envelope:
     v: int = PROTOCOL_VERSION
 
     def _header(self) -> bytes:
-        return encode(
+        return _codec().encode(
             {
                 "v": self.v,
                 "swarm": self.swarm,
@@ -154,9 +163,11 @@ class Envelope:
         return b"".join((FRAME_MAGIC, struct.pack("<I", len(header)), header, self.data))
 
     @classmethod
-    def unpack(cls, payload: bytes, max_bytes: int) -> Envelope:
+    def unpack(cls, payload: bytes, max_bytes: int, tensors: bool = True) -> Envelope:
         """Decode and check the envelope's shape; raise :class:`CodecError` if it is off.
-        A signature is returned in ``sig`` unchecked: verifying it is the caller's job."""
+        A signature is returned in ``sig`` unchecked: verifying it is the caller's job.
+        ``tensors``: tensor maps become tensors (False: a tensor is an error, and no torch
+        is imported, :func:`~p2pfl.wire.untrusted.decode_plain`)."""
         data = sig = None
         magic = payload[:4]
         if magic in (FRAME_MAGIC, SIGNED_MAGIC):
@@ -173,7 +184,7 @@ class Envelope:
             else:
                 data = view[tail:]
             payload = view[8 : 8 + hlen]
-        obj = decode(payload, max_bytes)
+        obj = _codec().decode(payload, max_bytes) if tensors else decode_plain(payload, max_bytes)
         if not isinstance(obj, dict):
             raise CodecError("envelope is not a map")
         version = obj.get("v")

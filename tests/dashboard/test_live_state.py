@@ -115,3 +115,34 @@ def test_live_state_drops_what_is_off_and_says_why():
     # a signed frame is read (its signature is not the dashboard's to check)
     assert live.handle("p2pfl/s1/status/a", signed) is None
     assert live.phases["a"].phase == "waiting"
+
+
+def test_the_dashboard_reads_presence_and_status_without_torch(tmp_path):
+    """The dashboard's process never imports torch: presence and status decode without
+    it, and a tensor where none is expected is dropped (docs/architecture.md)."""
+    import subprocess
+    import sys
+
+    import torch
+
+    msgs = [_presence("a", "online", round=2), _status("a", phase_body("training"), rnd=3)]
+    msgs.append(_status("b", {"event": "phase", "phase": torch.zeros(2)}))
+    for i, payload in enumerate(msgs):
+        (tmp_path / f"{i}.bin").write_bytes(payload)
+    code = (
+        "import sys, pathlib\n"
+        "from p2pfl.dashboard.live import LiveState\n"
+        "import p2pfl.dashboard.server\n"
+        f"live = LiveState({SWARM!r}, {IDS!r})\n"
+        f"kinds = ['presence', 'status', 'status']\n"
+        "for i, kind in enumerate(kinds):\n"
+        f"    payload = pathlib.Path({str(tmp_path)!r}, f'{{i}}.bin').read_bytes()\n"
+        "    sender = 'a' if i < 2 else 'b'\n"
+        f"    print(live.handle(f'p2pfl/{SWARM}/{{kind}}/{{sender}}', payload))\n"
+        "print('torch' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.split()
+    assert lines[:2] == ["None", "None"]  # applied
+    assert lines[2] != "None" and lines[-1] == "False", done.stdout  # dropped; no torch

@@ -61,7 +61,7 @@ from p2pfl.security.certs import (
     revoked_serials,
     verify_member_certificate,
 )
-from p2pfl.wire.untrusted import UntrustedBytes, unpack_untrusted
+from p2pfl.wire.untrusted import CodecError, unpack_untrusted
 
 __all__ = [
     "KINDS",
@@ -404,7 +404,7 @@ def _unpack(data: bytes) -> Any:
     the node's decoder too); :class:`MessageRefused` (``malformed``) otherwise."""
     try:
         return unpack_untrusted(data, MAX_SITE_MESSAGE_BYTES)
-    except UntrustedBytes as exc:
+    except CodecError as exc:
         raise MessageRefused("malformed", f"not msgpack: {exc}") from None
 
 
