@@ -44,6 +44,7 @@ from pathlib import Path
 from p2pfl.errors import P2PFLError
 from p2pfl.files import write_bytes_atomic
 from p2pfl.launch.bridge import Bridges, bridge_config, bridge_tls_files
+from p2pfl.lifeline import die_with_parent
 from p2pfl.security.certs import SwarmCerts, load_certificate, mosquitto_acl, revoked_names
 
 log = logging.getLogger("p2pfl.broker")
@@ -168,7 +169,10 @@ class ChildBroker:
         except OSError:
             return False
 
-    def start(self, timeout: float = 10.0) -> ChildBroker:
+    def start(self, timeout: float = 10.0, *, tied: bool = False) -> ChildBroker:
+        """Start the broker and wait until it accepts connections; ``tied``: it dies with
+        this process, however this process dies (:func:`~p2pfl.lifeline.die_with_parent`;
+        call from the thread that outlives it)."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         cmd = self.command()
         self._log = open(self.log_path, "ab")
@@ -179,6 +183,7 @@ class ChildBroker:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # Ctrl-C in a terminal reaches us, and we stop it
+            preexec_fn=die_with_parent() if tied else None,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -98,7 +98,7 @@ async def _serve(site) -> int:
         from p2pfl.launch.broker import make_broker
 
         broker = make_broker("embedded", "127.0.0.1", 1883, workdir=Path(site.state_dir) / "broker")
-        broker.start()
+        broker.start(tied=True)  # a killed daemon leaves no broker holding its port
         address = broker.address
     elif site.broker == "mdns":
         from p2pfl.wire.discovery import find_broker

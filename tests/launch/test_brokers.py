@@ -5,12 +5,14 @@ delivery, and the packet size limit. The embedded broker refuses TLS before it s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import aiomqtt
 import pytest
@@ -157,3 +159,39 @@ def test_the_embedded_broker_refuses_tls_and_an_unknown_kind_is_named(monkeypatc
         make_broker("auto", tls=tls)
     with pytest.raises(BrokerError, match="unknown broker 'rabbit'"):
         make_broker("rabbit")
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_tied_broker_dies_with_the_process_that_started_it(tmp_path, tied):
+    """A site daemon's own broker (``broker: embedded``) is started ``tied``: when the
+    daemon is SIGKILLed, its broker does not outlive it holding the port; an untied one
+    (a launcher's, stopped by its owner) is left alone by this rule."""
+    code = textwrap.dedent(
+        f"""
+        import sys, time
+        from p2pfl.launch.broker import make_broker
+        b = make_broker("embedded", workdir={str(tmp_path)!r}).start(tied={tied})
+        print(b.proc.pid, flush=True)
+        time.sleep(600)
+        """
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(parent.stdout.readline())
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+
+        def alive() -> bool:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    return f.read().split(") ", 1)[1][0] != "Z"  # a zombie has died
+            except FileNotFoundError:
+                return False
+
+        deadline = time.monotonic() + 30
+        while alive() and tied and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert alive() is not tied
+    finally:
+        with contextlib.suppress(ProcessLookupError, NameError):
+            os.kill(pid, signal.SIGKILL)

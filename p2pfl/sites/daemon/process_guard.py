@@ -1,7 +1,7 @@
 """No process of a site daemon outlives it (docs/design.md, "The site daemon").
 
 Its helper processes (run workers, ``p2pfl serve``, ``p2pfl models offer``) run in the
-daemon's process group with a parent-death signal (:func:`die_with_parent`): when the
+daemon's process group with a parent-death signal (:func:`~p2pfl.lifeline.die_with_parent`): when the
 daemon dies, even by SIGKILL, the kernel sends each of them SIGTERM. What that cannot cover
 (a child that ignores the signal, a child of an older daemon) the next daemon ends at its
 start: :class:`ChildRecord` keeps the pid, command line and start time of each live child in
@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import json
 import logging
 import os
 import signal
-import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,41 +30,6 @@ from p2pfl.files import write_bytes_atomic
 log = logging.getLogger("p2pfl.sites.daemon")
 
 RECORD_NAME = "children.json"
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-def _load_prctl() -> Callable[..., int] | None:
-    """libc's ``prctl``, resolved once in the parent (a forked child calls it, nothing more)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    prctl.restype = ctypes.c_int
-    return prctl
-
-
-_PRCTL = _load_prctl()
-
-
-def die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` for a child of this process: SIGTERM to the child when this process
-    dies (``PR_SET_PDEATHSIG``); None where Linux's ``prctl`` is missing. Call it in the
-    thread that spawns and outlives the child (the event loop's): the signal follows the
-    death of the forking thread. A child whose parent died before the ``prctl`` took effect
-    ends itself at once."""
-    if _PRCTL is None:
-        return None
-    prctl, parent = _PRCTL, os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died between fork and prctl
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return preexec
 
 
 def start_time(pid: int) -> int | None:

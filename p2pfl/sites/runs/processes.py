@@ -20,7 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from p2pfl.sites.daemon.process_guard import die_with_parent, track
+from p2pfl.lifeline import die_with_parent
+from p2pfl.sites.daemon.process_guard import track
 
 log = logging.getLogger("p2pfl.sites.daemon")
 
@@ -36,7 +37,7 @@ async def spawn_p2pfl(
 ) -> asyncio.subprocess.Process:
     """``python -m p2pfl ARGS``, its stdout and stderr appended to ``log_path``. It stays in
     the daemon's process group and gets SIGTERM when the daemon dies, however it dies
-    (:func:`~p2pfl.sites.daemon.process_guard.die_with_parent`); the daemon's record of its
+    (:func:`~p2pfl.lifeline.die_with_parent`); the daemon's record of its
     children lists it until it exits (:func:`~p2pfl.sites.daemon.process_guard.track`)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     cmdline = [sys.executable, "-m", "p2pfl", *args]

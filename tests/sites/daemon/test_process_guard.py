@@ -175,7 +175,7 @@ def test_a_child_dies_with_its_parent_even_by_sigkill(tmp_path):
             sys.executable,
             "-c",
             "import subprocess, sys, time\n"
-            "from p2pfl.sites.daemon.process_guard import die_with_parent\n"
+            "from p2pfl.lifeline import die_with_parent\n"
             f"child = subprocess.Popen({SLEEPER!r}, preexec_fn=die_with_parent())\n"
             "print(child.pid, flush=True)\n"
             "time.sleep(120)\n",
