@@ -10,22 +10,19 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
 
-from p2pfl.check.checked import (
-    CheckedTopology,
-    check_topology,
-    config_digest,
-    device_problem,
-    load_checked,
-)
 from p2pfl.check.load import ConfigError, load_node_overrides, load_topology
 from p2pfl.cli_parser import build_parser
 from p2pfl.config.schema import BrokerAddress
 from p2pfl.errors import P2PFLError
 from p2pfl.sites.commands import site_commands
+
+if TYPE_CHECKING:
+    from p2pfl.check.checked import CheckedTopology
 
 console = Console(stderr=True)
 
@@ -63,6 +60,8 @@ def _overrides(args: argparse.Namespace, extra: list[str] | None = None) -> list
 def _load(args: argparse.Namespace, extra: list[str] | None = None, **checks) -> CheckedTopology:
     """The command's topology through the one path every command takes
     (:func:`p2pfl.check.checked.load_checked`, ``checks`` its options)."""
+    from p2pfl.check.checked import load_checked  # the topology commands' (networkx)
+
     return load_checked(args.topology, _overrides(args, extra), **checks)
 
 
@@ -197,6 +196,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 def cmd_node(args: argparse.Namespace) -> int:
+    from p2pfl.check.checked import check_topology, device_problem
     from p2pfl.node.daemon import Node, NodeOptions, run_all
 
     extra = []
@@ -311,6 +311,8 @@ def _launcher_checked(args: argparse.Namespace, extra: list[str]) -> bool:
         return False
     if args.node_config or args.data_root or args.device:
         return False
+    from p2pfl.check.checked import config_digest
+
     try:
         return config_digest(args.topology) == args.checked
     except OSError:
