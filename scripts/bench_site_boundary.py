@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""A site daemon's own boundary, measured (issue 47; docs/design.md, "Site policy"): three
+"""A site daemon's own boundary, measured (docs/design.md, "Site policy"): three
 daemons on one Mosquitto, one small run proposed, and for each daemon
 
 - ``idle_rss_mib``: its resident memory before any proposal;
