@@ -98,7 +98,7 @@ class SoakConfig:
 class Fault:
     """One fault: what it hits and when (drawn), then what happened."""
 
-    run: int  # the index of the run it hits
+    run: int  # the index of the run it hits (0: the first)
     kind: str  # one of FAULTS
     site: str  # the site hit ("" for the broker)
     delay_s: float  # after the submit; for a worker, after it was seen training
@@ -167,7 +167,7 @@ def helper_kind(argv: list[str]) -> str | None:
 def site_processes(folder: Path) -> list[dict[str, Any]]:
     """The p2pfl processes (daemon, node, serve, models offer) whose arguments name
     ``folder``: what a soak in ``folder`` started, however deep."""
-    mark = str(folder)
+    mark = str(folder).rstrip(os.sep) + os.sep  # not a sibling whose name starts alike
     found = []
     for pid, ppid, argv in proc_table():
         if pid == os.getpid():
@@ -470,7 +470,7 @@ class Soak:
             if time.monotonic() - t0 > self.cfg.run_timeout_s:
                 left = {n: v["status"] if v else "unknown" for n, v in views.items()}
                 self.problems.append(
-                    f"run {index} ({rid}) did not end in {self.cfg.run_timeout_s:g} s: {left}"
+                    f"run {index + 1} ({rid}) did not end in {self.cfg.run_timeout_s:g} s: {left}"
                 )
                 if fault is not None and not fault.done:
                     fault.missed = "the run did not end in time"
@@ -700,7 +700,7 @@ class Soak:
         for rec in self.records:  # a run no fault hit finishes everywhere
             if not rec.hit and any(v != "finished" for v in rec.status.values()):
                 problems.append(
-                    f"run {rec.index} ({rec.run_id}), hit by no fault, did not finish "
+                    f"run {rec.index + 1} ({rec.run_id}), hit by no fault, did not finish "
                     f"everywhere: {rec.status} {rec.why}"
                 )
         disagree, no_commit = ledger_agreement(ledgers, list(runs_ids))
@@ -714,7 +714,7 @@ class Soak:
         for f in self.faults:
             for c in f.survivors:
                 problems.append(
-                    f"{f.site}'s daemon (pid {f.pid}) was killed during run {f.run}: its "
+                    f"{f.site}'s daemon (pid {f.pid}) was killed during run {f.run + 1}: its "
                     f"{c['kind']} process {c['pid']} was still alive after the restart "
                     f"({c['cmdline']})"
                 )

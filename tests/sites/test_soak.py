@@ -24,8 +24,8 @@ def test_a_short_soak_ends_every_run_everywhere_and_leaves_nothing_behind(tmp_pa
         seed=1,
         broker="mosquitto",
         fault_rate=1.0,  # runs 2 to 5: one fault of each kind
-        startup_timeout_s=15.0,  # a node whose peer was killed waits this long for it
-        worker_window_s=4.0,
+        startup_timeout_s=20.0,  # a node whose peer was killed waits this long for it
+        worker_window_s=2.0,  # killed while it starts: it has not ended yet
         run_timeout_s=150.0,
         settle_timeout_s=90.0,
         max_state_mb=4.0,
