@@ -50,9 +50,9 @@ from typing import Any
 import yaml
 
 from p2pfl.launch.broker import ChildBroker, free_port, make_broker
-from p2pfl.sites.admin import AdminError, call
-from p2pfl.sites.agreement import winning_commit
-from p2pfl.sites.ledger import FINAL
+from p2pfl.sites.consent.agreement import winning_commit
+from p2pfl.sites.consent.ledger import FINAL
+from p2pfl.sites.daemon.admin_socket import AdminError, call
 
 HERE = Path(__file__).resolve().parents[1]
 FAULTS = ("daemon", "worker", "serving", "broker")
@@ -772,7 +772,7 @@ class Soak:
 
 # ---------------------------------------------------------------------------- ledgers
 def read_ledger(path: Path) -> dict[str, dict[str, Any]]:
-    """A site's ledger, read-only (``p2pfl/sites/ledger.py``'s tables): run id → status,
+    """A site's ledger, read-only (``p2pfl/sites/consent/ledger.py``'s tables): run id → status,
     why, proposer and commits (committer → members)."""
     if not path.is_file():
         return {}
