@@ -9,7 +9,9 @@ site), and faults injected at moments drawn from a seeded RNG:
 - ``serving``: the serving process (``p2pfl serve --site``) of the site that serves its
   model SIGKILLed; its daemon starts it again;
 - ``broker``: the broker SIGKILLed and started again on the same port (with no persistence:
-  its retained messages are lost).
+  its retained messages are lost);
+- ``outage``: a site daemon SIGKILLed during the vote and the broker SIGKILLed and started
+  again while it is down: the daemon comes back to a broker that lost the run's messages.
 
 At the end it checks that every run reached a final status (finished, failed, aborted,
 cancelled) at every site that heard it, with nothing left proposed, committed or running;
@@ -55,7 +57,7 @@ from p2pfl.sites.consent.ledger import FINAL
 from p2pfl.sites.daemon.admin_socket import AdminError, call
 
 HERE = Path(__file__).resolve().parents[1]
-FAULTS = ("daemon", "worker", "serving", "broker")
+FAULTS = ("daemon", "worker", "serving", "broker", "outage")
 STATUSES = ("finished", "failed", "aborted", "cancelled")
 HELPERS = ("node", "serve", "models", "daemon")  # the p2pfl subcommands a site runs
 
@@ -351,7 +353,9 @@ def plan_faults(cfg: SoakConfig, rng: random.Random, names: list[str]) -> dict[i
     plan = {}
     for run, kind in zip(sorted(rng.sample(candidates, count)), kinds, strict=True):
         site = {"broker": "", "serving": names[0]}.get(kind, rng.choice(names))
-        window = cfg.worker_window_s if kind == "worker" else cfg.vote_deadline_s + 8.0
+        window = {"worker": cfg.worker_window_s, "outage": cfg.vote_deadline_s * 0.75}.get(
+            kind, cfg.vote_deadline_s + 8.0
+        )
         plan[run] = Fault(
             run, kind, site, round(rng.uniform(0, window), 2), round(rng.uniform(0.2, 3.0), 2)
         )
@@ -502,7 +506,8 @@ class Soak:
             return False
         if len(known) == len(views):
             return True
-        return fault is not None and fault.kind == "broker" and all(s.up for s in self.sites)
+        lost = fault is not None and fault.kind in ("broker", "outage")
+        return lost and all(s.up for s in self.sites)
 
     def _revive(self) -> None:
         """A daemon that died without being killed by the soak is a problem: say so with
@@ -543,6 +548,8 @@ class Soak:
         fault.at_s = round(now - t0, 2)
         if fault.kind == "daemon":
             self._kill_daemon(fault, rid, views)
+        elif fault.kind == "outage":
+            self._kill_daemon(fault, rid, views, lambda: self._restart_broker(fault.pause_s))
         elif fault.kind == "serving":
             self._kill_serving(fault)
         else:
@@ -569,7 +576,15 @@ class Soak:
             site.tail,
         )
 
-    def _kill_daemon(self, fault: Fault, rid: str, views: dict[str, dict | None]) -> None:
+    def _kill_daemon(
+        self,
+        fault: Fault,
+        rid: str,
+        views: dict[str, dict | None],
+        while_down: Callable[[], None] | None = None,
+    ) -> None:
+        """SIGKILL the fault's site daemon, run ``while_down``, start it again after
+        ``pause_s``; note its children still alive once it is back."""
         site = self._site(fault.site)
         view = views.get(site.name)
         fault.phase = view["status"] if view else "unheard"
@@ -578,6 +593,8 @@ class Soak:
         children = site.kill()
         fault.fired = True
         killed = time.monotonic()
+        if while_down is not None:
+            while_down()
         time.sleep(fault.pause_s)
         site.start()
         fault.back_s = round(time.monotonic() - killed, 2)
@@ -612,21 +629,28 @@ class Soak:
         phases = sorted({v["status"] for v in views.values() if v})
         fault.phase = ",".join(phases) or "unheard"
         fault.pid = self.broker.proc.pid
-        self.broker.proc.kill()
-        self.broker.proc.wait(30)
         fault.fired = True
         killed = time.monotonic()
+        self._restart_broker(fault.pause_s)
+        fault.back_s = round(time.monotonic() - killed, 2)
+
+    def _restart_broker(self, pause_s: float) -> None:
+        """SIGKILL the broker, start it again on its port ``pause_s`` after every running
+        daemon noticed, and wait until they are connected again."""
+        assert self.broker is not None and self.broker.proc is not None
+        self.broker.proc.kill()
+        self.broker.proc.wait(30)
+        running = [s for s in self.sites if s.up]
         wait_for(
-            lambda: all(not (s.ask("status") or {}).get("connected") for s in self.sites),
+            lambda: all(not (s.ask("status") or {}).get("connected") for s in running),
             30,
             "every daemon to notice the broker is gone",
         )
-        time.sleep(fault.pause_s)
+        time.sleep(pause_s)
         self.broker.stop()  # closes its log; the port and work directory stay
         self.broker.start(timeout=30)
-        for site in self.sites:
+        for site in running:
             site.wait_connected(60)
-        fault.back_s = round(time.monotonic() - killed, 2)
 
     def _site(self, name: str) -> SoakSite:
         return next(s for s in self.sites if s.name == name)
@@ -833,15 +857,15 @@ def table(report: dict[str, Any]) -> str:
         "faults injected: "
         + ", ".join(f"{k} {inj[k]}" + (f" (+{miss[k]} missed)" if miss[k] else "") for k in FAULTS),
         "",
-        "| site | finished | failed | aborted | cancelled | not final | state_dir | per run "
-        "| most in one run |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| site | finished | failed | aborted | cancelled | not final | unheard | state_dir "
+        "| per run | most in one run |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for site, counts in report["per_site"].items():
         size = report["state_dir"][site]
         lines.append(
             f"| {site} | {counts['finished']} | {counts['failed']} | {counts['aborted']} | "
-            f"{counts['cancelled']} | {counts['stuck'] + counts['unheard']} | "
+            f"{counts['cancelled']} | {counts['stuck']} | {counts['unheard']} | "
             f"{size['bytes'] / 2**20:.2f} MiB | {size['per_run_bytes'] / 2**10:.0f} KiB | "
             f"{size['max_run_growth_bytes'] / 2**10:.0f} KiB |"
         )

@@ -1,10 +1,10 @@
 """A short soak of the standing federation (README.md, "A standing federation"):
-``scripts/soak_federation.py`` with three real site daemons, a real Mosquitto and five
-short runs back to back, four of them hit by a fault each (a daemon SIGKILLed and
+``scripts/soak_federation.py`` with three real site daemons, a real Mosquitto and six
+short runs back to back, five of them hit by a fault each (a daemon SIGKILLed and
 restarted, a worker SIGKILLed, the serving process SIGKILLed, the broker SIGKILLed and
-restarted on its port). Every run ends everywhere, the ledgers agree on every commit, no
+restarted on its port, and the broker restarted while a daemon is down). Every run ends everywhere, the ledgers agree on every commit, no
 process is left behind once the daemons stop, and the state_dirs stay small. The script
-waits on the daemons' admin answers, each wait bounded; about two minutes on a loaded
+waits on the daemons' admin answers, each wait bounded; about three minutes on a loaded
 2-core machine."""
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ def test_a_short_soak_ends_every_run_everywhere_and_leaves_nothing_behind(tmp_pa
     soak = load_script("soak_federation")
     cfg = soak.SoakConfig(
         out=tmp_path / "soak",
-        runs=5,
+        runs=6,
         seed=1,
         broker="mosquitto",
-        fault_rate=1.0,  # runs 2 to 5: one fault of each kind
+        fault_rate=1.0,  # runs 2 to 6: one fault of each kind
         startup_timeout_s=20.0,  # a node whose peer was killed waits this long for it
         worker_window_s=2.0,  # killed while it starts: it has not ended yet
         run_timeout_s=150.0,
