@@ -344,8 +344,11 @@ class SoakSite:
 # ---------------------------------------------------------------------------- the soak
 def plan_faults(cfg: SoakConfig, rng: random.Random, names: list[str]) -> dict[int, Fault]:
     """Which runs a fault hits, and its kind, site and moments, from ``rng`` alone: about
-    ``fault_rate`` of the runs, every kind at least once when there are as many runs, the
-    first run spared (the serving site has no model yet)."""
+    ``fault_rate`` of the runs, at most one a run, the first run spared (the serving site
+    has no model yet), and every kind at least once when the other runs are as many as the
+    kinds. A worker is killed within ``worker_window_s`` of its start, an outage begins
+    within the first three quarters of the vote, the other faults within the vote and 8 s
+    after it."""
     candidates = list(range(1, cfg.runs)) or [0]
     count = min(len(candidates), max(round(cfg.runs * cfg.fault_rate), len(FAULTS)))
     kinds = [FAULTS[i % len(FAULTS)] for i in range(count)]
