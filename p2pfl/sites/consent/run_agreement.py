@@ -51,7 +51,7 @@ from p2pfl.algorithms.cards.probe import OutsideCode
 from p2pfl.check.load import ConfigError
 from p2pfl.sites.consent import messages as M
 from p2pfl.sites.consent.agreement import committers, grace_s, tally, winning_commit
-from p2pfl.sites.consent.ledger import FINAL, LedgerError
+from p2pfl.sites.consent.ledger import FINAL, LedgerError, RunEntry
 from p2pfl.sites.consent.run_spec import RunSpec, run_id, spec_from_dict
 from p2pfl.sites.consent.run_state import RunState
 from p2pfl.sites.daemon.context import SiteContext
@@ -70,6 +70,7 @@ NO_VOTE = (
 SETTLE_S = 2.0  # a spec heard this recently may still have its retained commit on the way
 EARLY_SLACK_S = 1.0  # a commit this much before the deadline (clock skew) is still taken
 MAX_EARLY = 10_000  # votes, commits and cancels kept for runs whose spec is not heard yet
+LOST_AFTER_S = 10.0  # after connecting, the retained messages of the runs left open are in
 
 
 class RunAgreement:
@@ -232,6 +233,40 @@ class RunAgreement:
             if self._commit_ok(st, committer, held) is None:
                 del st.held[committer]
                 self._take_commit(st, committer, held, raw)
+
+    async def end_lost_runs(self, reopened: list[RunEntry]) -> None:
+        """Abort the runs the ledger held open when the daemon started (``reopened``:
+        proposed, committed) that no retained message brought back, once every committer's
+        turn is past: the broker lost their messages (it restarted without persistence while
+        this daemon was down), no commit will come, and the run went on, or aborted, without
+        this site."""
+        left = {e.run_id: e for e in reopened}
+        if not left:
+            return
+        await self.ctx.link.connected.wait()
+        await asyncio.sleep(LOST_AFTER_S)
+        ledger = self.ctx.ledger
+        assert ledger is not None
+        while left:
+            for rid, entry in list(left.items()):
+                if rid in self.ctx.runs:  # heard again: it goes on as any run
+                    del left[rid]
+                    continue
+                if rid in self._checking:
+                    continue
+                accepted = [s for s, v in entry.votes.items() if v["vote"] == "accept"]
+                vote_s = float(entry.spec["vote_deadline_s"])
+                turns = len(committers(rid, entry.proposer, accepted)) + 2
+                if time.time() > entry.proposed_at + vote_s + turns * grace_s(vote_s):
+                    del left[rid]
+                    why = (
+                        "not heard again after this daemon restarted (the broker no longer "
+                        "holds its messages) and every committer's turn is past"
+                    )
+                    ledger.set_status(rid, "aborted", why)
+                    log.warning("%s: run %s aborted: %s", self.ctx.name, rid, why)
+                    self.ctx.count_runs()
+            await asyncio.sleep(1.0)
 
     # ------------------------------------------------------------------ commits
     async def _commit_turns(self, st: RunState) -> None:

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import signal
 
-from p2pfl.sites.consent.ledger import ConsentLedger
+from p2pfl.sites.consent.ledger import FINAL, ConsentLedger, RunEntry
 from p2pfl.sites.consent.run_agreement import RunAgreement
 from p2pfl.sites.daemon.admin_commands import AdminCommands
 from p2pfl.sites.daemon.admin_socket import AdminServer
@@ -67,7 +67,7 @@ class SiteDaemon:
         ctx.state_dir.mkdir(parents=True, exist_ok=True)
         ctx.ledger = ConsentLedger(ctx.state_dir / "ledger.sqlite")
         await ctx.bindings.start()
-        self._recover()
+        reopened = self._recover()
         for problem in self.policy_problems:
             log.warning("%s: site file %s: %s", self.name, ctx.site.source, problem)
         if ctx.identity is None:
@@ -91,6 +91,7 @@ class SiteDaemon:
                 asyncio.create_task(self.series.ticks()),
                 asyncio.create_task(self.series.watch_data()),
                 asyncio.create_task(ctx.bindings.watch()),
+                asyncio.create_task(self.agreement.end_lost_runs(reopened)),
             ]
             if self.serving is not None:
                 tasks.append(asyncio.create_task(self.serving.run()))
@@ -117,13 +118,19 @@ class SiteDaemon:
                         t.cancel()
                 ctx.ledger.close()
 
-    def _recover(self) -> None:
-        """A run this site was training when its daemon stopped has lost its worker."""
+    def _recover(self) -> list[RunEntry]:
+        """A run this site was training when its daemon stopped has lost its worker; the
+        other open runs, returned, come back with their retained messages
+        (:meth:`~p2pfl.sites.consent.run_agreement.RunAgreement.end_lost_runs`)."""
         assert self.ctx.ledger is not None
+        reopened = []
         for entry in self.ctx.ledger.runs():
             if entry.status == "running":
                 self.ctx.ledger.set_status(entry.run_id, "failed", "the site daemon stopped")
+            elif entry.status not in FINAL:
+                reopened.append(entry)
         self.ctx.count_runs()
+        return reopened
 
     async def _watchdog(self) -> None:
         interval = self.notifier.watchdog_interval()
