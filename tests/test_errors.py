@@ -36,7 +36,7 @@ def test_the_known_errors_are_found():
     assert {
         "p2pfl.errors.P2PFLError",
         "p2pfl.check.load.ConfigError",
-        "p2pfl.wire.codec.CodecError",
+        "p2pfl.wire.untrusted.CodecError",
         "p2pfl.wire.errors.TransportError",
         "p2pfl.launch.broker.BrokerError",
         "p2pfl.security.certs.CertError",
@@ -52,7 +52,7 @@ def test_every_public_exception_derives_from_p2pflerror(name):
     "name, builtin",
     [
         ("p2pfl.check.load.ConfigError", ValueError),
-        ("p2pfl.wire.codec.CodecError", ValueError),
+        ("p2pfl.wire.untrusted.CodecError", ValueError),
         ("p2pfl.wire.errors.TransportError", RuntimeError),
         ("p2pfl.launch.broker.BrokerError", RuntimeError),
         ("p2pfl.security.certs.CertError", ValueError),
