@@ -20,19 +20,30 @@ from p2pfl import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION
 from p2pfl.wire.untrusted import CodecError, decode_plain
 
 
-def _codec():  # noqa: ANN202 - the module
-    """:mod:`p2pfl.wire.codec` (tensors: torch), imported with the first message that needs
-    it, so a reader of presence and status (the dashboard) imports no torch."""
-    from p2pfl.wire import codec
+def _encode(obj: Any) -> bytes:
+    """:func:`p2pfl.wire.codec.encode` (tensors: torch), imported with the first message that
+    needs it, so a reader of presence and status (the dashboard) imports no torch; the
+    name is then bound to it, at no cost a call."""
+    global _encode
+    from p2pfl.wire.codec import encode
 
-    return codec
+    _encode = encode
+    return encode(obj)
+
+
+def _decode(data: Any, max_size: int) -> Any:
+    """:func:`p2pfl.wire.codec.decode`, imported as :func:`_encode` is."""
+    global _decode
+    from p2pfl.wire.codec import decode
+
+    _decode = decode
+    return decode(data, max_size)
 
 
 def same_body(a: Any, b: Any) -> bool:
     """Whether two message bodies travel as the same bytes (their :mod:`~p2pfl.wire.codec`
     encodings are equal: lists and tuples alike, tensors bit for bit)."""
-    encode = _codec().encode
-    return encode(a) == encode(b)
+    return _encode(a) == _encode(b)
 
 
 KINDS = frozenset(
@@ -133,7 +144,7 @@ class Envelope:
     v: int = PROTOCOL_VERSION
 
     def _header(self) -> bytes:
-        return _codec().encode(
+        return _encode(
             {
                 "v": self.v,
                 "swarm": self.swarm,
@@ -184,7 +195,7 @@ class Envelope:
             else:
                 data = view[tail:]
             payload = view[8 : 8 + hlen]
-        obj = _codec().decode(payload, max_bytes) if tensors else decode_plain(payload, max_bytes)
+        obj = _decode(payload, max_bytes) if tensors else decode_plain(payload, max_bytes)
         if not isinstance(obj, dict):
             raise CodecError("envelope is not a map")
         version = obj.get("v")
