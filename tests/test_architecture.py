@@ -286,3 +286,22 @@ def test_every_driver_implements_the_driver_interface():
             method = get_algorithm(name)
             driver = driver_for(method, cfg)
             assert driver.selects(method, cfg)
+
+
+def test_the_site_daemon_is_made_of_objects_not_mixins():
+    """The daemon and its parts derive from nothing of each other: each part receives the
+    one SiteContext (and the parts it calls) in its constructor (docs/architecture.md,
+    "The site wing")."""
+    from p2pfl.sites.consent.run_agreement import RunAgreement
+    from p2pfl.sites.daemon.admin_commands import AdminCommands
+    from p2pfl.sites.daemon.site_daemon import SiteDaemon
+    from p2pfl.sites.runs.series import SeriesCycles
+    from p2pfl.sites.runs.slots import WorkerSlots
+    from p2pfl.sites.trust.crl_updates import TrustUpdates
+
+    for cls in (SiteDaemon, RunAgreement, AdminCommands, SeriesCycles, WorkerSlots, TrustUpdates):
+        assert cls.__bases__ == (object,), cls
+    import inspect
+
+    for part in (RunAgreement, AdminCommands, SeriesCycles, WorkerSlots, TrustUpdates):
+        assert "ctx" in inspect.signature(part).parameters, part
