@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.markup import escape
 
-from p2pfl.check.load import ConfigError, load_node_overrides, load_topology
+from p2pfl.check.load import load_node_overrides, load_topology
 from p2pfl.cli_parser import build_parser
 from p2pfl.config.schema import BrokerAddress
-from p2pfl.errors import P2PFLError
+from p2pfl.errors import ConfigError, P2PFLError
 from p2pfl.sites.commands import site_commands
 
 if TYPE_CHECKING:
@@ -280,7 +280,6 @@ def cmd_node(args: argparse.Namespace) -> int:
         certs=certs,
         fresh=args.fresh,
         source=source,
-        checked=True,  # by check_topology above, or by the launcher: build once, to run
     )
 
     nodes = [Node(cfg, nid, opts) for nid in ids]

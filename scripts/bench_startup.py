@@ -50,8 +50,9 @@ from rich.table import Table  # noqa: E402
 
 from p2pfl.check.checked import check_topology  # noqa: E402
 from p2pfl.check.load import load_topology  # noqa: E402
-from p2pfl.check.preflight import check_dataset, check_model  # noqa: E402
+from p2pfl.check.preflight import check_model  # noqa: E402
 from p2pfl.launch.swarm import auto_per_process, group_ids, run_swarm  # noqa: E402
+from p2pfl.learning.node_inputs import check_dataset  # noqa: E402
 from p2pfl.metrics import read_run  # noqa: E402
 
 

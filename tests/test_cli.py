@@ -179,7 +179,8 @@ def test_a_trusted_node_still_fails_on_inputs_that_cannot_work(tmp_path, capsys)
     model cannot take the data, a check that only the launcher would have made) still
     fails with a one-line error naming the file and the field, not a traceback."""
     from p2pfl.check.checked import config_digest
-    from p2pfl.check.load import dump_topology, load_topology
+    from p2pfl.check.load import load_topology
+    from p2pfl.config.schema import dump_topology
 
     path = tmp_path / "config.yaml"
     path.write_text(

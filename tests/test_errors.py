@@ -35,7 +35,7 @@ EXCEPTIONS = public_exceptions()
 def test_the_known_errors_are_found():
     assert {
         "p2pfl.errors.P2PFLError",
-        "p2pfl.check.load.ConfigError",
+        "p2pfl.errors.ConfigError",
         "p2pfl.wire.untrusted.CodecError",
         "p2pfl.wire.errors.TransportError",
         "p2pfl.launch.broker.BrokerError",
@@ -51,7 +51,7 @@ def test_every_public_exception_derives_from_p2pflerror(name):
 @pytest.mark.parametrize(
     "name, builtin",
     [
-        ("p2pfl.check.load.ConfigError", ValueError),
+        ("p2pfl.errors.ConfigError", ValueError),
         ("p2pfl.wire.untrusted.CodecError", ValueError),
         ("p2pfl.wire.errors.TransportError", RuntimeError),
         ("p2pfl.launch.broker.BrokerError", RuntimeError),

@@ -10,7 +10,10 @@ tools and :func:`p2pfl.load_model` all build them.
 * :func:`method_over`: method ``cls`` over a model, told its knobs, the run's rounds, its
   epochs, its defence and its training labels;
 * :func:`node_model`: a node's model (the common initial model, on its device);
-* :func:`build_method`: a node's method over the common initial model, from its data.
+* :func:`build_method`: a node's method over the common initial model, from its data;
+* :func:`node_method`: the same for the node that runs it, with :func:`warm_start` from
+  ``model.init``, each failure a :class:`~p2pfl.errors.ConfigError` naming the field
+  (:func:`model_error` for the model's).
 """
 
 from __future__ import annotations
@@ -24,10 +27,12 @@ import torch
 
 from p2pfl.algorithms.base import AlgorithmContext, Method
 from p2pfl.config.schema import TopologyConfig
+from p2pfl.errors import ConfigError
 from p2pfl.learning.data import NodeData
 from p2pfl.learning.defence import Defence
-from p2pfl.learning.models import SplitModel, build_model
+from p2pfl.learning.models import SplitModel, UserModelError, build_model
 from p2pfl.learning.train import epoch_steps, round_epochs
+from p2pfl.learning.user_code import describe
 
 log = logging.getLogger(__name__)
 
@@ -168,3 +173,76 @@ def method_on_data(
         rng=rng,
         device=device,
     )
+
+
+def model_error(
+    cfg: TopologyConfig, shape: tuple[int, ...], exc: Exception, source: str
+) -> ConfigError:
+    """The :class:`ConfigError` for a model that could not be built or run on inputs of
+    ``shape``: a user model's own field (:class:`UserModelError`), else ``model.name`` with
+    the first line of what failed."""
+    if isinstance(exc, UserModelError):
+        return ConfigError(source, [(exc.field, str(exc))])
+    why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    why = why.split(": ", 1)[1] if why.startswith("model ") and ": " in why else why
+    what = f"model {cfg.model.name!r} cannot take {cfg.dataset.name} inputs of shape"
+    return ConfigError(source, [("model.name", f"{what} {list(shape)}: {why}")])
+
+
+def node_method(
+    cls: type[Method],
+    cfg: TopologyConfig,
+    node_id: str,
+    data: NodeData,
+    rng: np.random.Generator,
+    device: torch.device,
+    source: str = "topology",
+) -> Method:
+    """Node ``node_id``'s method, the one that runs, built once as
+    :func:`~p2pfl.algorithms.build.build_method` builds it (seeded as every node builds
+    it); a failure is a :class:`ConfigError` naming ``source`` and the field (the model's:
+    ``model.name`` or a user model's own field; the method's: ``algorithm.name``) instead
+    of a traceback. The checks of :func:`~p2pfl.check.preflight.check_model` are not
+    repeated: whoever starts a node checks its inputs first (``p2pfl node``, ``p2pfl
+    swarm``, :func:`p2pfl.run_swarm`)."""
+    shape = tuple(data.input_shape)
+    try:
+        model = node_model(cls, cfg, node_id, data, device)
+    except (UserModelError, RuntimeError, ValueError, TypeError) as exc:
+        raise model_error(cfg, shape, exc, source) from None
+    if cfg.model.init is not None:
+        warm_start(model, cfg.model.init, source)
+    try:
+        return method_on_data(cls, cfg, model, node_id, data, rng, device)
+    except Exception as exc:  # the method meeting this node's model and data
+        why = (
+            f"node {node_id!r}: method {cfg.algorithm.name!r} cannot work with model "
+            f"{cfg.model.name!r}: {describe(exc)}"
+        )
+        raise ConfigError(source, [("algorithm.name", why)]) from None
+
+
+def warm_start(model: SplitModel, path: str, source: str = "topology") -> None:
+    """Load the safetensors file ``path`` (``model.init``: a model this node's own
+    architecture wrote, as ``p2pfl export`` and a site's model store keep it) into
+    ``model``, every tensor, its personal part included; a :class:`ConfigError` naming
+    ``source`` and ``model.init`` when it cannot be read or does not fit."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from p2pfl.learning.artifacts import layout_problems
+    from p2pfl.learning.layout import tensor_specs
+
+    module = model.export_module()
+    try:
+        weights = load_file(path)
+    except (SafetensorError, OSError) as exc:
+        raise ConfigError(
+            source, [("model.init", f"{path}: not a readable safetensors file: {exc}")]
+        ) from None
+    problems = layout_problems(tensor_specs(module.state_dict()), weights)
+    if problems:
+        why = f"{path}: the weights do not fit this model: " + "; ".join(problems)
+        raise ConfigError(source, [("model.init", why)])
+    with torch.no_grad():
+        module.load_state_dict(weights, strict=True)

@@ -1,6 +1,6 @@
 """The one way every command reads a topology: the file, the schema and its bounds, the
 graph, the device, and (unless asked not to) the data and the model, all before anything
-starts, each problem a :class:`~p2pfl.check.load.ConfigError` naming the user's file and
+starts, each problem a :class:`~p2pfl.errors.ConfigError` naming the user's file and
 the field (docs/design.md, "Configuration").
 
 ``p2pfl validate`` runs it and reports; ``p2pfl swarm`` runs it before the broker and the
@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from p2pfl.check.load import ConfigError, load_topology
+from p2pfl.check.load import load_topology
 from p2pfl.config.schema import TopologyConfig
 from p2pfl.config.topology import build_graph, graph_warnings
+from p2pfl.errors import ConfigError
 
 if TYPE_CHECKING:
     import networkx as nx

@@ -34,19 +34,9 @@ from p2pfl.config.paths import (
 )
 from p2pfl.config.schema import PARAMS_CHECK, BrokerAddress, NodeOverrides, TopologyConfig
 from p2pfl.config.suggest import with_suggestion
-from p2pfl.errors import P2PFLError
+from p2pfl.errors import ConfigError
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
-
-
-class ConfigError(P2PFLError, ValueError):
-    """A configuration problem; ``errors`` holds one ``(location, message)`` per problem."""
-
-    def __init__(self, source: str, errors: list[tuple[str, str]]):
-        self.source = source
-        self.errors = errors
-        lines = [f"{source}: {loc}: {msg}" if loc else f"{source}: {msg}" for loc, msg in errors]
-        super().__init__("\n".join(lines))
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -314,10 +304,3 @@ def load_node_overrides(path: str | Path) -> NodeOverrides:
     over = validated(NodeOverrides, data, path)
     over.note_paths(notes)
     return over
-
-
-def dump_topology(cfg: TopologyConfig) -> str:
-    """The resolved config as YAML (what a run directory records)."""
-    data = cfg.dump()
-    data["broker"] = str(cfg.broker)
-    return yaml.safe_dump(data, sort_keys=False)

@@ -1,113 +1,36 @@
 """Check a topology's inputs before anything trains: the data opens, the partition fits it,
-the model takes its inputs (``p2pfl validate``, and every node as it starts).
+the model takes its inputs (``p2pfl validate``, ``p2pfl swarm`` and ``p2pfl node`` before
+any node starts; a node then builds its method once, :func:`~p2pfl.algorithms.build.node_method`).
 
-Each problem is a :class:`~p2pfl.check.load.ConfigError` naming the topology file and the
+Each problem is a :class:`~p2pfl.errors.ConfigError` naming the topology file and the
 field to fix (``dataset.root``, ``dataset.partition``, ``model.name``), with the message of
 what failed: the missing folder, the zip and its corrupt member, the partition argument out
 of range, the shape the model could not take. With ``dataset.partition: none`` each node's
-own data is checked (:func:`check_node_data`): the message names the node and its file, the
-field is the one to fix (``dataset.root``, ``dataset.label``, ``dataset.classes``,
+own data is checked (:func:`~p2pfl.learning.node_inputs.check_node_data`): the message names
+the node and its file, the field is the one to fix (``dataset.root``, ``dataset.label``, ``dataset.classes``,
 ``dataset.name``, ``dataset.stats``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from p2pfl.algorithms import DecentralizedAlgorithm, get_algorithm
 from p2pfl.algorithms.base import Method, drawn_count
-from p2pfl.algorithms.build import adapt_for, method_on_data, method_over, node_model
-from p2pfl.check.load import ConfigError
-from p2pfl.config.paths import PathBase, is_relative
-from p2pfl.config.schema import DatasetConfig, TopologyConfig, is_import_path
+from p2pfl.algorithms.build import adapt_for, method_over, model_error
+from p2pfl.config.schema import TopologyConfig, is_import_path
 from p2pfl.config.topology import build_graph
-from p2pfl.learning.data import DatasetArrays, DatasetError, NodeData, load_arrays, load_node_data
+from p2pfl.errors import ConfigError
+from p2pfl.learning.data import NodeData
 from p2pfl.learning.models import UserModelError, build_model
+from p2pfl.learning.node_inputs import check_dataset, check_node_data, root_note
 from p2pfl.learning.partition import partition_indices
 from p2pfl.learning.robust import check_bounds
 from p2pfl.learning.split_model import SplitModel
 from p2pfl.learning.user_code import describe
-
-DOWNLOADABLE = ("fashionmnist", "mnist", "cifar10", "cifar100", "svhn")
-
-
-def missing_root(ds: DatasetConfig, root: str | None) -> Path | None:
-    """``root`` as an absolute path when the dataset reads files there and it does not
-    exist (and cannot be downloaded); None otherwise (no root, synthetic data, a user
-    function)."""
-    if not root or ds.name == "synthetic" or is_import_path(ds.name):
-        return None
-    path = Path(root).expanduser()
-    if path.exists() or (ds.download and ds.name in DOWNLOADABLE):
-        return None
-    return path.absolute()
-
-
-def root_note(cfg: TopologyConfig, data_root: str | None = None) -> str:
-    """`` (relative paths resolve against …)`` for a message on the data root: where the
-    device's ``data_root`` (when given) or ``dataset.root`` was resolved from; empty when
-    it was written absolute."""
-    if data_root is not None:
-        note = cfg.path_note("data_root") or (PathBase.cwd().note if is_relative(data_root) else "")
-    else:
-        note = cfg.path_note("dataset.root")
-    return f" ({note})" if note else ""
-
-
-def check_dataset(
-    ds: DatasetConfig, seed: int, source: str, cache_dir=None, note: str = ""
-) -> DatasetArrays:
-    """The dataset's arrays, or a :class:`ConfigError` on ``dataset.root`` saying why not
-    (a missing root: the path looked at, then ``note``, :func:`root_note`)."""
-    missing = missing_root(ds, ds.root)
-    if missing is not None:
-        raise ConfigError(source, [("dataset.root", f"{missing} does not exist{note}")])
-    try:
-        return load_arrays(ds, seed, cache_dir)
-    except DatasetError as exc:
-        raise ConfigError(source, [(exc.field, f"dataset {ds.name!r}: {exc}")]) from None
-    except (OSError, ValueError, ImportError, RuntimeError) as exc:
-        what = "" if str(exc).startswith("dataset ") else f"dataset {ds.name!r}: "
-        raise ConfigError(source, [("dataset.root", f"{what}{exc}")]) from None
-    except Exception as exc:  # a reader's own failure on corrupt files (torchvision asserts)
-        why = f"dataset {ds.name!r}: cannot read its files under {ds.root}: {describe(exc)}"
-        raise ConfigError(source, [("dataset.root", why)]) from exc
-
-
-def check_node_data(
-    cfg: TopologyConfig,
-    node_id: str,
-    *,
-    source: str = "topology",
-    data_root: str | None = None,
-    cache_dir=None,
-) -> NodeData:
-    """Node ``node_id``'s own data (``dataset.partition: none``), loaded whole from its root
-    (``data_root`` when given, else ``dataset.root``; ``{id}`` replaced by the node id), or
-    a :class:`ConfigError` naming ``source`` and the field to fix (``dataset.root``,
-    ``dataset.label``, ``dataset.classes``, ``dataset.name``, ``dataset.stats``) whose
-    message names the node and the file."""
-    ds = cfg.dataset.with_root(data_root)
-    who = f"node {node_id!r}"
-    missing = missing_root(ds, ds.root_for(node_id))
-    if missing is not None:
-        why = f"{who}: {missing} does not exist{root_note(cfg, data_root)}"
-        raise ConfigError(source, [("dataset.root", why)])
-    try:
-        return load_node_data(ds, cfg.node_ids, node_id, cfg.seed, cache_dir)
-    except DatasetError as exc:
-        raise ConfigError(source, [(exc.field, f"{who}: {exc}")]) from None
-    except (OSError, ValueError, ImportError, RuntimeError) as exc:
-        what = "" if str(exc).startswith("dataset ") else f"dataset {ds.name!r}: "
-        raise ConfigError(source, [("dataset.root", f"{who}: {what}{exc}")]) from None
-    except Exception as exc:  # a reader's own failure on a corrupt file
-        where = ds.root_for(node_id)
-        why = f"{who}: dataset {ds.name!r}: cannot read {where}: {describe(exc)}"
-        raise ConfigError(source, [("dataset.root", why)]) from exc
 
 
 def check_own_data(
@@ -206,20 +129,6 @@ def check_inputs(
     return check_model(cfg, arrays.num_classes, tuple(arrays.input_shape), source)
 
 
-def model_error(
-    cfg: TopologyConfig, shape: tuple[int, ...], exc: Exception, source: str
-) -> ConfigError:
-    """The :class:`ConfigError` for a model that could not be built or run on inputs of
-    ``shape``: a user model's own field (:class:`UserModelError`), else ``model.name`` with
-    the first line of what failed."""
-    if isinstance(exc, UserModelError):
-        return ConfigError(source, [(exc.field, str(exc))])
-    why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    why = why.split(": ", 1)[1] if why.startswith("model ") and ": " in why else why
-    what = f"model {cfg.model.name!r} cannot take {cfg.dataset.name} inputs of shape"
-    return ConfigError(source, [("model.name", f"{what} {list(shape)}: {why}")])
-
-
 def check_model(
     cfg: TopologyConfig, num_classes: int, shape: tuple[int, ...], source: str = "topology"
 ) -> SplitModel:
@@ -290,64 +199,6 @@ def check_method(
             ],
         ) from None
     return model
-
-
-def node_method(
-    cls: type[Method],
-    cfg: TopologyConfig,
-    node_id: str,
-    data: NodeData,
-    rng: np.random.Generator,
-    device: torch.device,
-    source: str = "topology",
-) -> Method:
-    """Node ``node_id``'s method, the one that runs, built once as
-    :func:`~p2pfl.algorithms.build.build_method` builds it (seeded as every node builds
-    it); a failure is a :class:`ConfigError` naming ``source`` and the field (the model's:
-    ``model.name`` or a user model's own field; the method's: ``algorithm.name``) instead
-    of a traceback. The checks of :func:`check_model` are not repeated: the node's inputs
-    were checked before it started (or it runs them first, :mod:`p2pfl.node.daemon`)."""
-    shape = tuple(data.input_shape)
-    try:
-        model = node_model(cls, cfg, node_id, data, device)
-    except (UserModelError, RuntimeError, ValueError, TypeError) as exc:
-        raise model_error(cfg, shape, exc, source) from None
-    if cfg.model.init is not None:
-        warm_start(model, cfg.model.init, source)
-    try:
-        return method_on_data(cls, cfg, model, node_id, data, rng, device)
-    except Exception as exc:  # the method meeting this node's model and data
-        why = (
-            f"node {node_id!r}: method {cfg.algorithm.name!r} cannot work with model "
-            f"{cfg.model.name!r}: {describe(exc)}"
-        )
-        raise ConfigError(source, [("algorithm.name", why)]) from None
-
-
-def warm_start(model: SplitModel, path: str, source: str = "topology") -> None:
-    """Load the safetensors file ``path`` (``model.init``: a model this node's own
-    architecture wrote, as ``p2pfl export`` and a site's model store keep it) into
-    ``model``, every tensor, its personal part included; a :class:`ConfigError` naming
-    ``source`` and ``model.init`` when it cannot be read or does not fit."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    from p2pfl.learning.artifacts import layout_problems
-    from p2pfl.learning.layout import tensor_specs
-
-    module = model.export_module()
-    try:
-        weights = load_file(path)
-    except (SafetensorError, OSError) as exc:
-        raise ConfigError(
-            source, [("model.init", f"{path}: not a readable safetensors file: {exc}")]
-        ) from None
-    problems = layout_problems(tensor_specs(module.state_dict()), weights)
-    if problems:
-        why = f"{path}: the weights do not fit this model: " + "; ".join(problems)
-        raise ConfigError(source, [("model.init", why)])
-    with torch.no_grad():
-        module.load_state_dict(weights, strict=True)
 
 
 def split_summary(model: SplitModel) -> dict[str, list[str]]:

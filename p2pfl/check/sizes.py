@@ -14,9 +14,9 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from p2pfl.check.preflight import check_node_data
 from p2pfl.config.schema import TopologyConfig
 from p2pfl.learning.data import load_node_data
+from p2pfl.learning.node_inputs import check_node_data
 from p2pfl.learning.train import epoch_steps, round_epochs
 from p2pfl.privacy.accountant import sample_rate, steps_per_epoch
 
@@ -56,7 +56,7 @@ def node_sizes(
 ) -> list[NodeSize]:
     """Every node's (or ``node_ids``') :class:`NodeSize`, from the data each node loads as
     it starts (its partition shard, or its own files). A node whose data does not load
-    raises the :class:`~p2pfl.check.load.ConfigError` that :func:`check_node_data` raises."""
+    raises the :class:`~p2pfl.errors.ConfigError` that :func:`check_node_data` raises."""
     ds = cfg.dataset.with_root(data_root)
     sizes = []
     for node_id in node_ids or cfg.node_ids:

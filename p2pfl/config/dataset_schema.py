@@ -37,6 +37,8 @@ BUILTIN_DATASETS = (
     "imagefolder",
     "synthetic",
 )
+# the built-in datasets a reader may fetch when ``download: true`` (never by default)
+DOWNLOADABLE = ("fashionmnist", "mnist", "cifar10", "cifar100", "svhn")
 FILE_DATASETS = ("csv", "parquet", "npz")  # a device's own files, read by pandas / numpy
 IMPORT_PATH_RE = re.compile(
     r"^[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*$"

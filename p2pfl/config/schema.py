@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, get_args
 
+import yaml
 from pydantic import (
     BeforeValidator,
     Field,
@@ -562,3 +563,11 @@ class NodeOverrides(PathNotes):
     threads: int | None = Field(None, ge=1, le=B.MAX_THREADS)
     host: str | None = Field(None, description="run the topology's nodes pinned to this host")
     certs: str | None = Field(None, description="this device's certificate directory")
+
+
+def dump_topology(cfg: TopologyConfig) -> str:
+    """The resolved config as YAML, its broker written as ``host:port`` (what a run
+    directory records as ``config.yaml``)."""
+    data = cfg.dump()
+    data["broker"] = str(cfg.broker)
+    return yaml.safe_dump(data, sort_keys=False)

@@ -25,7 +25,6 @@ from typing import Any
 from rich.console import Console
 
 from p2pfl.check.load import (
-    ConfigError,
     apply_overrides,
     load_yaml,
     resolve_file_paths,
@@ -33,6 +32,7 @@ from p2pfl.check.load import (
     topology_from_dict,
 )
 from p2pfl.config.schema import TopologyConfig
+from p2pfl.errors import ConfigError
 from p2pfl.metrics import METHOD_KEY, node_log_path, read_records
 
 
@@ -64,7 +64,7 @@ def load_topology(
 ) -> TopologyConfig:
     """A validated topology from a YAML file, a mapping or a config, with ``--set``-style
     ``overrides`` (``["rounds=3"]``) and top-level ``fields`` (``rounds=3``) applied;
-    :class:`~p2pfl.check.load.ConfigError` naming the source and field otherwise. A file's
+    :class:`~p2pfl.errors.ConfigError` naming the source and field otherwise. A file's
     paths resolve against its folder; a mapping's, and those ``overrides`` and ``fields``
     set, against the current directory."""
     file_notes = None
@@ -164,7 +164,7 @@ def run_swarm(
     ``overrides`` are ``--set`` strings and ``fields`` top-level fields (``rounds=5``).
     ``out_dir`` defaults to ``runs/<swarm name>``. The swarm is checked first, as by
     ``p2pfl swarm`` (:func:`p2pfl.check.checked.check_topology`: the data, the model, the
-    device): a bad input raises :class:`~p2pfl.check.load.ConfigError` before anything
+    device): a bad input raises :class:`~p2pfl.errors.ConfigError` before anything
     starts."""
     from p2pfl.launch.swarm import run_swarm as launch
 

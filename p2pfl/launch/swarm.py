@@ -29,8 +29,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from p2pfl.check.checked import CHECKED_FLAG, config_digest
-from p2pfl.check.load import dump_topology
-from p2pfl.config.schema import BrokerAddress, TopologyConfig
+from p2pfl.config.schema import BrokerAddress, TopologyConfig, dump_topology
 from p2pfl.launch.broker import BrokerTLS, make_broker
 from p2pfl.launch.tracker import RecordFollower, RoundMeans, open_tracking
 from p2pfl.metrics import (

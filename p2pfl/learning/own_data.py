@@ -24,7 +24,7 @@ Contract:
 * Tabular features are normalised with per-feature mean and std (std 0 → 1) from the node's
   own train split, or from the JSON file ``dataset.stats``; never from a peer.
 * Every problem is a :class:`DatasetError` naming the file (or the function) whose ``field``
-  is the configuration field to fix; :func:`p2pfl.check.preflight.check_node_data` adds
+  is the configuration field to fix; :func:`p2pfl.learning.node_inputs.check_node_data` adds
   the node id and the topology file.
 """
 

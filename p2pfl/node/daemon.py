@@ -2,10 +2,10 @@
 
 Lifecycle of :meth:`Node.run` (one asyncio task per node; several may share a process):
 
-1. load the node's data shard and build its method once, the one that runs
-   (:func:`~p2pfl.check.preflight.node_method`, in a worker thread; a node whose inputs
-   were not checked before it started checks the model and method first,
-   :func:`~p2pfl.check.preflight.check_model`); restore
+1. load the node's data shard (:mod:`p2pfl.learning.node_inputs`) and build its method
+   once, the one that runs (:func:`~p2pfl.algorithms.build.node_method`, in a worker
+   thread; whoever starts a node checked its inputs first: ``p2pfl node``, ``p2pfl swarm``,
+   :func:`p2pfl.run_swarm`, with :mod:`p2pfl.check.checked`); restore
    the node's checkpoint when its run directory has one (:mod:`p2pfl.services.checkpoint`;
    ``fresh`` ignores it);
 2. build its transport (:mod:`p2pfl.node.wiring`), its
@@ -47,16 +47,15 @@ import torch
 
 from p2pfl.algorithms import get_algorithm
 from p2pfl.algorithms.base import Method
-from p2pfl.algorithms.build import MODEL_INIT_LOCK, node_seed
+from p2pfl.algorithms.build import node_method, node_seed
 from p2pfl.background import background
-from p2pfl.check.load import ConfigError, dump_topology
-from p2pfl.check.preflight import check_dataset, check_model, check_node_data, node_method
 from p2pfl.config.privacy_schema import DPConfig
-from p2pfl.config.schema import BrokerAddress, TopologyConfig
-from p2pfl.errors import P2PFLError
+from p2pfl.config.schema import BrokerAddress, TopologyConfig, dump_topology
+from p2pfl.errors import ConfigError, P2PFLError
 from p2pfl.learning.artifacts import ExportError, write_model_artifacts
-from p2pfl.learning.data import DatasetArrays, NodeData, load_node_data
+from p2pfl.learning.data import NodeData, load_node_data
 from p2pfl.learning.layout import describe_layout
+from p2pfl.learning.node_inputs import check_dataset, check_node_data
 from p2pfl.metrics import (
     node_log_path,
     node_meta_path,
@@ -95,10 +94,6 @@ class NodeOptions:
     certs: str | None = None  # None: the topology's security.certs
     fresh: bool = False  # ignore a checkpoint in out_dir (start over instead of resuming)
     source: str = "topology"  # where the config came from, for error messages
-    # the inputs were checked before this node started (p2pfl node checks the nodes it hosts,
-    # or trusts its launcher's check): the node builds its model and method once, to run;
-    # False: it checks the model and method first (check_model), as a node started directly
-    checked: bool = False
 
 
 class Node:
@@ -143,13 +138,8 @@ class Node:
             self.data = check_node_data(
                 self.cfg, self.id, source=source, data_root=data_root, cache_dir=self.opts.cache_dir
             )
-            shape_of: NodeData | DatasetArrays = self.data
         else:
-            shape_of = check_dataset(ds, self.cfg.seed, source, self.opts.cache_dir)
-        if not self.opts.checked:
-            with MODEL_INIT_LOCK:  # it builds a model: torch's RNG is shared by co-hosted nodes
-                check_model(self.cfg, shape_of.num_classes, tuple(shape_of.input_shape), source)
-        if not ds.own_data:
+            check_dataset(ds, self.cfg.seed, source, self.opts.cache_dir)  # opens, or says why
             try:
                 self.data = load_node_data(
                     ds, self.cfg.node_ids, self.id, self.cfg.seed, cache_dir=self.opts.cache_dir

@@ -18,9 +18,9 @@ import logging
 from typing import Any
 
 from p2pfl import PROTOCOL_VERSION
-from p2pfl.check.load import ConfigError
 from p2pfl.config.emulation import access_links
 from p2pfl.config.schema import BrokerAddress, TopologyConfig
+from p2pfl.errors import ConfigError
 from p2pfl.learning.layout import compact_layout
 from p2pfl.services.exchange import PACK_POOL
 from p2pfl.wire import direct

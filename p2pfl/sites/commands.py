@@ -371,7 +371,7 @@ def cmd_validate_site(args: argparse.Namespace) -> int:
     """``p2pfl validate --site``: the site file loads and every check of
     :data:`~p2pfl.sites.policy.site_check.SITE_CHECKS` passes (its data bindings serve a run), else
     a :class:`ConfigError` naming the file and each field (exit 2). No torch on this path."""
-    from p2pfl.check.load import ConfigError
+    from p2pfl.errors import ConfigError
     from p2pfl.sites.daemon.site_file import load_site
     from p2pfl.sites.policy.site_check import check_site
 

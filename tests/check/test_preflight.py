@@ -7,8 +7,9 @@ import zipfile
 import pytest
 from imagefolder_zip import make_imagefolder_zip
 
-from p2pfl.check.load import ConfigError, load_topology
+from p2pfl.check.load import load_topology
 from p2pfl.check.preflight import check_inputs
+from p2pfl.errors import ConfigError
 
 
 def _cfg(overrides):

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from p2pfl.check.load import ConfigError, load_topology, load_yaml
+from p2pfl.check.load import load_topology, load_yaml
 from p2pfl.config import bounds as B
+from p2pfl.errors import ConfigError
 
 
 def test_expanded_size_counts_shared_references_again_and_stops_at_the_limit():

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from p2pfl.check.load import (
-    ConfigError,
     apply_overrides,
     load_node_overrides,
     load_topology,
     parse_override,
 )
+from p2pfl.errors import ConfigError
 
 BASE = """
 name: t
@@ -124,7 +124,8 @@ def test_node_overrides_file(tmp_path):
 
 
 def test_attack_and_defence_sections_are_checked_by_field():
-    from p2pfl.check.load import ConfigError, load_topology
+    from p2pfl.check.load import load_topology
+    from p2pfl.errors import ConfigError
 
     cases = [
         ("attacks=[{kind: nan, nodes: [zz]}]", "attacks[0].nodes: unknown node ids ['zz']"),

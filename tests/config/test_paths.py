@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from p2pfl.check.load import ConfigError, load_node_overrides, load_topology
+from p2pfl.check.load import load_node_overrides, load_topology
 from p2pfl.cli import main
 from p2pfl.config.paths import PathBase, field_value, is_relative, resolve_fields
+from p2pfl.errors import ConfigError
 
 CSV = "x1,x2,label\n" + "".join(f"{i % 7}.0,{(i * 3) % 5}.0,{i % 2}\n" for i in range(40))
 

@@ -8,8 +8,10 @@ import json
 
 import pytest
 
-from p2pfl.check.load import ConfigError, dump_topology, load_topology
+from p2pfl.check.load import load_topology
 from p2pfl.check.preflight import check_inputs
+from p2pfl.config.schema import dump_topology
+from p2pfl.errors import ConfigError
 from p2pfl.services.checkpoint import config_fingerprint
 
 TOPOLOGY = "topologies/synthetic.yaml"

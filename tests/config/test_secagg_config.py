@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from p2pfl.check.load import ConfigError, load_topology
+from p2pfl.check.load import load_topology
 from p2pfl.check.preflight import check_inputs
+from p2pfl.errors import ConfigError
 
 TOPOLOGY = "topologies/synthetic.yaml"
 SECAGG = ["privacy.secagg=true", "defence.rule=mean"]
@@ -87,7 +88,7 @@ def test_preflight_passes_the_sum_based_methods(method):
 
 
 def test_without_secagg_the_dump_is_as_before(tmp_path):
-    from p2pfl.check.load import dump_topology
+    from p2pfl.config.schema import dump_topology
 
     assert "secagg" not in dump_topology(_cfg(["privacy.dp.noise_multiplier=1"]))
     cfg = _cfg(["privacy.secagg=true", "privacy.secagg_neighbours=4"])
@@ -113,7 +114,7 @@ def test_an_unset_rule_defaults_to_mean_under_secagg_and_says_so(tmp_path, capsy
     out = capsys.readouterr().err
     assert out.count("defence.rule: not set, so mean") == 1, out
     # the run's config.yaml records the rule, so its node processes say nothing more
-    from p2pfl.check.load import dump_topology
+    from p2pfl.config.schema import dump_topology
 
     (tmp_path / "config.yaml").write_text(dump_topology(cfg))
     recorded = check_topology(load_topology(tmp_path / "config.yaml"), "config.yaml")

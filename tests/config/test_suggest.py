@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from p2pfl.check.load import ConfigError, fields_at, load_node_overrides, topology_from_dict
+from p2pfl.check.load import fields_at, load_node_overrides, topology_from_dict
 from p2pfl.config.schema import NodeOverrides, TopologyConfig
 from p2pfl.config.suggest import did_you_mean, nearest, with_suggestion
+from p2pfl.errors import ConfigError
 
 
 def test_nearest_is_difflibs_closest_first_without_case():

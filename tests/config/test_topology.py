@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from p2pfl.check.load import ConfigError, topology_from_dict
+from p2pfl.check.load import topology_from_dict
 from p2pfl.config.topology import build_graph, graph_warnings, neighbours
+from p2pfl.errors import ConfigError
 
 
 def cfg(nodes=6, edges="ring", seed=0, **extra):

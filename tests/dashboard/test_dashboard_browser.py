@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from p2pfl.check.load import dump_topology, load_topology
+from p2pfl.check.load import load_topology
+from p2pfl.config.schema import dump_topology
 from p2pfl.dashboard.server import DashboardThread
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -10,8 +10,9 @@ import urllib.request
 
 import pytest
 
-from p2pfl.check.load import dump_topology, load_topology
+from p2pfl.check.load import load_topology
 from p2pfl.cli import build_parser
+from p2pfl.config.schema import dump_topology
 from p2pfl.dashboard.server import Dashboard, DashboardError, DashboardThread, static_files
 
 

@@ -9,7 +9,8 @@ import pytest
 from waiting import wait_until
 
 from p2pfl.background import background
-from p2pfl.check.load import dump_topology, load_topology
+from p2pfl.check.load import load_topology
+from p2pfl.config.schema import dump_topology
 from p2pfl.dashboard.live import LiveState
 from p2pfl.dashboard.observer import observe
 from p2pfl.dashboard.runstate import RunState

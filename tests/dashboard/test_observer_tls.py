@@ -20,7 +20,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from waiting import wait_until
 
-from p2pfl.check.load import dump_topology, load_topology
+from p2pfl.check.load import load_topology
+from p2pfl.config.schema import dump_topology
 from p2pfl.dashboard.observer import observer_tls_context
 from p2pfl.dashboard.server import Dashboard
 from p2pfl.launch.broker import BrokerTLS, MosquittoBroker

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from p2pfl.check.load import dump_topology, load_topology
+from p2pfl.check.load import load_topology
+from p2pfl.config.schema import dump_topology
 from p2pfl.dashboard.runstate import RunState
 from p2pfl.dashboard.snapshot import build_snapshot
 

@@ -9,7 +9,8 @@ import os
 import time
 from pathlib import Path
 
-from p2pfl.check.load import dump_topology, load_topology
+from p2pfl.check.load import load_topology
+from p2pfl.config.schema import dump_topology
 from p2pfl.dashboard.live import LiveState
 from p2pfl.dashboard.runstate import JsonlTail, RunState
 from p2pfl.dashboard.snapshot import build_snapshot, node_state

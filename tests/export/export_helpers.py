@@ -13,8 +13,8 @@ from torch import nn
 
 from p2pfl.algorithms import get_algorithm
 from p2pfl.algorithms.build import build_node_model
-from p2pfl.check.load import dump_topology, load_topology
-from p2pfl.config.schema import TopologyConfig
+from p2pfl.check.load import load_topology
+from p2pfl.config.schema import TopologyConfig, dump_topology
 from p2pfl.learning.artifacts import write_model_artifacts
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import p2pfl
-from p2pfl.check.load import ConfigError
+from p2pfl.errors import ConfigError
 
 USER_CODE = textwrap.dedent(
     '''

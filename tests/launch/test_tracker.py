@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from p2pfl.check.load import dump_topology, load_topology
+from p2pfl.check.load import load_topology
 from p2pfl.cli import main
+from p2pfl.config.schema import dump_topology
 from p2pfl.launch import tracker as tracking
 from p2pfl.launch.tracker import RecordFollower, RoundMeans, TrackedRun, export_run
 from p2pfl.metrics import append_record, read_run

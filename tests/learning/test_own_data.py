@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 import torch
 
-from p2pfl.check.load import ConfigError
-from p2pfl.check.preflight import check_inputs, check_node_data
+from p2pfl.check.preflight import check_inputs
 from p2pfl.config.schema import DatasetConfig, TopologyConfig, TrainingConfig
+from p2pfl.errors import ConfigError
 from p2pfl.learning import data as D
 from p2pfl.learning.models import build_model
+from p2pfl.learning.node_inputs import check_node_data
 from p2pfl.learning.own_data import split_fraction
 from p2pfl.learning.partition import stable_rng
 from p2pfl.learning.train import evaluate, train_local

@@ -7,7 +7,8 @@ import json
 import time
 from pathlib import Path
 
-from p2pfl.check.load import dump_topology, load_topology
+from p2pfl.check.load import load_topology
+from p2pfl.config.schema import dump_topology
 from p2pfl.launch.swarm import spawn_worker
 from p2pfl.metrics import ROUND_FIELDS, read_records
 

@@ -19,8 +19,9 @@ from p2pfl.algorithms.base import (
     drawn_count,
 )
 from p2pfl.algorithms.fedavg import FedAvg
-from p2pfl.check.load import ConfigError, load_topology
+from p2pfl.check.load import load_topology
 from p2pfl.check.preflight import check_defence
+from p2pfl.errors import ConfigError
 from p2pfl.node.daemon import Node, NodeOptions
 from p2pfl.rounds.rotation.plans import announced_plan, draw_plan
 

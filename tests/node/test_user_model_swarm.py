@@ -14,7 +14,8 @@ from swarm_helpers import check_run_dir  # noqa: E402
 from user_models_src import USER_MODULE  # noqa: E402
 
 from p2pfl.algorithms import known_algorithms  # noqa: E402
-from p2pfl.check.load import dump_topology, load_topology  # noqa: E402
+from p2pfl.check.load import load_topology  # noqa: E402
+from p2pfl.config.schema import dump_topology  # noqa: E402
 from p2pfl.launch.swarm import run_swarm, spawn_worker  # noqa: E402
 from p2pfl.metrics import read_records  # noqa: E402
 

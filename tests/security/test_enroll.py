@@ -401,7 +401,7 @@ def test_an_approval_under_another_name_does_not_count(ca, tmp_path):
     ],
 )
 def test_an_admission_rule_that_cannot_hold_is_refused(tmp_path, admission, error):
-    from p2pfl.check.load import ConfigError
+    from p2pfl.errors import ConfigError
 
     path = site_file(tmp_path, "ca-site", tmp_path, admission)
     with pytest.raises(ConfigError, match=error):

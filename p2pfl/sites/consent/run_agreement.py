@@ -48,7 +48,7 @@ import time
 from collections import defaultdict
 
 from p2pfl.algorithms.cards.probe import OutsideCode
-from p2pfl.check.load import ConfigError
+from p2pfl.errors import ConfigError
 from p2pfl.sites.consent import messages as M
 from p2pfl.sites.consent.agreement import committers, grace_s, tally, winning_commit
 from p2pfl.sites.consent.ledger import FINAL, LedgerError, RunEntry

@@ -182,7 +182,7 @@ def cycle_rounds(spec: RunSpec) -> int:
 def spec_from_dict(data: dict, source: str = "<run spec>") -> RunSpec:
     """Validate a run spec mapping, the method's knobs included (by its card: nothing is
     imported, :func:`~p2pfl.algorithms.cards.check_params`); a
-    :class:`~p2pfl.check.load.ConfigError` naming ``source`` and the field otherwise."""
+    :class:`~p2pfl.errors.ConfigError` naming ``source`` and the field otherwise."""
     return validated(RunSpec, data, source, context={PARAMS_CHECK: check_params})
 
 

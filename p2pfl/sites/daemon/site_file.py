@@ -212,7 +212,7 @@ class SiteFile(PathNotes):
 
 def load_site(path: str | Path) -> SiteFile:
     """The site file at ``path``, validated, its relative paths resolved against its
-    folder and its ``policy`` read when it names a file; a :class:`~p2pfl.check.load.ConfigError` naming the
+    folder and its ``policy`` read when it names a file; a :class:`~p2pfl.errors.ConfigError` naming the
     file (the policy's, for an error in it) and the field otherwise."""
     data = load_yaml(path)
     base = PathBase.of_file(path)

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from p2pfl.config.dataset_schema import FILE_DATASETS, DatasetConfig, is_import_path
+from p2pfl.config.dataset_schema import DOWNLOADABLE, FILE_DATASETS, DatasetConfig, is_import_path
 from p2pfl.learning.image_layout import image_layout
 from p2pfl.learning.own_rules import (
     DatasetError,
@@ -57,8 +57,6 @@ from p2pfl.learning.own_rules import (
     swarm_classes,
 )
 from p2pfl.learning.user_code import describe
-
-DOWNLOADABLE = ("fashionmnist", "mnist", "cifar10", "cifar100", "svhn")
 
 
 @dataclass(frozen=True)

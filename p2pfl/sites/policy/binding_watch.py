@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Hashable
 
-from p2pfl.check.load import ConfigError
+from p2pfl.errors import ConfigError
 from p2pfl.sites.daemon.site_file import SiteBinding, SiteFile
 from p2pfl.sites.policy.binding_check import (
     BindingCheck,

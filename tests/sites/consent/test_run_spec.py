@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from p2pfl.check.load import ConfigError, topology_from_dict
+from p2pfl.check.load import topology_from_dict
 from p2pfl.cli import main
 from p2pfl.config.dataset_schema import DatasetConfig
+from p2pfl.errors import ConfigError
 from p2pfl.sites.consent.run_spec import canonical, load_run_spec, run_facts, run_id, spec_from_dict
 from p2pfl.sites.runs.topology import worker_topology
 

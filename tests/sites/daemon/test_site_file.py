@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from p2pfl.check.load import ConfigError
+from p2pfl.errors import ConfigError
 from p2pfl.sites.daemon.site_file import load_site
 from p2pfl.sites.policy.rules import policy_digest
 

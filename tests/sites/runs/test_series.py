@@ -15,7 +15,7 @@ from daemon_helpers import Site, wait
 from daemon_helpers import spec as spec_body
 from PIL import Image
 
-from p2pfl.check.load import ConfigError
+from p2pfl.errors import ConfigError
 from p2pfl.learning.own_tables import split_by_row_hash
 from p2pfl.sites.consent.run_spec import (
     canonical,
@@ -168,7 +168,7 @@ def test_warm_start_loads_the_whole_model_or_names_the_field(tmp_path):
 
     from p2pfl.algorithms import get_algorithm
     from p2pfl.algorithms.build import build_node_model
-    from p2pfl.check.preflight import warm_start
+    from p2pfl.algorithms.build import warm_start
     from p2pfl.learning.artifacts import weights_path
 
     run = make_run(tmp_path / "r", input_shape=(3,), num_classes=3)
