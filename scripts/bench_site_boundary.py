@@ -30,6 +30,10 @@ from pathlib import Path
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from site_fixtures import SYNTHETIC_BINDING  # noqa: E402
+
 from p2pfl.launch.broker import make_broker
 
 try:  # the admin socket's client, where this version keeps it
@@ -39,14 +43,8 @@ except ImportError:  # before the site wing was in rooms
 
 ENDED = {"finished", "failed", "aborted", "cancelled"}
 SITES = ("s1", "s2", "s3")
-BINDING = {
-    "name": "synthetic",
-    "partition": "dirichlet(0.5)",
-    "num_classes": 4,
-    "input_shape": [1, 8, 8],
-    "synthetic_train": 300,
-    "synthetic_test": 100,
-}
+# smaller than the soak's: a vote and a round, measured, not a long run
+BINDING = {**SYNTHETIC_BINDING, "synthetic_train": 300, "synthetic_test": 100}
 
 
 def spec(name: str) -> dict:

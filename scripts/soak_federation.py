@@ -51,6 +51,10 @@ from typing import Any
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from site_fixtures import SYNTHETIC_BINDING as SYNTHETIC  # noqa: E402
+
 from p2pfl.launch.broker import ChildBroker, free_port, make_broker
 from p2pfl.sites.consent.agreement import winning_commit
 from p2pfl.sites.consent.ledger import FINAL
@@ -60,15 +64,6 @@ HERE = Path(__file__).resolve().parents[1]
 FAULTS = ("daemon", "worker", "serving", "broker", "outage")
 STATUSES = ("finished", "failed", "aborted", "cancelled")
 HELPERS = ("node", "serve", "models", "daemon")  # the p2pfl subcommands a site runs
-
-SYNTHETIC = {
-    "name": "synthetic",
-    "partition": "dirichlet(0.5)",
-    "num_classes": 4,
-    "input_shape": [1, 8, 8],
-    "synthetic_train": 600,
-    "synthetic_test": 300,
-}
 
 
 class SoakError(RuntimeError):

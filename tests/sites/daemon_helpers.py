@@ -13,19 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from cli_run import ROOT
 from cli_run import run_p2pfl as p2pfl_cli  # noqa: F401 - the tests' name for it
 
 from p2pfl.sites.daemon.admin_socket import AdminError, call
 
-SYNTHETIC = {
-    "name": "synthetic",
-    "partition": "dirichlet(0.5)",
-    "num_classes": 4,
-    "input_shape": [1, 8, 8],
-    "synthetic_train": 600,
-    "synthetic_test": 300,
-}
-
+sys.path.insert(0, str(ROOT / "scripts"))
+from site_fixtures import SYNTHETIC_BINDING as SYNTHETIC  # noqa: E402
 
 FEATURES = ["f1", "f2", "f3", "f4"]
 

@@ -8,22 +8,20 @@ process, which imports the method (torch with it) and the model, and answers wit
 method's card as its class declares it (kind, shares, knobs filled in) or why it is not a
 method. The child ends with the answer; the caller's process imports nothing.
 
-The answer is one JSON line on stdout, bounded (:data:`MAX_ANSWER`); a child that runs
-past ``timeout`` is killed, and either is an answer with ``problem`` set.
+The child answers as :mod:`p2pfl.child_answer` has children answer (one JSON line, bounded;
+what outside code prints goes to stderr); a child that runs past ``timeout`` is killed, and
+either is an answer with ``problem`` set.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-MAX_ANSWER = 64 * 1024
-"""The most bytes of the child's answer read."""
+from p2pfl.child_answer import answer_main, ask_child
 
 PROBE_TIMEOUT_S = 120.0
 """How long the child may take: it imports torch, on a machine that may be busy."""
@@ -51,33 +49,10 @@ async def probe_outside_code(
     """Check ``method`` (its knobs ``params``) and ``model`` in a child process (``cwd``:
     where it runs and imports a module from); the caller imports neither."""
     request = json.dumps({"method": method, "params": params, "model": model})
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "p2pfl.algorithms.cards.probe",
-        request,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-        cwd=str(cwd) if cwd is not None else None,
-    )
-    try:
-        assert proc.stdout is not None
-        raw = await asyncio.wait_for(proc.stdout.read(MAX_ANSWER), timeout)
-        await asyncio.wait_for(proc.wait(), timeout)
-    except asyncio.TimeoutError:
-        return OutsideCode(problem=f"checking {method!r} took longer than {timeout:g} s")
-    finally:
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
-    try:
-        answer = json.loads(raw.decode(errors="replace").strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return OutsideCode(problem=f"checking {method!r} gave no answer (exit {proc.returncode})")
-    if not isinstance(answer, dict):
-        return OutsideCode(problem=f"checking {method!r} gave no answer")
+    reply = await ask_child("p2pfl.algorithms.cards.probe", [request], timeout=timeout, cwd=cwd)
+    answer = reply.answer
+    if answer is None:
+        return OutsideCode(problem=f"checking {method!r} {reply.problem}")
     if answer.get("problem"):
         return OutsideCode(problem=str(answer["problem"])[:500])
     shares = answer.get("shares")
@@ -86,11 +61,14 @@ async def probe_outside_code(
     return OutsideCode(kind=str(answer.get("kind")), shares=frozenset(shares))
 
 
-def _check(request: dict[str, Any]) -> dict[str, Any]:
+def _check(argv: list[str]) -> dict[str, Any]:
     """In the child: import the method and the model, and say what the method declares."""
     from p2pfl.algorithms import get_algorithm, validate_params
     from p2pfl.learning.user_code import UserCodeError, import_object
 
+    request = json.loads(argv[0])
+    if not isinstance(request, dict):
+        return {"problem": "bad request"}
     method = str(request.get("method"))
     try:
         cls = get_algorithm(method)
@@ -108,14 +86,7 @@ def _check(request: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     """``python -m p2pfl.algorithms.cards.probe REQUEST_JSON``: one JSON answer line."""
-    try:
-        request = json.loads(argv[0])
-        with contextlib.redirect_stdout(sys.stderr):  # what outside code prints is not the answer
-            answer = _check(request) if isinstance(request, dict) else {"problem": "bad request"}
-    except Exception as exc:  # whatever outside code raises is the answer, not a crash
-        answer = {"problem": f"{type(exc).__name__}: {exc}"}
-    sys.stdout.write("\n" + json.dumps(answer) + "\n")
-    return 0
+    return answer_main(_check, argv)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ so its own memory never holds pandas or a table.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import sys
@@ -39,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from p2pfl.child_answer import answer_main
 from p2pfl.config.dataset_schema import DOWNLOADABLE, FILE_DATASETS, DatasetConfig, is_import_path
 from p2pfl.learning.image_layout import image_layout
 from p2pfl.learning.own_rules import (
@@ -294,20 +294,19 @@ def binding_mark(binding: DatasetConfig, site: str) -> tuple:
     return (binding.model_dump_json(), path_mark(binding.root_for(site)), path_mark(stats))
 
 
-def check_in_child_main(argv: list[str]) -> int:
-    """``python -m p2pfl.sites.policy.binding_check SITE BINDING_NAME BINDING_JSON``: one JSON line,
-    the check of the binding (the daemon's memory never holds pandas or a table)."""
+def check_in_child_main(argv: list[str]) -> dict[str, Any]:
+    """``python -m p2pfl.sites.policy.binding_check SITE BINDING_NAME BINDING_JSON``'s
+    answer (:func:`~p2pfl.child_answer.answer_main`): the check of the binding (the daemon's
+    memory never holds pandas or a table)."""
     from p2pfl.sites.daemon.site_file import SiteBinding
 
     site, name, raw = argv
     check = check_binding(name, SiteBinding.model_validate_json(raw), site)
-    body = {
+    return {
         "problems": [[p.field, p.message] for p in check.problems],
         "summary": check.summary,
         "checked": check.checked,
     }
-    print(json.dumps(body))
-    return 0
 
 
 def check_from_answer(name: str, answer: dict[str, Any]) -> BindingCheck:
@@ -327,4 +326,4 @@ __all__ = [
 
 
 if __name__ == "__main__":
-    sys.exit(check_in_child_main(sys.argv[1:]))
+    sys.exit(answer_main(check_in_child_main, sys.argv[1:]))

@@ -11,12 +11,11 @@ on a run naming it (:meth:`BindingWatch.refresh`), gives the problems to the vot
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import sys
 import time
 from collections.abc import Callable, Hashable
 
+from p2pfl.child_answer import ask_child
 from p2pfl.errors import ConfigError
 from p2pfl.sites.daemon.site_file import SiteBinding, SiteFile
 from p2pfl.sites.policy.binding_check import (
@@ -62,31 +61,18 @@ class LogLimit:
 
 
 async def check_in_child(name: str, binding: SiteBinding, site: str) -> BindingCheck:
-    """:func:`~p2pfl.sites.policy.binding_check.check_binding` in a child process; a child that
-    fails or runs past :data:`CHECK_TIMEOUT_S` is the binding's problem."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "p2pfl.sites.policy.binding_check",
-        site,
-        name,
-        binding.model_dump_json(),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    """:func:`~p2pfl.sites.policy.binding_check.check_binding` in a child process
+    (:func:`~p2pfl.child_answer.ask_child`); a child that fails or runs past
+    :data:`CHECK_TIMEOUT_S` is the binding's problem."""
+    args = [site, name, binding.model_dump_json()]
+    reply = await ask_child("p2pfl.sites.policy.binding_check", args, timeout=CHECK_TIMEOUT_S)
+    answer = reply.answer or {"problem": reply.problem}
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), CHECK_TIMEOUT_S)
-    except asyncio.TimeoutError:
-        proc.kill()
-        await proc.wait()
-        why = f"checking it took longer than {CHECK_TIMEOUT_S:g} s"
-        return BindingCheck(name, (Problem("root", why),))
-    try:
-        return check_from_answer(name, json.loads(out.decode().strip().splitlines()[-1]))
-    except (ValueError, KeyError, IndexError, TypeError):
-        last = err.decode(errors="replace").strip().splitlines()[-1:] or ["no answer"]
-        return BindingCheck(name, (Problem("root", f"checking it failed: {last[0]}"),))
+        return check_from_answer(name, answer)
+    except (ValueError, KeyError, TypeError):
+        return BindingCheck(
+            name, (Problem("root", f"checking it failed: {answer.get('problem')}"),)
+        )
 
 
 class BindingWatch:
