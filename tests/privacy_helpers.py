@@ -26,7 +26,8 @@ def loaded_node(cfg: TopologyConfig, out=None, node_id: str = "a") -> Node:
 
 
 def node_services(node: Node) -> NodeServices:
-    """``node``'s services, with its privacy, over an unconnected transport."""
+    """``node``'s services, with its privacy and its kept optimizer, over an unconnected
+    transport."""
     assert node.method is not None and node.data is not None
     return NodeServices(
         cfg=node.cfg,
@@ -41,6 +42,7 @@ def node_services(node: Node) -> NodeServices:
         device=node.device,
         out_dir=node.out_dir,
         privacy=node.privacy,
+        optimizer=node.optimizer,
     )
 
 

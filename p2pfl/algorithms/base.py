@@ -122,6 +122,10 @@ class Method(ABC):
     # what leaves the node, of :data:`SHARE_KINDS` (a site's policy ``share`` is checked
     # against it, not against the method's name); by default the whole model's weights
     shares: ClassVar[frozenset[str]] = frozenset({"whole_weights"})
+    # the parts of the model (``"g"``, ``"h"``) whose maths needs parameters in them: a
+    # user's model whose ``model.personal`` leaves one of them empty is refused when it is
+    # checked, naming the method and the field (a method of the whole model needs none)
+    needs_parts: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, params: dict[str, Any], ctx: AlgorithmContext):
         self.params = self.Params.model_validate(params)

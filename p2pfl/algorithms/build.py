@@ -31,7 +31,7 @@ from p2pfl.errors import ConfigError
 from p2pfl.learning.data import NodeData
 from p2pfl.learning.defence import Defence
 from p2pfl.learning.models import SplitModel, UserModelError, build_model
-from p2pfl.learning.train import epoch_steps, round_epochs
+from p2pfl.learning.train import epoch_steps, epochs_for_steps
 from p2pfl.learning.user_code import describe
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ def method_over(
         defence=Defence(cfg.defence, cfg.rounds),
     )
     method = cls(cfg.algorithm.params, ctx)
-    method.local_epochs = round_epochs(
+    method.local_epochs = epochs_for_steps(
         cfg.training, epoch_steps(num_samples, cfg.training.batch_size)
     )
     method.total_rounds = cfg.rounds

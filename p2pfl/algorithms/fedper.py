@@ -25,5 +25,6 @@ class FedPer(FedAvg):
     shares = CARD.shares
     Params = CARD.Params
     upload_part = "g"
+    needs_parts = frozenset({"g", "h"})  # g shared, h kept: without either it is FedAvg or Local
     # aggregate (mean of the uploaded g) and apply (load g only, strict=False after checking
     # the keys) are FedAvg's, driven by ``upload_part``.

@@ -521,6 +521,7 @@ class PFedC(CentralizedAlgorithm):
     shares = CARD.shares
     Params = CARD.Params
     upload_part = "all"
+    needs_parts = frozenset({"h"})  # its task heads replace the last nn.Linear of h
 
     def __init__(self, params: dict[str, Any], ctx: AlgorithmContext):
         super().__init__(params, ctx)

@@ -149,7 +149,9 @@ class UAPDFL(DecentralizedAlgorithm):
     shares = CARD.shares
     Params = CARD.Params
     # g to every chosen peer, h to the low-divergence ones, and the unit and auxiliary
-    # representations in gossip
+    # representations in gossip; g may be empty (the identity: a model of one linear layer,
+    # whose auxiliary term is then zero), h may not (nothing would be personalized)
+    needs_parts = frozenset({"h"})
 
     def __init__(self, params: dict[str, Any], ctx: AlgorithmContext):
         super().__init__(params, ctx)

@@ -166,6 +166,7 @@ def check_method(
     check_transfer(cfg, source)
     check_privacy(cfg, source)
     cls = get_algorithm(cfg.algorithm.name)
+    check_parts(cls, cfg, model, source)
     try:
         with torch.random.fork_rng(devices=[]):
             model = adapt_for(cls, cfg, model, num_classes)  # as every node builds it
@@ -199,6 +200,32 @@ def check_method(
             ],
         ) from None
     return model
+
+
+def check_parts(cls: type[Method], cfg: TopologyConfig, model: SplitModel, source: str) -> None:
+    """A :class:`ConfigError` on ``model.personal`` when the method's maths needs a part of
+    the model (:attr:`~p2pfl.algorithms.base.Method.needs_parts`) that the split leaves
+    empty, in one line naming the method and what to give."""
+    empty = sorted(cls.needs_parts - model.parts_held)
+    if not empty:
+        return
+    personal = getattr(model, "personal", cfg.model.personal)
+    if "g" in empty:
+        why = (
+            f"model.personal {personal} covers every parameter, so the shared part g is "
+            "empty: list only the layers each node keeps to itself"
+        )
+    else:
+        why = (
+            f"model.personal {personal} keeps nothing personal, so the part h is empty: list "
+            "the layers each node keeps to itself (e.g. the last nn.Linear)"
+        )
+    needs = " and ".join(
+        {"g": "a shared part g", "h": "a personal part h"}[p] for p in sorted(cls.needs_parts)
+    )
+    raise ConfigError(
+        source, [("model.personal", f"method {cfg.algorithm.name!r} needs {needs}: {why}")]
+    )
 
 
 def split_summary(model: SplitModel) -> dict[str, list[str]]:

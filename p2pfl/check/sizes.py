@@ -2,10 +2,11 @@
 counts and the optimizer steps it takes a round, with a warning where a node holds fewer
 training rows than a batch.
 
-The steps a round are the trainer's: plain training takes ``epochs × ⌈n / batch_size⌉``
-steps (:func:`~p2pfl.learning.train.round_epochs`: ``training.epochs``, else the fewest whole
-epochs that reach ``training.min_steps``); DP-SGD at ``level: sample`` takes ``epochs ×
-⌊1/q⌋`` Poisson-sampled steps (:func:`~p2pfl.privacy.accountant.steps_per_epoch`).
+The steps a round are the trainer's (:func:`~p2pfl.learning.train.round_steps`):
+``training.steps`` where it is set, else ``epochs × ⌈n / batch_size⌉`` for plain training
+(``training.epochs``, else the fewest whole epochs that reach ``training.min_steps``) and
+``epochs × ⌊1/q⌋`` Poisson-sampled steps for DP-SGD at ``level: sample``
+(:func:`~p2pfl.privacy.accountant.steps_per_epoch`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from dataclasses import dataclass
 from p2pfl.config.schema import TopologyConfig
 from p2pfl.learning.data import load_node_data
 from p2pfl.learning.node_inputs import check_node_data
-from p2pfl.learning.train import epoch_steps, round_epochs
+from p2pfl.learning.train import epoch_steps
+from p2pfl.learning.train import round_steps as round_steps_of
 from p2pfl.privacy.accountant import sample_rate, steps_per_epoch
 
 LISTED = 12
@@ -43,7 +45,7 @@ def round_steps(cfg: TopologyConfig, n_train: int) -> int:
         per_epoch = steps_per_epoch(sample_rate(batch, n_train))
     else:
         per_epoch = epoch_steps(n_train, batch)
-    return round_epochs(cfg.training, per_epoch) * per_epoch
+    return round_steps_of(cfg.training, per_epoch)
 
 
 def node_sizes(

@@ -14,7 +14,7 @@ data's size; whether the files open and the partition fits the data is
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -86,6 +86,12 @@ class DatasetConfig(StrictModel):
         description="the swarm's label space: a count (labels 0..C-1) or the class names "
         "(labels are names, or their indices); needed for a device's own data",
     )
+    test_root: str | None = Field(
+        None,
+        description="csv / parquet own data: the node's test file ('{id}' is replaced by "
+        "the node id; relative to the topology); default: the test file beside the train "
+        "file in a folder (test.csv), else the test_fraction of the train file",
+    )
     test_fraction: float = Field(
         0.2,
         gt=0,
@@ -122,6 +128,23 @@ class DatasetConfig(StrictModel):
         what = with_suggestion(f"unknown dataset {v!r}", v, names)
         raise ValueError(f"{what}: one of {', '.join(names)}, or 'package.module:function'")
 
+    @field_validator("classes", mode="before")
+    @classmethod
+    def _numbers_as_names(cls, v: Any) -> Any:
+        """Whole numbers among the class names are names (``classes: [0, 1]``: the classes
+        named ``"0"`` and ``"1"``, which integer labels name:
+        :func:`p2pfl.learning.own_rules.label_indices`)."""
+        if not isinstance(v, list):
+            return v
+        out = []
+        for c in v:
+            if isinstance(c, bool):
+                raise ValueError("classes: a class name is a string or a whole number, not a bool")
+            if isinstance(c, float) and c.is_integer():
+                c = int(c)
+            out.append(str(c) if isinstance(c, int) else c)
+        return out
+
     @field_validator("classes")
     @classmethod
     def _check_classes(cls, v: int | list[str] | None) -> int | list[str] | None:
@@ -147,6 +170,16 @@ class DatasetConfig(StrictModel):
         return v
 
     @model_validator(mode="after")
+    def _check_test_root(self) -> DatasetConfig:
+        if self.test_root is not None and (
+            self.name not in ("csv", "parquet") or self.partition != "none"
+        ):
+            raise ValueError(
+                "test_root: a node's own test file, for name csv or parquet with partition: none"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_synthetic_size(self) -> DatasetConfig:
         if self.name == "synthetic":
             B.check_synthetic(self.synthetic_train, self.synthetic_test, self.input_shape)
@@ -170,6 +203,10 @@ class DatasetConfig(StrictModel):
         """This config with ``root`` in place of ``dataset.root`` (a device's ``data_root``);
         itself when ``root`` is None."""
         return self if root is None else self.model_copy(update={"root": root})
+
+    def test_root_for(self, node_id: str) -> str | None:
+        """``test_root`` with ``{id}`` replaced by ``node_id``; None when not set."""
+        return None if self.test_root is None else self.test_root.replace("{id}", node_id)
 
     def root_for(self, node_id: str, root: str | None = None) -> str | None:
         """``root`` (default ``self.root``) with ``{id}`` replaced by ``node_id``."""

@@ -20,7 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-TOPOLOGY_PATHS = ("dataset.root", "dataset.stats", "security.certs", "code_dir")
+TOPOLOGY_PATHS = (
+    "dataset.root",
+    "dataset.test_root",
+    "dataset.stats",
+    "security.certs",
+    "code_dir",
+)
 """The fields of a topology file that hold paths (dotted)."""
 
 NODE_PATHS = ("data_root", "certs")

@@ -6,12 +6,12 @@ silently falls back to a default. Reading files, ``--set`` overrides and the che
 method's knobs are :mod:`p2pfl.check.load`'s: this module is the ground floor that the rest
 of p2pfl (the method registry included) builds on, so it imports none of it but its
 sibling section modules (docs/design.md, "Configuration"): :mod:`p2pfl.config.dataset_schema`
-(``dataset:``), :mod:`p2pfl.config.runtime_schema` (``timing:``, ``transfer:``,
-``security:``), :mod:`p2pfl.config.privacy_schema` (``privacy:``) and
-:mod:`p2pfl.config.emulation` (``network:``, ``devices:``). Here are the rest: the swarm's
-own fields, ``algorithm:``, ``model:``, ``training:``, ``edges:``, ``defence:``,
-``attacks:``, and a device's ``nodes/`` file. The dataset and runtime sections' names are
-re-exported, so the rest of p2pfl imports the whole schema from this one module.
+(``dataset:``), :mod:`p2pfl.config.learning_schema` (``model:``, ``training:``),
+:mod:`p2pfl.config.runtime_schema` (``timing:``, ``transfer:``, ``security:``),
+:mod:`p2pfl.config.privacy_schema` (``privacy:``) and :mod:`p2pfl.config.emulation`
+(``network:``, ``devices:``). Here are the rest: the swarm's own fields, ``algorithm:``,
+``edges:``, ``defence:``, ``attacks:``, and a device's ``nodes/`` file. The sections' names
+are re-exported, so the rest of p2pfl imports the whole schema from this one module.
 """
 
 from __future__ import annotations
@@ -35,10 +35,12 @@ from p2pfl.config.dataset_schema import IMPORT_PATH_RE as IMPORT_PATH_RE
 from p2pfl.config.dataset_schema import PARTITION_RE as PARTITION_RE
 from p2pfl.config.dataset_schema import DatasetConfig, is_import_path
 from p2pfl.config.emulation import DeviceSpec, NetworkConfig, chosen_nodes
+from p2pfl.config.learning_schema import BUILTIN_MODELS as BUILTIN_MODELS
+from p2pfl.config.learning_schema import MODEL_KNOBS as MODEL_KNOBS
+from p2pfl.config.learning_schema import ModelConfig, TrainingConfig
 from p2pfl.config.privacy_schema import DPConfig, PrivacyConfig
 from p2pfl.config.runtime_schema import SecurityConfig, TimingConfig, TransferConfig
 from p2pfl.config.strict import PathNotes, StrictModel
-from p2pfl.config.suggest import with_suggestion
 
 PARAMS_CHECK = "validate_params"
 
@@ -58,10 +60,6 @@ ParamsCheck = Callable[[str, dict[str, Any]], dict[str, Any]]
 
 
 # ----------------------------------------------------------------------------- sections
-
-BUILTIN_MODELS = ("cnn", "lenet", "mlp", "resnet18", "vgg11")
-MODEL_KNOBS: dict[str, tuple[str, ...]] = {"cnn": ("padding", "head"), "mlp": ("hidden",)}
-"""The ``model:`` fields each built-in model reads (p2pfl.learning.models.build_model)."""
 
 
 class BrokerAddress(StrictModel):
@@ -103,102 +101,12 @@ class AlgorithmConfig(StrictModel):
         return self
 
 
-class ModelConfig(StrictModel):
-    name: str = Field(
-        "cnn",
-        description="a built-in model, or 'package.module:factory' returning any "
-        "torch.nn.Module, called with num_classes and input_shape (and kwargs)",
-    )
-    personal: list[str] | None = Field(
-        None,
-        description="parameter-name prefixes of the personal part h (the rest is g); "
-        "default: the last nn.Linear. Built-in models have their own split",
-    )
-    kwargs: dict[str, Any] = Field(
-        default_factory=dict, description="more keyword arguments for a user factory"
-    )
-    init: str | None = Field(
-        None,
-        description="a device's field: a safetensors file of this very model (p2pfl export, "
-        "a site's kept model) the node starts from instead of the swarm's common initial "
-        "model, its personal part included (a warm start)",
-    )
-    hidden: int = Field(64, ge=1, le=B.MAX_HIDDEN, description="mlp: hidden units")
-    padding: Literal["same", "valid"] = Field(
-        "same",
-        description="cnn: 'same' pads its 5x5 convolutions by 2 (McMahan et al.'s CNN, 4,096 "
-        "features on 32x32 inputs); 'valid' pads none (the personalized-FL literature's CIFAR "
-        "CNN, 1,600 features)",
-    )
-    head: Literal["fc", "last"] = Field(
-        "fc",
-        description="cnn: the personal part h is both FC layers ('fc', UA-PDFL's split: the "
-        "convolutions are g) or only the last one ('last': g = convolutions + FC 512)",
-    )
-
-    @field_validator("name")
-    @classmethod
-    def _check_name(cls, v: str) -> str:
-        if v in BUILTIN_MODELS or is_import_path(v):
-            return v
-        raise ValueError(
-            f"{with_suggestion(f'unknown model {v!r}', v, BUILTIN_MODELS)}: one of "
-            f"{', '.join(BUILTIN_MODELS)}, or 'package.module:factory'"
-        )
-
-    @property
-    def is_user(self) -> bool:
-        """Whether the model is the user's own (a factory's import path)."""
-        return is_import_path(self.name)
-
-    def applicable(self) -> dict[str, Any]:
-        """The fields that shape this model, as JSON-able data (a trained model's
-        ``model.json``): ``name``, and for a user model ``personal`` and ``kwargs``, for a
-        built-in one its own knobs (:data:`MODEL_KNOBS`) only; the rest would not change
-        the model. :meth:`model_validate` of it gives back an equal model."""
-        data = self.model_dump(mode="json")
-        keep = ("personal", "kwargs") if self.is_user else MODEL_KNOBS.get(self.name, ())
-        return {"name": data["name"], **{k: data[k] for k in keep}}
-
-    @model_validator(mode="after")
-    def _check_personal(self) -> ModelConfig:
-        if self.personal is not None and not self.is_user:
-            raise ValueError("personal: only for a user model ('package.module:factory')")
-        if self.personal is not None and (
-            not self.personal or any(not p.strip() for p in self.personal)
-        ):
-            raise ValueError("personal: give at least one non-empty parameter-name prefix")
-        if self.kwargs and not self.is_user:
-            raise ValueError("kwargs: only for a user model ('package.module:factory')")
-        return self
-
-
-class TrainingConfig(StrictModel):
-    """How a node trains each round. ``epochs`` unset: as many whole epochs as reach
-    ``min_steps`` optimizer steps (:func:`p2pfl.learning.train.round_epochs`), so that a node
-    with a few dozen rows still learns; set: exactly that many epochs."""
-
-    epochs: int | None = Field(
-        None,
-        ge=1,
-        le=B.MAX_EPOCHS,
-        description="local epochs a round (default: the fewest whole epochs that reach "
-        "min_steps optimizer steps; one epoch wherever a node has min_steps batches)",
-    )
-    min_steps: int = Field(
-        20,
-        ge=1,
-        le=B.MAX_MIN_STEPS,
-        description="where epochs is unset: the least optimizer steps a round",
-    )
-    batch_size: int = Field(50, ge=1, le=B.MAX_BATCH_SIZE)
-    optimizer: Literal["sgd", "adam"] = "sgd"
-    lr: float = Field(0.05, gt=0)
-    momentum: float = Field(0.5, ge=0)
-    weight_decay: float = Field(0.0, ge=0)
-    lr_decay: float = Field(1.0, gt=0, le=1, description="lr multiplier per round")
-    device: str = "cpu"
-    threads: int = Field(1, ge=1, le=B.MAX_THREADS, description="torch threads per node process")
+UNRECORDED_DEFAULTS = (
+    ("training", "steps", None),
+    ("training", "optimizer_state", "reset"),
+    ("dataset", "test_root", None),
+)
+"""``(section, field, default)``: what :meth:`TopologyConfig.dump` leaves out at its default."""
 
 
 class GeneratedEdges(StrictModel):
@@ -529,6 +437,11 @@ class TopologyConfig(PathNotes):
         data = self.model_dump(mode="json")
         if data.get("privacy") is None:
             data.pop("privacy", None)
+        # fields a run that does not set them recorded before they existed: left out at
+        # their defaults, so its config.yaml and its checkpoints' fingerprint stay the same
+        for section, name, default in UNRECORDED_DEFAULTS:
+            if data.get(section, {}).get(name, default) == default:
+                data.get(section, {}).pop(name, None)
         if not self.names_user_code:  # a run of built-in parts records what it always did
             data.pop("code_dir", None)
         return data

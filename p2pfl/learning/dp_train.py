@@ -47,7 +47,7 @@ from torch.utils.data import Dataset
 from p2pfl.config.schema import TrainingConfig
 from p2pfl.learning.hooks import ExtraLoss, LossFn, StepHook
 from p2pfl.learning.models import SplitModel
-from p2pfl.learning.train import TrainResult, make_optimizer, round_epochs
+from p2pfl.learning.train import TrainResult, epochs_for_steps, make_optimizer, set_lr
 
 NOISE_STREAM = 0x4E015E  # the noise generator's seed is (seed ^ NOISE_STREAM): apart from sampling
 _PER_SAMPLE_ATTRS = ("grad_sample", "summed_grad", "_processed")
@@ -110,10 +110,15 @@ def _empty_batch(
 
 
 def _poisson_epochs(
-    n: int, q: float, steps: int, epochs: int, gen: torch.Generator
+    n: int, q: float, steps: int, epochs: int, gen: torch.Generator, limit: int | None = None
 ) -> Iterator[torch.Tensor]:
+    """``epochs`` × ``steps`` Poisson batches, the first ``limit`` of them when given."""
+    drawn = 0
     for _ in range(epochs):
         for _ in range(steps):
+            if limit is not None and drawn >= limit:
+                return
+            drawn += 1
             yield poisson_indices(n, q, gen)
 
 
@@ -135,10 +140,12 @@ def train_private(
     seed: int = 0,
     device: torch.device | str = "cpu",
     max_physical_batch: int | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> TrainResult:
     """Train ``model`` in place for ``epochs`` (default :func:`~p2pfl.learning.train.round_epochs`
-    of ``cfg`` over ``steps_per_epoch``) × ``steps_per_epoch``
-    DP-SGD steps at sampling rate ``q``, noise ``noise_multiplier`` and clipping bound
+    of ``cfg`` over ``steps_per_epoch``) × ``steps_per_epoch`` DP-SGD steps (under
+    ``training.steps``, exactly that many), with a fresh optimizer or the node's kept one
+    (``optimizer``, its learning rate set to ``lr``), at sampling rate ``q``, noise ``noise_multiplier`` and clipping bound
     ``max_grad_norm`` (module docstring), holding the per-sample gradients of at most
     ``max_physical_batch`` samples at once (None: a whole batch; the nodes pass
     ``privacy.dp.max_physical_batch``). Returns what ``train_local`` returns; ``loss`` and
@@ -152,7 +159,11 @@ def train_private(
     n = len(x)  # type: ignore[arg-type]  # rows of the tensor, items of the Dataset
     gsm = GradSampleModule(model, batch_first=True, loss_reduction="mean", strict=True)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = make_optimizer(model, cfg, lr)
+    if optimizer is None:
+        opt = make_optimizer(model, cfg, lr)
+    else:
+        opt = optimizer
+        set_lr(opt, lr)
     noise_gen = torch.Generator(device=torch.device(device)).manual_seed(seed ^ NOISE_STREAM)
     dp_opt = DPOptimizer(
         opt,
@@ -170,7 +181,14 @@ def train_private(
     epoch_steps = steps_per_epoch
     try:
         for i, idx in enumerate(
-            _poisson_epochs(n, q, epoch_steps, epochs or round_epochs(cfg, epoch_steps), gen)
+            _poisson_epochs(
+                n,
+                q,
+                epoch_steps,
+                epochs or epochs_for_steps(cfg, epoch_steps),
+                gen,
+                cfg.steps if epochs is None else None,
+            )
         ):
             if i % epoch_steps == 0:
                 total = ce_total = 0.0

@@ -72,6 +72,19 @@ def swarm_classes(cfg: DatasetConfig, where: str) -> list[str]:
     return names
 
 
+def numbered_names(names: list[str]) -> dict[int, int] | None:
+    """``{number: index}`` when the class names are whole numbers other than the indices
+    themselves (``classes: [1, 0]`` or ``[2, 4]``): a number label is then the class of that
+    name; None otherwise (a number label is an index, the same thing for ``[0, 1, ...]``)."""
+    try:
+        numbers = [int(n) for n in names]
+    except ValueError:
+        return None
+    if [str(n) for n in numbers] != list(names) or numbers == list(range(len(names))):
+        return None
+    return {n: i for i, n in enumerate(numbers)}
+
+
 def label_indices(values: Any, names: list[str]) -> tuple[np.ndarray, list[Any]]:
     """``(indices, bad)``: ``values`` as int64 indices into ``names`` (0 where a value is
     bad) and the distinct values that are none (sorted), as :func:`map_labels` reads them."""
@@ -79,6 +92,16 @@ def label_indices(values: Any, names: list[str]) -> tuple[np.ndarray, list[Any]]
     c = len(names)
     if v.dtype.kind == "b":
         v = v.astype(np.int64)
+    numbered = numbered_names(names)
+    if numbered is not None and v.dtype.kind in "iuf":  # a number label is the class it names
+        flat = v.reshape(-1)
+        ok = np.isfinite(flat) if v.dtype.kind == "f" else np.ones(flat.shape, bool)
+        keys = np.where(ok, flat, -1).astype(np.int64) if v.dtype.kind == "f" else flat
+        ok &= (flat == keys) & np.isin(keys, list(numbered))
+        lut = {k: i for k, i in numbered.items()}
+        out = np.array([lut.get(int(k), 0) for k in keys], dtype=np.int64) if len(keys) else keys
+        bad = [int(b) if float(b).is_integer() else float(b) for b in np.unique(flat[~ok])]
+        return np.where(ok, out, 0).astype(np.int64), bad
     if v.dtype.kind in "iu":
         out = v.astype(np.int64)
         bad = np.unique(v[(out < 0) | (out >= c)])
@@ -145,9 +168,24 @@ def class_folders(path: Path, folders: Sequence[str], cfg: DatasetConfig) -> lis
 # ----------------------------------------------------------------------------- files
 
 
-def own_files(root: str | None, kind: str, ext: str) -> tuple[Path, Path | None]:
+def own_files(
+    root: str | None, kind: str, ext: str, test_root: str | None = None
+) -> tuple[Path, Path | None]:
     """``(train file, test file or None)`` at ``root``: the file itself, or a directory
-    holding ``train<ext>`` and ``test<ext>``, or ``train<ext>`` alone, or one ``*<ext>``."""
+    holding ``train<ext>`` and ``test<ext>``, or ``train<ext>`` alone, or one ``*<ext>``;
+    ``test_root`` (``dataset.test_root``, ``{id}`` replaced), when given, is the test file,
+    whatever the folder holds."""
+    train, test = _own_train_test(root, kind, ext)
+    if test_root is None:
+        return train, test
+    given = Path(test_root).expanduser()
+    if not given.is_file():
+        why = "is a directory, not a file" if given.is_dir() else "does not exist"
+        raise DatasetError(f"{given} {why}", field="dataset.test_root")
+    return train, given
+
+
+def _own_train_test(root: str | None, kind: str, ext: str) -> tuple[Path, Path | None]:
     if not root:
         raise DatasetError(
             f"dataset {kind!r} needs dataset.root: the node's {ext} file, or a directory "

@@ -55,7 +55,7 @@ def read_table(cfg: DatasetConfig, node_id: str, seed: int, root: str | None) ->
     standardised with the stats of the node's own train split or of ``dataset.stats``."""
     kind = cfg.name
     ext = ".csv" if kind == "csv" else ".parquet"
-    train_path, test_path = own_files(root, kind, ext)
+    train_path, test_path = own_files(root, kind, ext, cfg.test_root_for(node_id))
     names = swarm_classes(cfg, str(train_path))
     counted = isinstance(cfg.classes, int)
     x, raw_y, features = frame_xy(read_frame(kind, train_path), cfg.label, train_path, None)
@@ -78,7 +78,7 @@ def read_table(cfg: DatasetConfig, node_id: str, seed: int, root: str | None) ->
     def norm(a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(((a - mean) / std).astype(np.float32))
 
-    source = train_path.parent if test_path is not None else train_path
+    source = train_path.parent if test_path is not None and cfg.test_root is None else train_path
     spec = {
         "kind": "tabular",
         "features": list(features),

@@ -37,6 +37,13 @@ class SplitModel(nn.Module):
         self.input_shape = tuple(input_shape)
         self.feature_dim = feature_dim
 
+    @property
+    def parts_held(self) -> frozenset[str]:
+        """The parts that hold a trainable parameter: ``{"g", "h"}`` for every built-in
+        model; one of them for a user's model whose ``model.personal`` leaves the other
+        empty (:mod:`p2pfl.learning.user_model`)."""
+        return frozenset(p for p in ("g", "h") if any(True for _ in getattr(self, p).parameters()))
+
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """``g(x)``: flattened features of shape ``(B, F)``."""
         return self.g(x)

@@ -54,6 +54,28 @@ def round_epochs(cfg: TrainingConfig, steps_per_epoch: int) -> int:
     return max(1, math.ceil(cfg.min_steps / max(1, steps_per_epoch)))
 
 
+def round_steps(cfg: TrainingConfig, steps_per_epoch: int) -> int:
+    """The optimizer steps of one round: ``training.steps`` where the topology sets it, else
+    :func:`round_epochs` whole epochs of ``steps_per_epoch``."""
+    if cfg.steps is not None:
+        return cfg.steps
+    return round_epochs(cfg, steps_per_epoch) * steps_per_epoch
+
+
+def epochs_for_steps(cfg: TrainingConfig, steps_per_epoch: int) -> int:
+    """The epochs a round's steps reach into (the last one cut short under
+    ``training.steps``): :func:`round_epochs` where ``steps`` is unset."""
+    if cfg.steps is not None:
+        return max(1, math.ceil(cfg.steps / max(1, steps_per_epoch)))
+    return round_epochs(cfg, steps_per_epoch)
+
+
+def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+    """The round's learning rate on every parameter group of a kept optimizer."""
+    for group in opt.param_groups:
+        group["lr"] = lr
+
+
 def make_optimizer(model: torch.nn.Module, cfg: TrainingConfig, lr: float) -> torch.optim.Optimizer:
     if cfg.optimizer == "adam":
         return torch.optim.Adam(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
@@ -75,29 +97,41 @@ def train_local(
     step_hook: StepHook | None = None,
     seed: int = 0,
     device: torch.device | str = "cpu",
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> TrainResult:
     """Train ``model`` in place for ``epochs`` (default :func:`round_epochs` of ``cfg`` over
-    the data's :func:`epoch_steps`) over ``(x, y)`` with
-    cross-entropy plus ``extra_loss(model, xb, yb, logits)``, or with ``loss_fn(model, xb, yb)
-    -> (total, task loss)`` in place of both when given; ``step_hook(model)`` runs after every
-    optimizer step. A fresh optimizer is made each
-    call (each round), as in the papers' simulations. Batches are shuffled by ``seed``.
-    ``x`` may be a map-style Dataset of ``(x, y)`` items in place of the tensors (``y`` is
-    then ignored): it is read batch by batch through a ``DataLoader``."""
+    the data's :func:`epoch_steps`; under ``training.steps``, exactly that many steps) over
+    ``(x, y)`` with cross-entropy plus ``extra_loss(model, xb, yb, logits)``, or with
+    ``loss_fn(model, xb, yb) -> (total, task loss)`` in place of both when given;
+    ``step_hook(model)`` runs after every optimizer step. A fresh optimizer is made each
+    call (each round), as in the papers' simulations, unless ``optimizer`` is given (a node's
+    kept one, ``training.optimizer_state: keep``), whose learning rate is set to ``lr``.
+    Batches are shuffled by ``seed``. ``x`` may be a map-style Dataset of ``(x, y)`` items in
+    place of the tensors (``y`` is then ignored): it is read batch by batch through a
+    ``DataLoader``. The losses are the mean over the last epoch's batches (under
+    ``training.steps``, those of the last epoch begun)."""
     t0 = time.perf_counter()
     model.train()
     model.to(device)
-    opt = make_optimizer(model, cfg, lr)
+    if optimizer is None:
+        opt = make_optimizer(model, cfg, lr)
+    else:
+        opt = optimizer
+        set_lr(opt, lr)
     gen = torch.Generator().manual_seed(seed)
     steps = 0
     grad_sq = 0.0
     total = ce_total = 0.0
     batches = 0
     n = len(y) if isinstance(x, torch.Tensor) and y is not None else len(x)  # type: ignore[arg-type]
-    for _ in range(epochs or round_epochs(cfg, epoch_steps(n, cfg.batch_size))):
+    per_epoch = epoch_steps(n, cfg.batch_size)
+    limit = cfg.steps if epochs is None else None  # None: whole epochs
+    for _ in range(epochs or epochs_for_steps(cfg, per_epoch)):
         total = ce_total = 0.0
         batches = 0
         for xb, yb in _train_batches(x, y, cfg.batch_size, gen, device):
+            if limit is not None and steps >= limit:
+                break
             opt.zero_grad(set_to_none=True)
             if loss_fn is not None:
                 loss, ce = loss_fn(model, xb, yb)

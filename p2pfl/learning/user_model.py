@@ -4,7 +4,12 @@
 ``factory(num_classes=C, input_shape=(...), **model.kwargs)`` that returns any
 ``nn.Module`` mapping a batch ``(B, *input_shape)`` to logits ``(B, C)``.
 ``model.personal`` lists the parameter-name prefixes that form the personal part ``h``
-(default: the last ``nn.Linear`` in module order); every other parameter and buffer is ``g``.
+(default: the last ``nn.Linear`` in module order, none when the model has no ``nn.Linear``);
+every other parameter and buffer is ``g``. Either part may be empty: ``model.personal: []``
+keeps nothing personal (``h`` is the identity), and a personal part that covers every
+parameter (a model of one ``nn.Linear``, by default) leaves ``g`` the identity. A method
+whose maths needs both parts says so when it is checked
+(:attr:`~p2pfl.algorithms.base.Method.needs_parts`).
 
 Contract (the :class:`SplitModel` one every method relies on):
 
@@ -17,7 +22,8 @@ Contract (the :class:`SplitModel` one every method relies on):
   it. ``forward`` is the user's ``forward``.
 * ``features(x)`` is ``g(x)`` in the sense of the methods (UA-PDFL's auxiliary
   representation, pFedC's shared representation): the input of the first personal module
-  the forward pass reaches, flattened to ``(B, F)``; a forward pre-hook captures it.
+  the forward pass reaches, flattened to ``(B, F)``; a forward pre-hook captures it. With
+  ``g`` empty it is the input ``x`` flattened; with ``h`` empty, the output.
 """
 
 from __future__ import annotations
@@ -35,8 +41,8 @@ from p2pfl.learning.user_code import describe
 
 
 class ModelSplitError(P2PFLError, ValueError):
-    """``model.personal`` does not split the user's model into a non-empty ``g`` and ``h``,
-    the forward pass never reaches ``h``, or the model's output is not ``(B, C)`` logits.
+    """``model.personal`` names what the model does not hold, the forward pass never
+    reaches ``h``, or the model's output is not ``(B, C)`` logits.
     ``field``: the config field to fix."""
 
     def __init__(self, message: str, field: str = "model.personal"):
@@ -54,9 +60,15 @@ def matches(name: str, prefix: str) -> bool:
 
 
 def default_personal(net: nn.Module) -> list[str]:
-    """The last ``nn.Linear`` of ``net`` in module order (``[]`` when it has none)."""
-    linears = [n for n, m in net.named_modules() if isinstance(m, nn.Linear) and n]
-    return linears[-1:]
+    """The last ``nn.Linear`` of ``net`` in module order: its name, or, when ``net`` is
+    itself an ``nn.Linear``, its parameters' names; ``[]`` (nothing personal) when it has
+    none."""
+    linears = [n for n, m in net.named_modules() if isinstance(m, nn.Linear)]
+    if not linears:
+        return []
+    if linears[-1]:
+        return linears[-1:]
+    return [n for n, _ in net.named_parameters()]
 
 
 def _tensor_names(net: nn.Module) -> list[str]:
@@ -65,28 +77,21 @@ def _tensor_names(net: nn.Module) -> list[str]:
 
 
 def check_split(net: nn.Module, personal: list[str]) -> None:
-    """``ModelSplitError`` unless each prefix matches a parameter or buffer of ``net`` and
-    the prefixes leave a non-empty ``g`` and ``h`` of parameters."""
+    """``ModelSplitError`` unless the model has a trainable parameter, each prefix matches
+    a parameter or buffer of ``net`` and the prefixes, when there are any, cover a
+    trainable parameter. Either part may be left empty (the module docstring)."""
     names = _tensor_names(net)
-    if not personal:
-        raise ModelSplitError(
-            "the model has no nn.Linear to be the personal part h by default: give "
-            "model.personal (parameter-name prefixes)"
-        )
+    params = [n for n, _ in net.named_parameters()]
+    if not params:
+        raise ModelSplitError("the model has no parameter to train", field="model.name")
     for p in personal:
         if not any(matches(n, p) for n in names):
             shown = ", ".join(sorted({n.rsplit(".", 1)[0] for n in names})[:8])
             raise ModelSplitError(
                 f"prefix {p!r} matches no parameter of the model (its modules: {shown})"
             )
-    params = [n for n, _ in net.named_parameters()]
-    in_h = [n for n in params if any(matches(n, p) for p in personal)]
-    if not in_h:
+    if personal and not any(matches(n, p) for n in params for p in personal):
         raise ModelSplitError(f"prefixes {personal} cover no trainable parameter")
-    if len(in_h) == len(params):
-        raise ModelSplitError(
-            f"prefixes {personal} cover every parameter: the shared part g would be empty"
-        )
 
 
 def _part_views(net: nn.Module, is_personal: Callable[[str], bool]) -> tuple[nn.Module, nn.Module]:
@@ -195,6 +200,11 @@ class UserSplitModel(SplitModel):
         return self.net(x)
 
     def _run(self, x: torch.Tensor, stop: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if not self.personal:  # h is the identity: the features are the output
+            logits = self.net(x)
+            return logits.flatten(1), logits
+        if not self._feature_hooks and "g" not in self.parts_held:  # g is the identity
+            return x.flatten(1), (None if stop else self.net(x))
         self._seen, self._stop, self._active = [], stop, True
         logits = None
         try:

@@ -68,6 +68,7 @@ from p2pfl.rounds.driver import RoundDriver, driver_for
 from p2pfl.services.bundle import NodeServices
 from p2pfl.services.checkpoint import CheckpointError, checkpoint_path, load_checkpoint
 from p2pfl.services.layout_requests import ask_layouts, on_layout_message
+from p2pfl.services.optimizer_state import KeptOptimizer
 from p2pfl.wire.loop import quiet_closed_socket_races
 from p2pfl.wire.transport import BrokerLostError, Transport, TransportError
 
@@ -126,6 +127,8 @@ class Node:
         self.layout: dict[str, Any] | None = None  # describe_layout of the built model
         # privacy.dp: settings and accountant (DP-SGD's, or the update level's)
         self.privacy: NodePrivacy | NodeUpdatePrivacy | None = None
+        # training.optimizer_state: keep: the optimizer kept across rounds (and resumes)
+        self.optimizer: KeptOptimizer | None = None
 
     # ------------------------------------------------------------------ set-up
     def _load(self) -> None:
@@ -152,6 +155,8 @@ class Node:
         if self.cfg.dp is not None:  # σ planned once, before round 1
             self.privacy = self._plan_privacy(self.cfg.dp, len(self.data.train_y), source)
             log.info("%s: privacy.dp: %s", self.id, self.privacy.describe())
+        if self.cfg.training.optimizer_state == "keep":
+            self.optimizer = KeptOptimizer(self.method.model, self.cfg.training)
         self.layout = describe_layout(
             self.method.model.state_dict(), tuple(self.data.input_shape), self.data.num_classes
         )
@@ -196,11 +201,13 @@ class Node:
         ckpt.check_for(self.cfg, self.id, str(path))
         assert self.method is not None
         ckpt.restore(self.method, self.rng, str(path))
-        if self.privacy is not None:
-            try:
+        try:
+            if self.privacy is not None:
                 self.privacy.load_state(ckpt.privacy, str(path))
-            except ValueError as exc:
-                raise CheckpointError(str(exc)) from None
+            if self.optimizer is not None:
+                self.optimizer.load_state(ckpt.optimizer, str(path))
+        except ValueError as exc:
+            raise CheckpointError(str(exc)) from None
         log.warning("%s: resuming from the checkpoint of round %d (%s)", self.id, ckpt.round, path)
         return max(ckpt.round, recorded)
 
@@ -269,6 +276,7 @@ class Node:
             records=self.records,
             privacy=self.privacy,
             resumed_round=self.resumed_round,
+            optimizer=self.optimizer,
         )
         driver = self.driver = self.driver_cls(self.services)
         transport.on_presence = self._on_presence

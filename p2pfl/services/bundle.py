@@ -37,6 +37,7 @@ from p2pfl.learning.data import NodeData
 from p2pfl.services.device import EmulatedDevice, NodeDevice
 from p2pfl.services.exchange import Exchange
 from p2pfl.services.ledger import Ledger
+from p2pfl.services.optimizer_state import KeptOptimizer
 from p2pfl.services.peers import PeerView
 from p2pfl.services.robust import Robustness
 from p2pfl.services.training import LocalTraining
@@ -69,6 +70,7 @@ class NodeServices:
         records: list[dict[str, Any]] | None = None,
         privacy: NodePrivacy | NodeUpdatePrivacy | None = None,
         resumed_round: int = 0,
+        optimizer: KeptOptimizer | None = None,
     ):
         self.cfg = cfg
         self.id = node_id
@@ -101,6 +103,7 @@ class NodeServices:
             records=records,
             privacy=privacy,
             resumed_round=resumed_round,
+            optimizer=optimizer,
         )
         self.exchange = Exchange(
             cfg=cfg,
@@ -124,6 +127,7 @@ class NodeServices:
             privacy=privacy,
             adversary=adversary,
             emulated=emulated,
+            optimizer=optimizer,
         )
 
     async def aclose(self) -> None:

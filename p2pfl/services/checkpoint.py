@@ -4,7 +4,7 @@
 After every round a node writes ``<run>/nodes/<id>.ckpt`` (atomically: a reader, or a crash,
 never sees half a file): its method's :meth:`~p2pfl.algorithms.base.Method.checkpoint`
 (the model and what the method keeps between rounds), the state of the node's random
-generator, the round, and a fingerprint of the configuration that shaped them. A daemon
+generator, its kept optimizer (``training.optimizer_state: keep``), the round, and a fingerprint of the configuration that shaped them. A daemon
 started again on the same run directory restores it and rejoins the swarm's current round
 (:mod:`p2pfl.rounds.gossip.decentralized`, :mod:`p2pfl.rounds.rotation.centralized`). A checkpoint of another
 node, swarm or configuration is refused with a message, never loaded.
@@ -116,6 +116,9 @@ class Checkpoint:
     # ``privacy.dp``: the node's accountant (NodePrivacy.state); None, and absent from the
     # file, without it
     privacy: dict[str, Any] | None = None
+    # ``training.optimizer_state: keep``: the node's optimizer (KeptOptimizer.state); None,
+    # and absent from the file, otherwise
+    optimizer: dict[str, Any] | None = None
 
     @classmethod
     def take(cls, cfg: TopologyConfig, node_id: str, round_no: int, method: Any, rng: Any):
@@ -141,6 +144,8 @@ class Checkpoint:
         }
         if self.privacy is not None:
             obj["privacy"] = self.privacy
+        if self.optimizer is not None:
+            obj["optimizer"] = self.optimizer
         return encode(obj)
 
     @classmethod
@@ -166,6 +171,7 @@ class Checkpoint:
             method=obj["method"],
             rng=obj.get("rng") if isinstance(obj.get("rng"), dict) else {},
             privacy=obj.get("privacy"),
+            optimizer=obj.get("optimizer") if isinstance(obj.get("optimizer"), dict) else None,
         )
 
     def check_for(self, cfg: TopologyConfig, node_id: str, where: str) -> None:

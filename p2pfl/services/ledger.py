@@ -33,6 +33,7 @@ from p2pfl.wire.status import phase_body, pull_body
 from p2pfl.wire.transport import Transport, TransportError
 
 if TYPE_CHECKING:  # Opacus is imported only by a node that trains under privacy.dp
+    from p2pfl.services.optimizer_state import KeptOptimizer
     from p2pfl.services.privacy import NodePrivacy
     from p2pfl.services.update_privacy import NodeUpdatePrivacy
 
@@ -139,9 +140,11 @@ class Ledger:
         records: list[dict[str, Any]] | None = None,
         privacy: NodePrivacy | NodeUpdatePrivacy | None = None,
         resumed_round: int = 0,
+        optimizer: KeptOptimizer | None = None,
     ):
         self.cfg = cfg
         self.id = node_id
+        self._optimizer = optimizer
         self._transport = transport
         self._robust = robust
         self._method = method
@@ -315,6 +318,8 @@ class Ledger:
         ckpt = Checkpoint.take(self.cfg, self.id, round_no, self._method, self._rng)
         if self._privacy is not None:
             ckpt.privacy = self._privacy.state()
+        if self._optimizer is not None:
+            ckpt.optimizer = self._optimizer.state()
         try:
             assert self.out_dir is not None
             save_checkpoint(checkpoint_path(self.out_dir, self.id), ckpt)

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 from p2pfl.config.privacy_schema import DPConfig
 from p2pfl.config.schema import TopologyConfig, TrainingConfig
-from p2pfl.learning.train import round_epochs, round_lr
+from p2pfl.learning.train import round_lr, round_steps
 from p2pfl.privacy.accountant import (
     Accountant,
     plan_noise,
@@ -50,7 +50,7 @@ class NodePrivacy(DPBudget):
     noise_multiplier: float
     q: float
     steps_per_epoch: int
-    epochs: int
+    round_steps: int  # the DP-SGD steps of one round (training.steps, or its epochs')
     accountant: Accountant
     exhausted: bool = False
     _epsilon: float = 0.0  # the accountant's ε, recomputed when it changes (PRV takes seconds)
@@ -64,12 +64,12 @@ class NodePrivacy(DPBudget):
         assert dp is not None, "NodePrivacy without privacy.dp"
         q = sample_rate(cfg.training.batch_size, n_samples)
         per_epoch = steps_per_epoch(q)
-        epochs = round_epochs(cfg.training, per_epoch)
+        steps = round_steps(cfg.training, per_epoch)
         if dp.noise_multiplier is not None:
             sigma = float(dp.noise_multiplier)
         else:
             assert dp.target_epsilon is not None
-            planned = (dp.rounds or cfg.rounds) * epochs * per_epoch
+            planned = (dp.rounds or cfg.rounds) * steps
             sigma = plan_noise(dp.target_epsilon, dp.delta, q, planned, dp.accountant)
         return cls(
             node_id,
@@ -77,15 +77,10 @@ class NodePrivacy(DPBudget):
             sigma,
             q,
             per_epoch,
-            epochs,
+            steps,
             Accountant(dp.accountant),
             expected_batch=max(1.0, round(q * n_samples)),
         )
-
-    @property
-    def round_steps(self) -> int:
-        """The DP-SGD steps of one round."""
-        return self.epochs * self.steps_per_epoch
 
     def describe(self) -> str:
         """One line for the start-up log."""

@@ -30,6 +30,7 @@ from p2pfl.learning.data import NodeData
 from p2pfl.learning.state import State
 from p2pfl.learning.train import TrainResult, evaluate, round_lr, train_local
 from p2pfl.services.device import EmulatedDevice
+from p2pfl.services.optimizer_state import KeptOptimizer
 
 if TYPE_CHECKING:  # Opacus is imported only by a node that trains under privacy.dp
     from p2pfl.privacy.update_dp import Released
@@ -89,6 +90,7 @@ class LocalTraining:
         privacy: NodePrivacy | NodeUpdatePrivacy | None,
         adversary: Adversary | None,
         emulated: EmulatedDevice,
+        optimizer: KeptOptimizer | None = None,
     ):
         self.cfg = cfg
         self.id = node_id
@@ -99,6 +101,7 @@ class LocalTraining:
         self.privacy = privacy
         self.adversary = adversary
         self.emulated = emulated
+        self.optimizer = optimizer  # training.optimizer_state: keep (None: a new one a round)
         self.merged_from: list[str] = []
         self.last_good: tuple[int, dict[str, Any]] | None = None
         self._initial = method.checkpoint()  # what a node whose first round diverges keeps
@@ -150,7 +153,12 @@ class LocalTraining:
             step_hook=method.step_hook(),
             seed=seed,
             device=self.device,
+            optimizer=self._kept(lr),
         )
+
+    def _kept(self, lr: float) -> torch.optim.Optimizer | None:
+        """The node's kept optimizer for a round at ``lr``; None when it makes one a round."""
+        return None if self.optimizer is None else self.optimizer.for_round(lr)
 
     async def _train_released(
         self, round_no: int, privacy: NodeUpdatePrivacy, lr: float, labels: Any, seed: int
@@ -233,6 +241,7 @@ class LocalTraining:
                 seed=seed,
                 device=self.device,
                 max_physical_batch=dp.max_physical_batch,
+                optimizer=self._kept(lr),
             )
         await asyncio.to_thread(privacy.spent, result.steps)  # even if rolled back
         return await self._trained(round_no, result, lr, t0)
@@ -272,6 +281,8 @@ class LocalTraining:
         else:
             good_round, ckpt = self.last_good
         self.method.restore(ckpt)
+        if self.optimizer is not None:  # its moments hold the non-finite steps
+            self.optimizer.reset()
         log.warning(
             "%s: round %d: training loss is %s (lr %.4g; merged from %s): rolled back to "
             "the model after round %d",

@@ -61,7 +61,7 @@ def _errors(data: dict) -> dict[str, str]:
         (
             {"training": {"optimiser": "sgd"}},
             "training.optimiser",
-            "unknown field (did you mean 'optimizer'?)",
+            "unknown field (did you mean 'optimizer' or 'optimizer_state'?)",
         ),
         (
             {"privacy": {"dp": {"noise_multipler": 1}}},

@@ -572,3 +572,53 @@ def test_data_module_keeps_its_public_names():
     for name in [*data.__all__, "DatasetError"]:
         assert hasattr(data, name), name
     assert issubclass(data.DatasetError, ValueError)
+
+
+# ----------------------------------------------------------------------------- a test file of its own
+
+
+def test_a_nodes_test_root_is_its_test_file_beside_any_train_file(tmp_path):
+    (tmp_path / "train").mkdir()
+    for i, node in enumerate(("n0", "n1")):
+        _table(40, seed=i).to_csv(tmp_path / "train" / f"{node}.csv", index=False)
+        _table(12, seed=10 + i).to_csv(tmp_path / f"{node}-test.csv", index=False)
+    cfg = DatasetConfig(
+        name="csv",
+        root=str(tmp_path / "train" / "{id}.csv"),
+        test_root=str(tmp_path / "{id}-test.csv"),
+        partition="none",
+        classes=[0, 1, 2],  # numbers as class names
+    )
+    d = D.load_node_data(cfg, ["n0", "n1"], "n1", seed=0)
+    assert len(d.train_y) == 40 and len(d.test_y) == 12  # the whole file, no test_fraction
+    assert d.classes == ["0", "1", "2"] and d.test_hist == [4, 4, 4]
+    assert d.source == str(tmp_path / "train" / "n1.csv")
+
+
+def test_a_missing_test_root_names_the_node_the_file_and_the_field(tmp_path):
+    _table(30).to_csv(tmp_path / "n0.csv", index=False)
+    cfg = _topo(
+        tmp_path,
+        name="csv",
+        root=str(tmp_path / "{id}.csv"),
+        test_root=str(tmp_path / "{id}-test.csv"),
+        classes=3,
+    )
+    _assert_names(_bad(cfg), "dataset.test_root", "n0", tmp_path / "n0-test.csv")
+
+
+def test_test_root_is_for_a_nodes_own_table_only():
+    with pytest.raises(ValueError, match="test_root: a node's own test file"):
+        DatasetConfig(name="fashionmnist", test_root="t.csv")
+
+
+def test_number_labels_are_the_classes_they_name(tmp_path):
+    path = tmp_path / "n0.csv"
+    df = _table(30)
+    df["label"] = df["label"].map({0: 7, 1: 3, 2: 5})
+    df.to_csv(path, index=False)
+    cfg = DatasetConfig(name="csv", root=str(path), partition="none", classes=[3, 5, 7])
+    d = D.load_node_data(cfg, ["n0"], "n0", seed=0)
+    by_class = {c: d.train_x[d.train_y == i][:, 0].mean().item() for i, c in enumerate(d.classes)}
+    # label 7 held class 0's rows (the lowest feature mean): it is class "7", not index 7
+    assert d.classes == ["3", "5", "7"] and by_class["7"] < by_class["3"] < by_class["5"]

@@ -106,12 +106,7 @@ def test_prefix_matching_is_by_path():
         ("usernet:wrong_input", {}, "model.name", "forward fails on a batch of shape [2, 1, 4, 4]"),
         ("usernet:not_a_module", {}, "model.name", "not a torch.nn.Module"),
         ("usernet:make", {"personal": ["head"]}, "model.personal", "prefix 'head' matches no"),
-        (
-            "usernet:make",
-            {"personal": ["body", "norm", "classifier"]},
-            "model.personal",
-            "g would be empty",
-        ),
+        ("usernet:make", {"personal": ["norm.running_mean"]}, "model.personal", "no trainable"),
     ],
 )
 def test_user_model_errors_name_the_field_and_the_cause(user_module, name, kw, field, words):
@@ -124,3 +119,31 @@ def test_user_model_errors_name_the_field_and_the_cause(user_module, name, kw, f
 def test_the_factory_gets_kwargs(user_module):
     model = build("usernet:make", kwargs={"hidden": 7})
     assert model.feature_dim == 7
+
+
+def test_a_model_of_one_linear_layer_is_all_personal_by_default(user_module):
+    torch.manual_seed(0)
+    model = build("usernet:logistic")
+    assert model.parts_held == {"h"} and select_part(model.state_dict(), "g") == {}
+    x = torch.randn(5, 1, 4, 4)
+    feats, logits = model.features_and_logits(x)
+    # g is the identity: the features are the input the linear layer takes
+    assert torch.equal(feats, x.flatten(1)) and model.feature_dim == 16
+    assert torch.equal(logits, model.export_module()(x))
+
+
+def test_a_bare_linear_module_splits_by_its_own_parameters(user_module):
+    model = build_model(ModelConfig(name="usernet:bare_linear"), 3, (16,))
+    assert model.personal == ["weight", "bias"] and model.parts_held == {"h"}
+    x = torch.randn(4, 16)
+    assert torch.equal(model.features(x), x) and model(x).shape == (4, 3)
+
+
+def test_nothing_personal_leaves_h_the_identity(user_module):
+    model = build("usernet:logistic", personal=[])
+    assert model.parts_held == {"g"} and select_part(model.state_dict(), "h") == {}
+    x = torch.randn(2, 1, 4, 4)
+    feats, logits = model.features_and_logits(x)
+    assert torch.equal(feats, logits) and model.feature_dim == 3
+    mlp = build("usernet:make", personal=[])
+    assert mlp.parts_held == {"g"} and mlp.feature_dim == 3

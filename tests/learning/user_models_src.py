@@ -26,6 +26,25 @@ def make(num_classes, input_shape, hidden=12):
     return Net(num_classes, input_shape, hidden)
 
 
+class Logistic(nn.Module):
+    """One parametrized module: a logistic regression over the flattened input."""
+
+    def __init__(self, num_classes, input_shape):
+        super().__init__()
+        self.linear = nn.Linear(math.prod(input_shape), num_classes)
+
+    def forward(self, x):
+        return self.linear(x.flatten(1))
+
+
+def logistic(num_classes, input_shape):
+    return Logistic(num_classes, input_shape)
+
+
+def bare_linear(num_classes, input_shape):
+    return nn.Linear(input_shape[0], num_classes)
+
+
 def raises(num_classes, input_shape):
     raise RuntimeError("no GPU found for this model")
 
