@@ -165,11 +165,20 @@ def _stats(values: list[float]) -> dict[str, float]:
     }
 
 
+def _mean_of_numbers(values: list[Any]) -> float:
+    """The mean of the numbers among ``values`` (a task without accuracy records None)."""
+    nums = [v for v in values if isinstance(v, (int, float))]
+    return statistics.fmean(nums) if nums else float("nan")
+
+
 def _summarizable(rec: Any) -> bool:
     return (
         isinstance(rec, dict)
         and isinstance(rec.get("round"), int)
-        and isinstance(rec.get("test_acc"), (int, float))
+        and (
+            isinstance(rec.get("test_acc"), (int, float))
+            or (rec.get("test_acc") is None and isinstance(rec.get("test_loss"), (int, float)))
+        )
         and isinstance(rec.get("bytes_sent"), int)
         and isinstance(rec.get("t"), (int, float))
     )
@@ -205,7 +214,7 @@ def summarize(
         curve.append(
             {
                 "round": r,
-                "acc_mean": statistics.fmean(by_round[r]),
+                "acc_mean": _mean_of_numbers(by_round[r]),
                 "bytes_sent": cum,
                 "nodes": len(by_round[r]),
             }
@@ -232,10 +241,37 @@ def summarize(
         "curve": curve,
     }
     summary["rounds_skipped"] = skipped_rounds(logs)
+    metrics = metric_summary(logs)
+    if metrics:  # a task's own metrics (evaluation.metrics): other summaries are unchanged
+        summary["metrics"] = metrics
     privacy = privacy_summary(logs)
     if privacy is not None:  # a run under privacy.dp only: other summaries are unchanged
         summary["epsilon"] = privacy
     return summary
+
+
+TASK_FIELDS_SKIPPED = ("test_acc", "test_loss")
+"""The test fields every record has; a task's other ``test_<name>`` fields are its metrics."""
+
+
+def metric_summary(logs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
+    """``{test_<metric>: {"mean", "min", "max"}}`` over each node's last record, for every
+    metric of the task beyond accuracy (``evaluation.metrics``: ``test_auc``,
+    ``test_c_index``…) and ``test_loss`` where the task reports no accuracy; empty for a
+    run of the default task (accuracy alone)."""
+    finals = [recs[-1] for recs in logs.values() if recs]
+    names = sorted(
+        {k for rec in finals for k in rec if k.startswith("test_") and k not in TASK_FIELDS_SKIPPED}
+    )
+    if names and any(rec.get("test_acc") is None for rec in finals):
+        names.append("test_loss")
+    out: dict[str, dict[str, float]] = {}
+    for name in names:
+        vals = [rec.get(name) for rec in finals]
+        vals = [float(v) for v in vals if isinstance(v, (int, float)) and math.isfinite(v)]
+        if vals:
+            out[name] = {"mean": statistics.fmean(vals), "min": min(vals), "max": max(vals)}
+    return out
 
 
 def skipped_rounds(logs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:

@@ -127,6 +127,14 @@ class Method(ABC):
     # checked, naming the method and the field (a method of the whole model needs none)
     needs_parts: ClassVar[frozenset[str]] = frozenset()
 
+    @classmethod
+    def task_problem(cls, loss: str, targets: str, outputs: int) -> str | None:
+        """Why this method's maths cannot train the topology's task (``training.loss``
+        ``loss`` on ``targets``, ``"classes"`` or ``"values"``, with a model of ``outputs`` a
+        row), in words that follow the method's name; None when it can (the default: any
+        loss, any labels)."""
+        return None
+
     def __init__(self, params: dict[str, Any], ctx: AlgorithmContext):
         self.params = self.Params.model_validate(params)
         self.ctx = ctx

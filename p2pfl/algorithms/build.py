@@ -31,6 +31,7 @@ from p2pfl.errors import ConfigError
 from p2pfl.learning.data import NodeData
 from p2pfl.learning.defence import Defence
 from p2pfl.learning.models import SplitModel, UserModelError, build_model
+from p2pfl.learning.task import model_outputs
 from p2pfl.learning.train import epoch_steps, epochs_for_steps
 from p2pfl.learning.user_code import describe
 
@@ -81,7 +82,7 @@ def build_node_model(
     node, and :func:`p2pfl.load_model`, builds the same."""
     with MODEL_INIT_LOCK:  # the same initial model on every node of the swarm
         torch.manual_seed(cfg.seed)
-        model = build_model(cfg.model, num_classes, input_shape)
+        model = build_model(cfg.model, model_outputs(cfg, num_classes), input_shape)
         return adapt_for(cls, cfg, model, num_classes, replaced)
 
 

@@ -523,6 +523,12 @@ class PFedC(CentralizedAlgorithm):
     upload_part = "all"
     needs_parts = frozenset({"h"})  # its task heads replace the last nn.Linear of h
 
+    @classmethod
+    def task_problem(cls, loss: str, targets: str, outputs: int) -> str | None:
+        if targets != "classes" or loss != "cross_entropy":
+            return "trains its task heads with its own loss on class labels (training.loss: cross_entropy)"
+        return None
+
     def __init__(self, params: dict[str, Any], ctx: AlgorithmContext):
         super().__init__(params, ctx)
         self.groups = validate_groups(self.params.groups, ctx.num_classes)

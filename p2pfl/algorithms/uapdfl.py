@@ -4,7 +4,8 @@ Implements docs/algorithms.md, "UA-PDFL" (Zhu, Fan, Xie: "UA-PDFL: A Personalize
 Decentralized Federated Learning", 2024):
 
 - unit tensor ``X_unit``: one input-shaped tensor, every element ``unit_value`` (swarm config);
-- unit representation ``I_i = softmax(f(w_i; X_unit))`` and auxiliary representation
+- unit representation ``I_i = softmax(f(w_i; X_unit))`` (for one output, ``[σ, 1 − σ]``:
+  the Reading below) and auxiliary representation
   ``A_i = g_i(X_unit)``, gossiped each round with ``n_i``;
 - ``Div(i,j) = ½ KL(I_i‖I_j) + ½ KL(I_j‖I_i)`` with an epsilon guard;
 - client-wise dropout when ``Div(i,j) ≤ th_I`` for every drawn peer: adopt one random peer's
@@ -48,6 +49,12 @@ free of the scale of ``Div``: the learning rate, the model and ``X_unit`` scale 
 for identical representations (``Div`` = 0, e.g. the common initial model) and infinite
 otherwise. ``divergence_rule: fixed`` is the paper's rule with the number ``th_I``.
 
+**Reading** (one output): a model of one output (``training.loss: bce``, or one value such as
+a survival risk score) has no softmax to take; ``I_i`` is the Bernoulli ``[σ(f), 1 − σ(f)]``
+of that output at ``X_unit``, the class probabilities of ``bce`` and, for a risk score, a
+monotone map of it into (0, 1), so ``Div`` and the drift compare the same thing. A model of
+several values (regression of k > 1 columns) is refused: no distribution is read off it.
+
 **Reading** (scale of ``μ``): Eq. (12) is the squared L2 norm summed over the feature vector,
 so the strength of a given ``μ`` grows with the feature dimension ``F``. Measured on the CNN
 with Fashion-MNIST (``F`` = 3136, SGD lr 0.05): ``μ`` = 0.1 diverges within one epoch
@@ -89,6 +96,16 @@ from p2pfl.learning.state import select_part
 def unit_tensor(input_shape: Iterable[int], value: float) -> torch.Tensor:
     """``X_unit``: a batch of one input-shaped tensor filled with ``value``."""
     return torch.full((1, *input_shape), float(value))
+
+
+def unit_distribution(outputs: torch.Tensor) -> torch.Tensor:
+    """``I``: the softmax of ``C`` logits; for a model of one output (``training.loss:
+    bce``, or one value such as a risk score) the Bernoulli ``[σ(z), 1 − σ(z)]``
+    (docs/algorithms.md, "UA-PDFL", the Reading for one output)."""
+    if outputs.shape[-1] == 1:
+        p = torch.sigmoid(outputs)
+        return torch.cat([p, 1 - p], dim=-1)
+    return torch.softmax(outputs, dim=-1)
 
 
 def kl(p: torch.Tensor, q: torch.Tensor, eps: float = 1e-8) -> float:
@@ -153,6 +170,15 @@ class UAPDFL(DecentralizedAlgorithm):
     # whose auxiliary term is then zero), h may not (nothing would be personalized)
     needs_parts = frozenset({"h"})
 
+    @classmethod
+    def task_problem(cls, loss: str, targets: str, outputs: int) -> str | None:
+        if targets == "values" and outputs != 1:
+            return (
+                "its unit representation reads C logits as classes or one output as a "
+                f"probability (its sigmoid); this model outputs {outputs} values a row"
+            )
+        return None
+
     def __init__(self, params: dict[str, Any], ctx: AlgorithmContext):
         super().__init__(params, ctx)
         self.x_unit = unit_tensor(ctx.input_shape, self.params.unit_value).to(ctx.device)
@@ -167,7 +193,7 @@ class UAPDFL(DecentralizedAlgorithm):
         was_training = self.model.training
         self.model.eval()
         feats, logits = self.model.features_and_logits(self.x_unit)
-        self.I = torch.softmax(logits, dim=-1)[0].float().cpu()
+        self.I = unit_distribution(logits)[0].float().cpu()
         self.A = feats[0].float().cpu()
         self.model.train(was_training)
 

@@ -30,7 +30,8 @@ from p2pfl.learning.node_inputs import check_dataset, check_node_data, root_note
 from p2pfl.learning.partition import partition_indices
 from p2pfl.learning.robust import check_bounds
 from p2pfl.learning.split_model import SplitModel
-from p2pfl.learning.user_code import describe
+from p2pfl.learning.task import Task, model_outputs, task_of
+from p2pfl.learning.user_code import UserCodeError, describe
 
 
 def check_own_data(
@@ -136,16 +137,62 @@ def check_model(
     input, adapted and handed to the method (:func:`check_method`); a :class:`ConfigError`
     otherwise, on ``model.name`` (the factory does not import or raises, the forward
     fails), ``model.personal`` (a prefix matches nothing, the split leaves a part empty) or
-    ``algorithm.name`` (the method cannot work with this model). Torch's global random state
-    is left as it was (callers that share it between threads hold their own lock around
-    this)."""
+    ``algorithm.name`` (the method cannot work with this model), ``training.loss`` (the
+    model's outputs do not fit the loss, or the user's loss or metric does not import or
+    fails on them: :func:`check_task`). Torch's global random state is left as it was
+    (callers that share it between threads hold their own lock around this)."""
+    task = user_task(cfg, source)
     try:
         with torch.random.fork_rng(devices=[]), torch.no_grad():
-            model = build_model(cfg.model, num_classes, shape)
-            model.eval()(torch.zeros(1, *shape))
+            model = build_model(cfg.model, model_outputs(cfg, num_classes), shape)
+            outputs = model.eval()(torch.zeros(2, *shape))
     except (UserModelError, RuntimeError, ValueError, TypeError) as exc:
+        if getattr(exc, "field", None) == "training.loss":
+            why = f"{cfg.training.loss}: {str(exc).split(': ', 1)[-1]}"
+            raise ConfigError(source, [("training.loss", why)]) from None
         raise model_error(cfg, shape, exc, source) from None
+    check_task(cfg, task, tuple(outputs.shape), num_classes, source)
     return check_method(cfg, model, num_classes, shape, source)
+
+
+def user_task(cfg: TopologyConfig, source: str) -> Task:
+    """The topology's :class:`~p2pfl.learning.task.Task`, a user's loss or metric imported;
+    a :class:`ConfigError` naming ``training.loss`` or ``evaluation.metrics`` when one does
+    not import."""
+    try:
+        return task_of(cfg)
+    except UserCodeError as exc:
+        field = "training.loss" if str(exc).startswith("training.loss") else "evaluation.metrics"
+        raise ConfigError(source, [(field, str(exc))]) from None
+
+
+def check_task(
+    cfg: TopologyConfig, task: Task, shape: tuple[int, ...], num_classes: int, source: str
+) -> None:
+    """The model's outputs (``shape``, for a batch of 2) fit the loss, and the loss and the
+    metrics compute on them (with labels of the task's kind); a :class:`ConfigError` on
+    ``training.loss`` or ``evaluation.metrics`` naming what disagrees."""
+    why = task.output_problem(shape, num_classes)
+    if why is not None:
+        raise ConfigError(source, [("training.loss", why)])
+    outputs = torch.zeros(shape)
+    if task.targets == "classes":
+        labels = torch.tensor([0, min(1, num_classes - 1)])
+    else:
+        columns = task.value_columns
+        labels = torch.ones(2, columns) if columns > 1 else torch.ones(2)
+    try:
+        loss = task.loss(outputs, labels)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise TypeError(f"returned {type(loss).__name__}, not a one-value tensor")
+    except Exception as exc:  # the user's loss meeting the model's outputs
+        why = f"{cfg.training.loss!r} on outputs {tuple(shape)}: {describe(exc)}"
+        raise ConfigError(source, [("training.loss", why)]) from None
+    try:
+        task.score(outputs, labels)
+    except Exception as exc:  # a metric meeting the task's outputs and labels
+        why = f"{list(task.metrics)} on outputs {tuple(shape)}: {describe(exc)}"
+        raise ConfigError(source, [("evaluation.metrics", why)]) from None
 
 
 def check_method(
@@ -167,6 +214,11 @@ def check_method(
     check_privacy(cfg, source)
     cls = get_algorithm(cfg.algorithm.name)
     check_parts(cls, cfg, model, source)
+    targets = cfg.dataset.targets or cfg.default_targets
+    why = cls.task_problem(cfg.training.loss, targets, model_outputs(cfg, num_classes))
+    if why is not None:
+        what = f"method {cfg.algorithm.name!r} {why}"
+        raise ConfigError(source, [("training.loss", what)])
     try:
         with torch.random.fork_rng(devices=[]):
             model = adapt_for(cls, cfg, model, num_classes)  # as every node builds it

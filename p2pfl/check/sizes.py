@@ -82,11 +82,12 @@ def size_warnings(cfg: TopologyConfig, sizes: Sequence[NodeSize]) -> list[str]:
         return []
     names = ", ".join(f"{s.node} ({s.train})" for s in small[:LISTED])
     more = f" and {len(small) - LISTED} more" if len(small) > LISTED else ""
-    how = (
-        f"they take {small[0].steps_per_round} steps a round (training.min_steps)"
-        if cfg.training.epochs is None
-        else "set a smaller training.batch_size, or more training.epochs"
-    )
+    if cfg.training.steps is not None:
+        how = f"they take {cfg.training.steps} steps a round (training.steps)"
+    elif cfg.training.epochs is None:
+        how = f"they take {small[0].steps_per_round} steps a round (training.min_steps)"
+    else:
+        how = "set a smaller training.batch_size, or more training.epochs"
     return [
         f"training.batch_size: {len(small)} node(s) hold fewer training rows than a batch "
         f"of {batch}: {names}{more}; each epoch is one short batch: {how}"
@@ -96,13 +97,16 @@ def size_warnings(cfg: TopologyConfig, sizes: Sequence[NodeSize]) -> list[str]:
 def describe_sizes(cfg: TopologyConfig, sizes: Sequence[NodeSize]) -> list[str]:
     """Lines for ``p2pfl validate``: one a node (train, test, steps a round) for up to
     :data:`LISTED` nodes, else the minimum, median and maximum over the nodes."""
-    epochs = cfg.training.epochs
-    how = (
-        f"{epochs} epoch(s) of batches of {cfg.training.batch_size}"
-        if epochs is not None
-        else f"at least {cfg.training.min_steps} steps (training.min_steps) in whole epochs "
-        f"of batches of {cfg.training.batch_size}"
-    )
+    epochs, batch = cfg.training.epochs, cfg.training.batch_size
+    if cfg.training.steps is not None:
+        how = f"{cfg.training.steps} steps (training.steps) of batches of {batch}"
+    elif epochs is not None:
+        how = f"{epochs} epoch(s) of batches of {batch}"
+    else:
+        how = (
+            f"at least {cfg.training.min_steps} steps (training.min_steps) in whole epochs "
+            f"of batches of {batch}"
+        )
     lines = [f"training a round: {how}"]
     if len(sizes) <= LISTED:
         width = max(len(s.node) for s in sizes)

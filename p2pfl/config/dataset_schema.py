@@ -80,7 +80,18 @@ class DatasetConfig(StrictModel):
         description="each node's test samples (default: same ratio as global)",
     )
     # a device's own data (partition: none)
-    label: str = Field("label", min_length=1, description="csv / parquet: the label column")
+    label: str | list[str] = Field(
+        "label",
+        min_length=1,
+        description="csv / parquet: the label column, or the columns of value labels "
+        "(e.g. [event, time] for a survival loss)",
+    )
+    targets: Literal["classes", "values"] | None = Field(
+        None,
+        description="what the labels are: classes (indices into dataset.classes) or values "
+        "(numbers to predict); default: from training.loss (values for mse, mae, and a "
+        "user's loss without dataset.classes)",
+    )
     classes: int | list[str] | None = Field(
         None,
         description="the swarm's label space: a count (labels 0..C-1) or the class names "

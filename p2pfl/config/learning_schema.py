@@ -16,6 +16,16 @@ from p2pfl.config.dataset_schema import is_import_path
 from p2pfl.config.strict import StrictModel
 from p2pfl.config.suggest import with_suggestion
 
+BUILTIN_LOSSES = ("cross_entropy", "bce", "mse", "mae")
+"""``training.loss``'s names: softmax cross-entropy over one logit a class, binary
+cross-entropy of one logit, and the squared and absolute errors of predicted values."""
+
+BUILTIN_METRICS = ("accuracy", "balanced_accuracy", "auc", "f1", "mae", "rmse", "c_index")
+"""``evaluation.metrics``' names (:mod:`p2pfl.learning.task`)."""
+
+CLASS_METRICS = ("accuracy", "balanced_accuracy", "auc", "f1")
+"""The metrics of class labels; ``mae``, ``rmse`` and ``c_index`` score values."""
+
 BUILTIN_MODELS = ("cnn", "lenet", "mlp", "resnet18", "vgg11")
 MODEL_KNOBS: dict[str, tuple[str, ...]] = {"cnn": ("padding", "head"), "mlp": ("hidden",)}
 """The ``model:`` fields each built-in model reads (p2pfl.learning.models.build_model)."""
@@ -120,6 +130,11 @@ class TrainingConfig(StrictModel):
         "(instead of epochs)",
     )
     batch_size: int = Field(50, ge=1, le=B.MAX_BATCH_SIZE)
+    loss: str = Field(
+        "cross_entropy",
+        description="cross_entropy (logits, one a class), bce (one logit, two classes), "
+        "mse or mae (values), or 'package.module:function' (outputs, labels) -> loss",
+    )
     optimizer: Literal["sgd", "adam"] = "sgd"
     optimizer_state: Literal["keep", "reset"] = Field(
         "reset",
@@ -133,8 +148,55 @@ class TrainingConfig(StrictModel):
     device: str = "cpu"
     threads: int = Field(1, ge=1, le=B.MAX_THREADS, description="torch threads per node process")
 
+    @field_validator("loss")
+    @classmethod
+    def _check_loss(cls, v: str) -> str:
+        if v in BUILTIN_LOSSES or is_import_path(v):
+            return v
+        what = with_suggestion(f"unknown loss {v!r}", v, BUILTIN_LOSSES)
+        raise ValueError(
+            f"{what}: one of {', '.join(BUILTIN_LOSSES)}, or 'package.module:function'"
+        )
+
+    @property
+    def value_loss(self) -> bool:
+        """Whether the built-in loss trains on values (``mse``, ``mae``) rather than classes;
+        a user's loss takes either (``dataset.targets``)."""
+        return self.loss in ("mse", "mae")
+
     @model_validator(mode="after")
     def _steps_or_epochs(self) -> TrainingConfig:
         if self.steps is not None and self.epochs is not None:
             raise ValueError("steps: give epochs or steps a round, not both")
         return self
+
+
+class EvaluationConfig(StrictModel):
+    """What every round's evaluation on a node's test split reports (:mod:`p2pfl.learning.task`).
+    ``metrics`` unset: ``accuracy`` for class labels, ``mae`` and ``rmse`` for values (none
+    for a user's loss on values: its loss alone)."""
+
+    metrics: list[str] | None = Field(
+        None,
+        max_length=16,
+        description="accuracy, balanced_accuracy, auc, f1 (classes), mae, rmse, c_index "
+        "(values; c_index: the risk score against labels [event, time]), or "
+        "'package.module:function' (outputs, labels) -> float; each in every record as "
+        "test_<name> (accuracy: test_acc)",
+    )
+
+    @field_validator("metrics")
+    @classmethod
+    def _check_metrics(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        for name in v:
+            if name not in BUILTIN_METRICS and not is_import_path(name):
+                what = with_suggestion(f"unknown metric {name!r}", name, BUILTIN_METRICS)
+                raise ValueError(
+                    f"{what}: one of {', '.join(BUILTIN_METRICS)}, or 'package.module:function'"
+                )
+        dup = sorted({n for n in v if v.count(n) > 1})
+        if dup:
+            raise ValueError(f"metrics: {dup} listed twice")
+        return v

@@ -36,8 +36,13 @@ from p2pfl.config.dataset_schema import PARTITION_RE as PARTITION_RE
 from p2pfl.config.dataset_schema import DatasetConfig, is_import_path
 from p2pfl.config.emulation import DeviceSpec, NetworkConfig, chosen_nodes
 from p2pfl.config.learning_schema import BUILTIN_MODELS as BUILTIN_MODELS
+from p2pfl.config.learning_schema import (
+    CLASS_METRICS,
+    EvaluationConfig,
+    ModelConfig,
+    TrainingConfig,
+)
 from p2pfl.config.learning_schema import MODEL_KNOBS as MODEL_KNOBS
-from p2pfl.config.learning_schema import ModelConfig, TrainingConfig
 from p2pfl.config.privacy_schema import DPConfig, PrivacyConfig
 from p2pfl.config.runtime_schema import SecurityConfig, TimingConfig, TransferConfig
 from p2pfl.config.strict import PathNotes, StrictModel
@@ -102,6 +107,9 @@ class AlgorithmConfig(StrictModel):
 
 
 UNRECORDED_DEFAULTS = (
+    ("training", "loss", "cross_entropy"),
+    ("evaluation", "metrics", None),
+    ("dataset", "targets", "classes"),
     ("training", "steps", None),
     ("training", "optimizer_state", "reset"),
     ("dataset", "test_root", None),
@@ -302,6 +310,7 @@ class TopologyConfig(PathNotes):
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     timing: TimingConfig = Field(default_factory=TimingConfig)
     security: SecurityConfig = Field(default_factory=SecurityConfig)
     transfer: TransferConfig = Field(default_factory=TransferConfig)
@@ -408,6 +417,69 @@ class TopologyConfig(PathNotes):
         return out
 
     @model_validator(mode="after")
+    def _task(self) -> TopologyConfig:
+        """``dataset.targets`` left unset follows ``training.loss`` (values for ``mse``,
+        ``mae`` and a user's loss without ``dataset.classes``); then the loss, the labels and
+        the metrics are checked against each other."""
+        ds, training = self.dataset, self.training
+        targets = ds.targets or self.default_targets
+        if ds.targets != targets:
+            values = {**ds.__dict__, "targets": targets}
+            self.dataset = DatasetConfig.model_construct(set(ds.model_fields_set), **values)
+        loss = training.loss
+        if targets == "values":
+            if training.loss in ("cross_entropy", "bce"):
+                raise ValueError(
+                    f"training.loss: {loss} trains on classes; dataset.targets is values"
+                )
+            if not ds.own_data:
+                raise ValueError(
+                    "dataset.targets: values (training.loss "
+                    f"{loss}) are a node's own labels: give dataset.partition: none"
+                )
+        else:
+            if training.value_loss:
+                raise ValueError(
+                    f"dataset.targets: classes, but training.loss {loss} trains on values"
+                )
+            if isinstance(ds.label, list):
+                raise ValueError(
+                    "dataset.label: a list of columns holds values (dataset.targets: values)"
+                )
+            if loss == "bce" and self.class_count not in (None, 2):
+                raise ValueError(
+                    f"training.loss: bce is one logit for two classes; the dataset has "
+                    f"{self.class_count} (cross_entropy takes any number)"
+                )
+        for name in self.evaluation.metrics or ():
+            if name in CLASS_METRICS and targets == "values":
+                raise ValueError(
+                    f"evaluation.metrics: {name} scores classes; the labels are values"
+                )
+            if name in ("mae", "rmse", "c_index") and targets == "classes":
+                raise ValueError(
+                    f"evaluation.metrics: {name} scores values; the labels are classes"
+                )
+        return self
+
+    @property
+    def default_targets(self) -> str:
+        """What ``training.loss`` trains on where ``dataset.targets`` is unset."""
+        if self.training.value_loss:
+            return "values"
+        user_loss = self.training.loss not in ("cross_entropy", "bce")
+        return "values" if user_loss and self.dataset.classes is None else "classes"
+
+    @property
+    def class_count(self) -> int | None:
+        """The number of classes the topology names (``dataset.classes``, or a synthetic
+        dataset's ``num_classes``); None where the data alone says (a built-in dataset)."""
+        ds = self.dataset
+        if ds.classes is not None:
+            return ds.classes if isinstance(ds.classes, int) else len(ds.classes)
+        return ds.num_classes if ds.name == "synthetic" else None
+
+    @model_validator(mode="after")
     def _default_rule(self) -> TopologyConfig:
         """``defence.rule`` left unset takes the default that fits the other switches:
         ``mean`` under ``privacy.secagg`` (which hides the individual uploads every other
@@ -442,6 +514,8 @@ class TopologyConfig(PathNotes):
         for section, name, default in UNRECORDED_DEFAULTS:
             if data.get(section, {}).get(name, default) == default:
                 data.get(section, {}).pop(name, None)
+        if data.get("evaluation") == {}:
+            data.pop("evaluation")
         if not self.names_user_code:  # a run of built-in parts records what it always did
             data.pop("code_dir", None)
         return data

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -203,13 +204,28 @@ def summary_table(summary: dict[str, Any]) -> Table:
     t.add_column("metric")
     t.add_column("value", justify="right")
     f = summary["final"]
+    metrics = summary.get("metrics") or {}
+    accuracy = (
+        []
+        if metrics and math.isnan(f["acc_mean"])
+        else [  # a task with no accuracy
+            ("final acc mean ± std", f"{f['acc_mean']:.4f} ± {f['acc_std']:.4f}"),
+            ("final acc min / max", f"{f['acc_min']:.4f} / {f['acc_max']:.4f}"),
+            ("best acc mean", f"{summary['best_acc_mean']:.4f}"),
+        ]
+    )
     rows = [
         ("nodes (completed)", f"{summary['nodes']} ({summary['nodes_completed']})"),
         ("rounds", str(summary["rounds"])),
         ("wall time", f"{summary['wall_s']:.1f} s"),
-        ("final acc mean ± std", f"{f['acc_mean']:.4f} ± {f['acc_std']:.4f}"),
-        ("final acc min / max", f"{f['acc_min']:.4f} / {f['acc_max']:.4f}"),
-        ("best acc mean", f"{summary['best_acc_mean']:.4f}"),
+        *accuracy,
+        *(
+            (
+                f"final {name[5:]} mean (min / max)",
+                f"{m['mean']:.4f} ({m['min']:.4f} / {m['max']:.4f})",
+            )
+            for name, m in metrics.items()
+        ),
         ("bytes sent (all nodes)", f"{summary['bytes_sent_total'] / 1e6:.2f} MB"),
         ("dropout rounds", str(summary["dropout_rounds"])),
         *_skipped_rows(summary),

@@ -47,7 +47,7 @@ from torch.utils.data import Dataset
 from p2pfl.config.schema import TrainingConfig
 from p2pfl.learning.hooks import ExtraLoss, LossFn, StepHook
 from p2pfl.learning.models import SplitModel
-from p2pfl.learning.train import TrainResult, epochs_for_steps, make_optimizer, set_lr
+from p2pfl.learning.train import TaskLoss, TrainResult, epochs_for_steps, make_optimizer, set_lr
 
 NOISE_STREAM = 0x4E015E  # the noise generator's seed is (seed ^ NOISE_STREAM): apart from sampling
 _PER_SAMPLE_ATTRS = ("grad_sample", "summed_grad", "_processed")
@@ -141,11 +141,13 @@ def train_private(
     device: torch.device | str = "cpu",
     max_physical_batch: int | None = None,
     optimizer: torch.optim.Optimizer | None = None,
+    task_loss: TaskLoss | None = None,
 ) -> TrainResult:
     """Train ``model`` in place for ``epochs`` (default :func:`~p2pfl.learning.train.round_epochs`
     of ``cfg`` over ``steps_per_epoch``) × ``steps_per_epoch`` DP-SGD steps (under
     ``training.steps``, exactly that many), with a fresh optimizer or the node's kept one
-    (``optimizer``, its learning rate set to ``lr``), at sampling rate ``q``, noise ``noise_multiplier`` and clipping bound
+    (``optimizer``, its learning rate set to ``lr``), with the topology's loss ``task_loss``
+    (default cross-entropy; :mod:`p2pfl.learning.task`), at sampling rate ``q``, noise ``noise_multiplier`` and clipping bound
     ``max_grad_norm`` (module docstring), holding the per-sample gradients of at most
     ``max_physical_batch`` samples at once (None: a whole batch; the nodes pass
     ``privacy.dp.max_physical_batch``). Returns what ``train_local`` returns; ``loss`` and
@@ -198,11 +200,11 @@ def train_private(
                 *early, last = idx.split(max_physical_batch or len(idx))
                 ce_sum = 0.0  # the logical batch's cross-entropy, summed over its chunks
                 for chunk in early:  # clipped and summed into p.summed_grad, then freed
-                    ce_sum += _backward(gsm, x, y, chunk, device)[2].item() * len(chunk)
+                    ce_sum += _backward(gsm, x, y, chunk, device, task_loss)[2].item() * len(chunk)
                     dp_opt.signal_skip_step(do_skip=True)
                     dp_opt.pre_step()  # clip and accumulate only: no noise, no step
                     dp_opt.zero_grad(set_to_none=True)  # per-sample grads go, the sum stays
-                xb, yb, ce, logits = _backward(gsm, x, y, last, device)
+                xb, yb, ce, logits = _backward(gsm, x, y, last, device, task_loss)
                 if early:
                     ce = torch.tensor((ce_sum + ce.item() * len(last)) / len(idx))
             else:  # an empty Poisson batch: the step is noise alone
@@ -246,15 +248,16 @@ def _backward(
     y: torch.Tensor | None,
     idx: torch.Tensor,
     device: torch.device | str,
+    task_loss: TaskLoss | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The mean cross-entropy of the samples ``idx`` backpropagated through ``gsm``: each
+    """The mean loss (cross-entropy, or ``task_loss``) of the samples ``idx`` backpropagated through ``gsm``: each
     sample's own gradient lands in ``p.grad_sample`` (Opacus scales a mean loss back by the
     chunk's size). Returns the inputs, labels, loss and logits."""
     xb, yb = _batch(x, y, idx, device)
     if xb.is_floating_point():  # else torch warns, at every backward through
         xb.requires_grad_(True)  # Opacus's hooks, that no input needs a gradient
     logits = gsm(xb)
-    ce = F.cross_entropy(logits, yb)
+    ce = F.cross_entropy(logits, yb) if task_loss is None else task_loss(logits, yb)
     ce.backward()
     return xb, yb, ce, logits
 

@@ -108,6 +108,45 @@ def node_data(
     )
 
 
+def value_node_data(
+    train_x: torch.Tensor,
+    train_y: np.ndarray,
+    test_x: torch.Tensor,
+    test_y: np.ndarray,
+    input_shape: tuple[int, ...],
+    source: str,
+    input_spec: dict[str, Any],
+) -> NodeData:
+    """A node's data whose labels are values (``dataset.targets: values``): float32 labels
+    (``N``, or ``N x k`` for k label columns), no classes and no histograms;
+    ``num_classes`` is the label columns (a built-in value loss's outputs)."""
+    columns = 1 if train_y.ndim == 1 else int(train_y.shape[1])
+    return NodeData(
+        train_x=train_x,
+        train_y=torch.from_numpy(np.array(train_y, dtype=np.float32)),
+        test_x=test_x,
+        test_y=torch.from_numpy(np.array(test_y, dtype=np.float32)),
+        num_classes=columns,
+        input_shape=tuple(int(v) for v in input_shape),
+        train_hist=[],
+        test_hist=[],
+        classes=[],
+        source=source,
+        input_spec=input_spec,
+    )
+
+
+def split_values(
+    n: int, fraction: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(train rows, test rows)``: ``fraction`` of ``n`` rows (at least one, and one left to
+    train on) drawn by ``rng``, each side in row order."""
+    k = min(max(1, round(fraction * n)), max(0, n - 1))
+    test = np.sort(rng.permutation(n)[:k])
+    train = np.setdiff1d(np.arange(n), test)
+    return train, test
+
+
 # ----------------------------------------------------------------------------- built-ins
 
 
@@ -256,6 +295,8 @@ __all__ = [
     "read_npz",
     "split_fraction",
     "split_rng",
+    "split_values",
     "swarm_classes",
+    "value_node_data",
     "whole_node_data",
 ]

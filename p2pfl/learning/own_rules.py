@@ -276,23 +276,32 @@ def columns_text(columns: Sequence[Any]) -> str:
     return ", ".join(cols[:20]) + (f", … ({len(cols)} in all)" if len(cols) > 20 else "")
 
 
-def frame_columns(df: Any, label: str, path: Path, features: list[str] | None) -> list[str]:
-    """The feature columns of a data frame (every column but ``label``; ``features``: the
-    train file's, which another file of the node must have), checked numeric (bool, int or
-    float); a :class:`DatasetError` otherwise (on ``dataset.label`` for a missing label
-    column, with the columns there and the nearest names)."""
+def label_columns(label: str | list[str]) -> list[str]:
+    """``dataset.label`` as a list of columns (one, or the columns of value labels)."""
+    return [label] if isinstance(label, str) else list(label)
+
+
+def frame_columns(
+    df: Any, label: str | list[str], path: Path, features: list[str] | None
+) -> list[str]:
+    """The feature columns of a data frame (every column but the label column(s);
+    ``features``: the train file's, which another file of the node must have), checked
+    numeric (bool, int or float); a :class:`DatasetError` otherwise (on ``dataset.label``
+    for a missing label column, with the columns there and the nearest names)."""
     from pandas.api import types as pt
 
     columns = [str(c) for c in df.columns]
-    if label not in columns:
-        hint = did_you_mean(label, columns)
-        raise DatasetError(
-            f"{path}: no label column {label!r} (its columns: {columns_text(columns)}"
-            + (f"; {hint})" if hint else ")"),
-            field="dataset.label",
-        )
+    labels = label_columns(label)
+    for name in labels:
+        if name not in columns:
+            hint = did_you_mean(name, columns)
+            raise DatasetError(
+                f"{path}: no label column {name!r} (its columns: {columns_text(columns)}"
+                + (f"; {hint})" if hint else ")"),
+                field="dataset.label",
+            )
     df.columns = columns
-    mine = [c for c in columns if c != label]
+    mine = [c for c in columns if c not in labels]
     if features is None:
         features = mine
         if not features:
@@ -328,15 +337,42 @@ def nonfinite_error(path: Path, columns: Sequence[str], rows: int) -> DatasetErr
     )
 
 
-def frame_xy(df: Any, label: str, path: Path, features: list[str] | None) -> tuple[Any, ...]:
+def frame_xy(
+    df: Any, label: str | list[str], path: Path, features: list[str] | None
+) -> tuple[Any, ...]:
     """``(x float64 N x D, raw labels, feature names)`` of a data frame, checked
-    (:func:`frame_columns`, then every feature value finite)."""
+    (:func:`frame_columns`, then every feature value finite); the raw labels of a list of
+    label columns are their ``N x k`` array."""
     features = frame_columns(df, label, path, features)
     x = df[features].to_numpy(dtype=np.float64, na_value=np.nan)
     cols, rows = nonfinite(x)
     if rows:
         raise nonfinite_error(path, [features[j] for j in np.flatnonzero(cols)], rows)
     return x, df[label].to_numpy(), features
+
+
+def value_labels(raw: Any, label: str | list[str], path: Path) -> np.ndarray:
+    """Labels that are values (``dataset.targets: values``): float32 ``N`` (one column) or
+    ``N x k``; a :class:`DatasetError` on ``dataset.label`` naming the column that is not a
+    finite number."""
+    columns = label_columns(label)
+    try:
+        y = np.asarray(raw, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise DatasetError(
+            f"{path}: label column(s) {columns_text(columns)} must hold numbers "
+            "(dataset.targets: values)",
+            field="dataset.label",
+        ) from None
+    bad = ~np.isfinite(y.reshape(len(y), -1))
+    if bad.any():
+        named = [columns[j] for j in np.flatnonzero(bad.any(axis=0))]
+        raise DatasetError(
+            f"{path}: missing (NaN) or infinite labels in column(s) {columns_text(named)} "
+            f"({int(bad.any(axis=1).sum())} row(s))",
+            field="dataset.label",
+        )
+    return y.astype(np.float32)
 
 
 def read_stats(stats: str, node_id: str, features: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -454,6 +490,7 @@ __all__ = [
     "frame_chunks",
     "frame_columns",
     "frame_xy",
+    "label_columns",
     "label_indices",
     "labels_error",
     "load_npz",
@@ -461,6 +498,7 @@ __all__ = [
     "nonfinite",
     "nonfinite_error",
     "own_files",
+    "value_labels",
     "read_frame",
     "read_stats",
     "swarm_classes",

@@ -15,12 +15,21 @@ rules that need no torch (the file, its columns, the labels, the stats) are
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import torch
 
 from p2pfl.config.schema import DatasetConfig
 from p2pfl.learning.arrays import NodeData
-from p2pfl.learning.own_data import node_data, split_fraction, split_rng
+from p2pfl.learning.own_data import (
+    node_data,
+    split_fraction,
+    split_rng,
+    split_values,
+    value_node_data,
+)
 from p2pfl.learning.own_rules import (
     frame_xy,
     map_labels,
@@ -28,6 +37,7 @@ from p2pfl.learning.own_rules import (
     read_frame,
     read_stats,
     swarm_classes,
+    value_labels,
 )
 
 
@@ -56,15 +66,25 @@ def read_table(cfg: DatasetConfig, node_id: str, seed: int, root: str | None) ->
     kind = cfg.name
     ext = ".csv" if kind == "csv" else ".parquet"
     train_path, test_path = own_files(root, kind, ext, cfg.test_root_for(node_id))
-    names = swarm_classes(cfg, str(train_path))
+    values = cfg.targets == "values"
+    names = [] if values else swarm_classes(cfg, str(train_path))
     counted = isinstance(cfg.classes, int)
+
+    def labels_of(raw: Any, path: Path) -> np.ndarray:
+        if values:
+            return value_labels(raw, cfg.label, path)
+        return map_labels(raw, names, str(path), counted=counted)
+
     x, raw_y, features = frame_xy(read_frame(kind, train_path), cfg.label, train_path, None)
-    y = map_labels(raw_y, names, str(train_path), counted=counted)
+    y = labels_of(raw_y, train_path)
     if test_path is not None:
         tx, raw_ty, _ = frame_xy(read_frame(kind, test_path), cfg.label, test_path, features)
-        ty = map_labels(raw_ty, names, str(test_path), counted=counted)
+        ty = labels_of(raw_ty, test_path)
     elif cfg.test_split == "row_hash":
         tr, te = split_by_row_hash(x, cfg.test_fraction)
+        x, tx, y, ty = x[tr], x[te], y[tr], y[te]
+    elif values:  # no classes to stratify by: a seeded draw of the rows
+        tr, te = split_values(len(y), cfg.test_fraction, split_rng(seed, node_id))
         x, tx, y, ty = x[tr], x[te], y[tr], y[te]
     else:
         tr, te = split_fraction(y, cfg.test_fraction, len(names), split_rng(seed, node_id))
@@ -86,6 +106,8 @@ def read_table(cfg: DatasetConfig, node_id: str, seed: int, root: str | None) ->
         "mean": [float(v) for v in mean],
         "std": [float(v) for v in std],
     }
+    if values:
+        return value_node_data(norm(x), y, norm(tx), ty, (len(features),), str(source), spec)
     return node_data(norm(x), y, norm(tx), ty, names, (len(features),), str(source), spec)
 
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +22,11 @@ from torch.utils.data import DataLoader, Dataset
 from p2pfl.config.schema import TrainingConfig
 from p2pfl.learning.hooks import ExtraLoss, LossFn, StepHook
 from p2pfl.learning.models import SplitModel
+
+if TYPE_CHECKING:
+    from p2pfl.learning.task import Task
+
+TaskLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -98,6 +104,8 @@ def train_local(
     seed: int = 0,
     device: torch.device | str = "cpu",
     optimizer: torch.optim.Optimizer | None = None,
+    task_loss: TaskLoss | None = None,
+    label_dtype: torch.dtype = torch.long,
 ) -> TrainResult:
     """Train ``model`` in place for ``epochs`` (default :func:`round_epochs` of ``cfg`` over
     the data's :func:`epoch_steps`; under ``training.steps``, exactly that many steps) over
@@ -108,8 +116,10 @@ def train_local(
     kept one, ``training.optimizer_state: keep``), whose learning rate is set to ``lr``.
     Batches are shuffled by ``seed``. ``x`` may be a map-style Dataset of ``(x, y)`` items in
     place of the tensors (``y`` is then ignored): it is read batch by batch through a
-    ``DataLoader``. The losses are the mean over the last epoch's batches (under
-    ``training.steps``, those of the last epoch begun)."""
+    ``DataLoader``, its labels as ``label_dtype``. The losses are the mean over the last
+    epoch's batches (under ``training.steps``, those of the last epoch begun).
+    ``task_loss(outputs, y)``: the topology's loss (:mod:`p2pfl.learning.task`) in place of
+    cross-entropy (``ce_loss`` is then that loss)."""
     t0 = time.perf_counter()
     model.train()
     model.to(device)
@@ -129,7 +139,7 @@ def train_local(
     for _ in range(epochs or epochs_for_steps(cfg, per_epoch)):
         total = ce_total = 0.0
         batches = 0
-        for xb, yb in _train_batches(x, y, cfg.batch_size, gen, device):
+        for xb, yb in _train_batches(x, y, cfg.batch_size, gen, device, label_dtype):
             if limit is not None and steps >= limit:
                 break
             opt.zero_grad(set_to_none=True)
@@ -137,7 +147,7 @@ def train_local(
                 loss, ce = loss_fn(model, xb, yb)
             else:
                 logits = model(xb)
-                ce = F.cross_entropy(logits, yb)
+                ce = F.cross_entropy(logits, yb) if task_loss is None else task_loss(logits, yb)
                 loss = ce if extra_loss is None else ce + extra_loss(model, xb, yb, logits)
             loss.backward()
             grad_sq += float(
@@ -165,6 +175,7 @@ def _train_batches(
     batch_size: int,
     gen: torch.Generator,
     device: torch.device | str,
+    label_dtype: torch.dtype = torch.long,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """One epoch of shuffled batches on ``device``: a ``randperm`` of the tensors' rows, or
     a ``DataLoader`` over a Dataset, both drawn from ``gen``."""
@@ -178,11 +189,15 @@ def _train_batches(
         return
     loader = DataLoader(x, batch_size=batch_size, shuffle=True, generator=gen, num_workers=0)
     for xb, yb in loader:
-        yield xb.to(device), torch.as_tensor(yb).to(device, torch.long)
+        yield xb.to(device), torch.as_tensor(yb).to(device, label_dtype)
 
 
 def _eval_batches(
-    x: torch.Tensor | Dataset, y: torch.Tensor | None, batch_size: int, device: torch.device | str
+    x: torch.Tensor | Dataset,
+    y: torch.Tensor | None,
+    batch_size: int,
+    device: torch.device | str,
+    label_dtype: torch.dtype = torch.long,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """The samples in order, by batches on ``device``: slices of the tensors, or a
     ``DataLoader`` over a Dataset."""
@@ -192,7 +207,7 @@ def _eval_batches(
             yield x[start : start + batch_size].to(device), y[start : start + batch_size].to(device)
         return
     for xb, yb in DataLoader(x, batch_size=batch_size, shuffle=False, num_workers=0):
-        yield xb.to(device), torch.as_tensor(yb).to(device, torch.long)
+        yield xb.to(device), torch.as_tensor(yb).to(device, label_dtype)
 
 
 @torch.no_grad()
@@ -217,3 +232,31 @@ def evaluate(
         correct += int((logits.argmax(dim=1) == yb).sum())
     model.train()
     return correct / n, loss / n
+
+
+@torch.no_grad()
+def evaluate_task(
+    model: SplitModel,
+    x: torch.Tensor | Dataset,
+    y: torch.Tensor | None,
+    task: Task,
+    batch_size: int = 500,
+    device: torch.device | str = "cpu",
+) -> tuple[float, dict[str, float]]:
+    """``(loss, metrics)`` of ``model`` on the whole of ``(x, y)`` (or a Dataset ``x``) under
+    ``task``: its loss over every sample at once (a loss that couples samples, such as
+    Cox's partial likelihood, is the whole split's) and :meth:`Task.score`; NaNs when there
+    is no sample."""
+    n = len(x)  # type: ignore[arg-type]
+    if n == 0:
+        return float("nan"), {m: float("nan") for m in task.metrics}
+    model.eval()
+    dtype = torch.long if task.targets == "classes" else torch.float32
+    outs, labels = [], []
+    for xb, yb in _eval_batches(x, y, batch_size, device, dtype):
+        outs.append(model(xb).cpu())
+        labels.append(yb.cpu())
+    model.train()
+    outputs, truth = torch.cat(outs), torch.cat(labels)
+    loss = float(task.loss(outputs, truth))
+    return loss, task.score(outputs, truth)

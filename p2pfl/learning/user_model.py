@@ -298,7 +298,9 @@ def build_user_model(
             model.train(was)
     if tuple(logits.shape) != (2, num_classes):
         raise ModelSplitError(
-            f"outputs {tuple(logits.shape)} for a batch of 2, expected (2, {num_classes}) logits"
+            f"the model outputs {tuple(logits.shape)} for a batch of 2; the loss takes "
+            f"(2, {num_classes})",
+            field="training.loss",
         )
     model.feature_dim = int(math.prod(feats.shape[1:]))
     return model

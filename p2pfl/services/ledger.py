@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -231,7 +232,7 @@ class Ledger:
         round_no: int,
         *,
         meter: RoundMeter,
-        evaluated: tuple[float, float],
+        evaluated: tuple[float, float] | tuple[float, float, Mapping[str, float] | None],
         lr: float,
         trained: TrainOutcome | None,
         comm_s: float,
@@ -244,7 +245,8 @@ class Ledger:
         alike.
 
         The fields both drivers share: ``round``, ``test_acc`` and ``test_loss``
-        (``evaluated``), ``train_loss``, ``train_ce`` and ``train_s`` (``trained``; None,
+        (``evaluated``: accuracy, loss, and the task's other metrics, each its own
+        ``test_<name>`` field after ``test_loss``; NaN is recorded as None), ``train_loss``, ``train_ce`` and ``train_s`` (``trained``; None,
         None and 0 for a node that did not train), ``comm_s``, the ``meter``'s fields,
         ``lr``, ``peers``, ``dropout``, the round's robustness facts
         (:meth:`~p2pfl.services.robust.Robustness.facts`: ``rejected``, ``capped``,
@@ -269,11 +271,14 @@ class Ledger:
             if isinstance(part, Mapping):
                 facts.update(part)
         result = trained.result if trained is not None else None
-        acc, test_loss = evaluated
+        acc, test_loss, *more = evaluated
+        task_scores = more[0] if more else None  # None: the default task's accuracy and loss
+        scores = {k: _finite_or_none(v) for k, v in (task_scores or {}).items()}
         record = {
             "round": round_no,
-            "test_acc": acc,
+            "test_acc": acc if task_scores is None else _finite_or_none(acc),
             "test_loss": test_loss,
+            **scores,
             "train_loss": result.loss if result is not None else None,
             "train_ce": result.ce_loss if result is not None else None,
             "train_s": round(result.seconds, 4) if result is not None else 0.0,
@@ -308,7 +313,9 @@ class Ledger:
         self.records.append(record)
         if self.record_log is not None:
             self.record_log.append(record)
-        log.info("%s: round %d acc %.4f %s", self.id, record["round"], record["test_acc"], summary)
+        acc = record["test_acc"]
+        shown = f"acc {acc:.4f}" if isinstance(acc, float) else f"loss {record['test_loss']:.4g}"
+        log.info("%s: round %d %s %s", self.id, record["round"], shown, summary)
         if self.out_dir is not None:
             await asyncio.to_thread(self.save_checkpoint, record["round"])
 
@@ -325,3 +332,8 @@ class Ledger:
             save_checkpoint(checkpoint_path(self.out_dir, self.id), ckpt)
         except OSError as exc:
             log.warning("%s: round %d: checkpoint not written: %s", self.id, round_no, exc)
+
+
+def _finite_or_none(value: float) -> float | None:
+    """A metric as a record holds it: None where the test split could not define it."""
+    return None if value is None or not math.isfinite(value) else float(value)

@@ -18,7 +18,7 @@ import secrets
 import time
 import weakref
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import numpy as np
 import torch
@@ -28,7 +28,8 @@ from p2pfl.attacks import Adversary
 from p2pfl.config.schema import TopologyConfig
 from p2pfl.learning.data import NodeData
 from p2pfl.learning.state import State
-from p2pfl.learning.train import TrainResult, evaluate, round_lr, train_local
+from p2pfl.learning.task import record_field, task_of
+from p2pfl.learning.train import TrainResult, evaluate, evaluate_task, round_lr, train_local
 from p2pfl.services.device import EmulatedDevice
 from p2pfl.services.optimizer_state import KeptOptimizer
 
@@ -57,6 +58,17 @@ def dp_sgd_turn() -> asyncio.Lock:
     if lock is None:
         lock = _DP_SGD_TURNS[loop] = asyncio.Lock()
     return lock
+
+
+class Evaluation(NamedTuple):
+    """A round's evaluation on the node's test split: ``acc`` (``test_acc``; NaN where the
+    task reports no accuracy), ``loss`` (``test_loss``) and the task's other metrics by
+    their record field (``test_auc``; None for the default task, whose records hold
+    accuracy and loss alone)."""
+
+    acc: float
+    loss: float
+    metrics: dict[str, float] | None = None
 
 
 @dataclass
@@ -102,6 +114,10 @@ class LocalTraining:
         self.adversary = adversary
         self.emulated = emulated
         self.optimizer = optimizer  # training.optimizer_state: keep (None: a new one a round)
+        self.task = task_of(cfg)  # the loss it trains with, the metrics it reports
+        # the default task (cross-entropy, accuracy) trains and evaluates as it always did
+        self._loss = None if self.task.loss_name == "cross_entropy" else self.task.loss
+        self._label_dtype = torch.long if self.task.targets == "classes" else torch.float32
         self.merged_from: list[str] = []
         self.last_good: tuple[int, dict[str, Any]] | None = None
         self._initial = method.checkpoint()  # what a node whose first round diverges keeps
@@ -154,6 +170,8 @@ class LocalTraining:
             seed=seed,
             device=self.device,
             optimizer=self._kept(lr),
+            task_loss=self._loss,
+            label_dtype=self._label_dtype,
         )
 
     def _kept(self, lr: float) -> torch.optim.Optimizer | None:
@@ -242,6 +260,7 @@ class LocalTraining:
                 device=self.device,
                 max_physical_batch=dp.max_physical_batch,
                 optimizer=self._kept(lr),
+                task_loss=self._loss,
             )
         await asyncio.to_thread(privacy.spent, result.steps)  # even if rolled back
         return await self._trained(round_no, result, lr, t0)
@@ -295,13 +314,18 @@ class LocalTraining:
         )
         return {"merged_from": merged, "rolled_back_to": good_round}
 
-    async def evaluate(self) -> tuple[float, float]:
-        """(accuracy, loss) of the method's model on this node's test split."""
-        return await asyncio.to_thread(
-            evaluate,
-            self.method.model,
-            self.data.test_inputs,  # test_set (a Dataset read by batches) or test_x
-            self.data.test_y,
-            EVAL_BATCH,
-            self.device,
+    async def evaluate(self) -> Evaluation:
+        """The method's model on this node's test split: accuracy and mean cross-entropy
+        for the default task, else the task's loss and every metric of it
+        (:mod:`p2pfl.learning.task`; accuracy NaN where the task does not report it)."""
+        model, inputs, labels = self.method.model, self.data.test_inputs, self.data.test_y
+        if self.task.is_default:
+            acc, loss = await asyncio.to_thread(
+                evaluate, model, inputs, labels, EVAL_BATCH, self.device
+            )
+            return Evaluation(acc, loss)
+        loss, scores = await asyncio.to_thread(
+            evaluate_task, model, inputs, labels, self.task, EVAL_BATCH, self.device
         )
+        acc = scores.pop("accuracy", math.nan)
+        return Evaluation(acc, loss, {record_field(m): v for m, v in scores.items()})
