@@ -74,7 +74,9 @@ def check_node(run_dir: str | Path, node_id: str) -> Path:
 
 
 def load_model_with_info(run_dir: str | Path, node_id: str) -> tuple[nn.Module, dict[str, Any]]:
-    """:func:`load_model` and the node's checked ``model.json``."""
+    """:func:`load_model` and the node's checked ``model.json``, with what its outputs are
+    (``loss``: ``training.loss``; ``targets``: ``classes`` or ``values``, from its run's
+    ``config.yaml``)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -110,6 +112,8 @@ def load_model_with_info(run_dir: str | Path, node_id: str) -> tuple[nn.Module, 
     module.load_state_dict(weights, strict=True)
     restore_buffers(module, info["buffers"], str(info_path(run, node_id)))
     module.eval()
+    # what the outputs mean (the task: p2pfl.learning.task), for predict, serving and the gate
+    info = {**info, "loss": cfg.training.loss, "targets": cfg.dataset.targets or "classes"}
     return module, info
 
 

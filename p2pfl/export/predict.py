@@ -16,7 +16,10 @@ The node's ``model.json`` says how its inputs were made (``input_spec``,
 
 The predictions are one CSV row per input: ``row`` (CSV, 0-based) or ``file`` (relative to
 the folder), ``predicted`` (the class index), ``label`` (its name) and ``p_<class>``, the
-softmax probability of each class.
+probability of each class (the softmax of the logits; for a model of one logit,
+``training.loss: bce``, the sigmoid is the probability of class 1). A model of values
+(``dataset.targets: values``: regression, a risk score) gives ``predicted`` (one output) or
+``predicted_<i>`` (several), its outputs as they are.
 """
 
 from __future__ import annotations
@@ -94,10 +97,14 @@ def classify(
             f"{src}: not a CSV / Parquet file, an image folder, an image or a .npy array"
         )
     names, x_batches, labels = inputs
+    out = Path(out_path) if out_path is not None else Path.cwd() / f"predictions-{node_id}.csv"
+    if model.values:  # regression, a risk score: the outputs, no class
+        outputs = model.probabilities(x_batches)
+        _write_values_csv(out, names, outputs)
+        return Predictions(path=out, rows=len(outputs))
     p = model.probabilities(x_batches)
     pred = p.argmax(axis=1)
     classes = model.classes
-    out = Path(out_path) if out_path is not None else Path.cwd() / f"predictions-{node_id}.csv"
     _write_csv(out, names, pred, p, classes)
     result = Predictions(path=out, rows=len(pred))
     if labels is not None:
@@ -120,18 +127,27 @@ class Classifier:
         self.classes: list[str] = info["classes"] or [str(i) for i in range(info["num_classes"])]
         self.spec: dict[str, Any] = info.get("input_spec") or {}
         self.kind: str | None = self.spec.get("kind")
+        self.values = info.get("targets") == "values"  # outputs are values, not classes
 
     @classmethod
     def load(cls, run_dir: str | Path, node_id: str) -> Classifier:
         return cls(*load_model_with_info(run_dir, node_id))
 
     def probabilities(self, x_batches: Iterable[np.ndarray]) -> np.ndarray:
-        """The softmax probability of each class for each input (float32, one row each)."""
+        """The probability of each class for each input (float32, one row each): the
+        softmax of the logits, ``[1 − σ(z), σ(z)]`` for one logit; a model of values gives
+        its outputs as they are (:attr:`values`)."""
         probs: list[np.ndarray] = []
         with torch.no_grad():
             for x in x_batches:
-                logits = self.module(torch.as_tensor(x, dtype=torch.float32))
-                probs.append(torch.softmax(logits.float(), dim=1).numpy())
+                out = self.module(torch.as_tensor(x, dtype=torch.float32)).float()
+                if self.values:
+                    probs.append(out.reshape(len(out), -1).numpy())
+                elif out.shape[1] == 1:
+                    p = torch.sigmoid(out)
+                    probs.append(torch.cat([1 - p, p], dim=1).numpy())
+                else:
+                    probs.append(torch.softmax(out, dim=1).numpy())
         if not probs:
             return np.zeros((0, len(self.classes)), dtype=np.float32)
         return np.concatenate(probs)
@@ -351,6 +367,22 @@ def _array_inputs(src: Path, spec: dict[str, Any], info: dict[str, Any]):
 
 
 # ----------------------------------------------------------------------------- output
+
+
+def _write_values_csv(out: Path, names: dict[str, list[Any]], outputs: np.ndarray) -> None:
+    import pandas as pd
+
+    columns: dict[str, Any] = dict(names)
+    if outputs.shape[1] == 1:
+        columns["predicted"] = outputs[:, 0]
+    else:
+        for i in range(outputs.shape[1]):
+            columns[f"predicted_{i}"] = outputs[:, i]
+    try:
+        with atomic_path(out) as tmp:
+            pd.DataFrame(columns).to_csv(tmp, index=False)
+    except OSError as exc:
+        raise ExportError(f"{out}: predictions not written: {exc}") from None
 
 
 def _write_csv(

@@ -78,3 +78,41 @@ def test_a_logistic_regression_trains_with_bce_from_each_nodes_files(tmp_path, m
         assert last["train_ce"] == pytest.approx(last["train_loss"])  # BCE, no extra term
     assert set(summary["metrics"]) == {"test_auc", "test_f1"}
     assert summary["final"]["acc_mean"] > 0.8
+
+
+def test_predict_gives_the_sigmoid_of_one_logit_and_the_value_of_a_regression(tmp_path):
+    import pandas as pd
+
+    from p2pfl.export.predict import classify
+
+    _write(tmp_path)
+    cfg = load_topology(tmp_path / "topology.yaml", ["algorithm.name=local", "rounds=1"])
+    code, _ = run_swarm(cfg, tmp_path / "run", nodes_per_process=2, progress=False)
+    assert code == 0
+    got = classify(tmp_path / "run", "a", tmp_path / "data" / "a-test.csv", tmp_path / "p.csv")
+    rows = pd.read_csv(got.path)
+    assert got.accuracy > 0.8 and list(rows.columns[-3:]) == ["label", "p_0", "p_1"]
+    assert np.allclose(rows["p_0"] + rows["p_1"], 1.0)
+    assert ((rows["p_1"] > 0.5) == (rows["predicted"] == 1)).all()
+    # the same files as a regression of the first feature on the others: values out
+    for path in (tmp_path / "data").glob("*.csv"):
+        df = pd.read_csv(path)
+        df["outcome"] = df["f0"] * 3.0 + 1.0
+        df.drop(columns=["f0"]).to_csv(path, index=False)
+    reg = load_topology(
+        tmp_path / "topology.yaml",
+        [
+            "algorithm.name=local",
+            "rounds=1",
+            "training.loss=mse",
+            "dataset.classes=null",
+            "evaluation.metrics=[mae]",
+        ],
+    )
+    code, summary = run_swarm(reg, tmp_path / "reg", nodes_per_process=2, progress=False)
+    assert code == 0 and set(summary["metrics"]) == {"test_mae", "test_loss"}
+    last = read_records(tmp_path / "reg" / "nodes" / "a.jsonl")[-1]
+    assert last["test_acc"] is None and last["test_mae"] >= 0
+    out = classify(tmp_path / "reg", "a", tmp_path / "data" / "a-test.csv", tmp_path / "v.csv")
+    values = pd.read_csv(out.path)
+    assert out.accuracy is None and "predicted" in values and len(values) == 30

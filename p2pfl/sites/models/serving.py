@@ -232,6 +232,17 @@ class ModelServer:
                 )
         except ExportError as exc:
             raise BadRequest(HTTPStatus.BAD_REQUEST, str(exc)) from None
+        if model.values:  # regression, a risk score: the model's outputs
+            return {
+                "model": served.entry.id,
+                "run_id": served.entry.run_id,
+                "predictions": [
+                    {"value": float(row[0])}
+                    if len(row) == 1
+                    else {"values": [float(v) for v in row]}
+                    for row in probs
+                ],
+            }
         classes = model.classes
         pred = probs.argmax(axis=1)
         return {
