@@ -147,6 +147,12 @@ class AdminCommands:
             )
         path = self.ctx.state_dir / "runs" / st.run_id / "worker.log"
         if not path.is_file():
+            if not path.parent.exists() and self.ctx.final(st):
+                raise ValueError(
+                    f"run {st.run_id}: its files were removed, as an older finished run's "
+                    f"(limits.keep_runs {self.ctx.site.limits.keep_runs}); the ledger keeps "
+                    "its agreement"
+                )
             raise ValueError(f"run {st.run_id} has no worker log at this site")
         text = path.read_text(errors="replace")
         if isinstance(tail, int) and tail > 0:

@@ -68,6 +68,7 @@ class SiteDaemon:
         ctx.ledger = ConsentLedger(ctx.state_dir / "ledger.sqlite")
         await ctx.bindings.start()
         reopened = self._recover()
+        self.slots.prune()  # what a predecessor finished beyond limits.keep_runs
         for problem in self.policy_problems:
             log.warning("%s: site file %s: %s", self.name, ctx.site.source, problem)
         if ctx.identity is None:

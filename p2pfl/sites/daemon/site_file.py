@@ -70,6 +70,12 @@ class Limits(StrictModel):
     max_concurrent_runs: PositiveInt = Field(
         default=1, description="the runs this site trains at once; more wait as pending"
     )
+    keep_runs: PositiveInt = Field(
+        default=50,
+        le=100_000,
+        description="the finished runs whose files (state_dir/runs/<id>: worker log, records) "
+        "stay; older ones are removed, their ledger entries and kept models stay",
+    )
 
 
 class Promote(StrictModel):

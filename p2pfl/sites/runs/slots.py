@@ -18,6 +18,7 @@ from p2pfl.sites.daemon.context import SiteContext
 from p2pfl.sites.policy.rules import policy_digest
 from p2pfl.sites.runs.series import SeriesCycles
 from p2pfl.sites.runs.processes import offer_model
+from p2pfl.sites.runs.retention import prune_runs
 from p2pfl.sites.runs.worker import RunWorker
 from p2pfl.sites.runs.topology import worker_topology
 
@@ -34,6 +35,7 @@ class WorkerSlots:
         self.ctx = ctx
         self.series = series
         self.drained = asyncio.Event()
+        self._offering: set[str] = set()  # runs whose model a child is keeping and judging
 
     def active(self) -> list[RunState]:
         """The runs holding a slot: a worker started or starting, not ended."""
@@ -107,13 +109,36 @@ class WorkerSlots:
             else:
                 self.end(st, "failed", f"the worker exited with {code} (see {worker.log_path})")
         self.start_waiting()
+        self.prune()
+
+    def prune(self) -> None:
+        """Keep the files of the newest ``limits.keep_runs`` finished runs
+        (:func:`~p2pfl.sites.runs.retention.prune_runs`); never a run under way or whose
+        model is being offered."""
+        busy = {st.run_id for st in self.ctx.runs.values() if not self.ctx.final(st)}
+        busy |= self._offering
+        keep = self.ctx.site.limits.keep_runs
+        removed = prune_runs(self.ctx.state_dir / "runs", keep, busy)
+        if removed:
+            log.info(
+                "%s: the files of %d older run(s) removed (limits.keep_runs %d): %s",
+                self.ctx.name,
+                len(removed),
+                keep,
+                ", ".join(removed),
+            )
 
     async def _offer(self, st: RunState) -> None:
         """Keep the model of ``st`` (finished here) and judge it at the promotion gate, in
         a process of its own (``p2pfl models offer``: torch stays out of the daemon)."""
         assert self.ctx.site.source is not None
         log_path = self.ctx.state_dir / "runs" / st.run_id / "offer.log"
-        code, said = await offer_model(self.ctx.site.source, st.run_id, log_path)
+        self._offering.add(st.run_id)
+        try:
+            code, said = await offer_model(self.ctx.site.source, st.run_id, log_path)
+        finally:
+            self._offering.discard(st.run_id)
+            self.prune()
         if code == 0:
             log.info("%s: run %s: model %s", self.ctx.name, st.run_id, said)
         else:
