@@ -12,6 +12,7 @@ predict`` prepares new data for it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,11 @@ import numpy as np
 import torch
 
 from p2pfl.check.load import load_topology
+from p2pfl.config.learning_schema import CLASS_METRICS
 from p2pfl.export.model import load_model_with_info
 from p2pfl.learning.artifacts import ExportError
 from p2pfl.learning.data import load_node_data
+from p2pfl.learning.task import task_of
 
 BATCH = 512
 
@@ -74,9 +77,13 @@ def _stats(spec: dict[str, Any], n: int, field: str = "mean") -> np.ndarray:
     return vec
 
 
-def held_out_scorer(run_dir: str | Path, node_id: str) -> Callable[[Path], float]:
-    """A function that scores a kept model (its run directory) by its accuracy on node
-    ``node_id``'s test split in ``run_dir`` (read once, here)."""
+def held_out_scorer(
+    run_dir: str | Path, node_id: str, metric: str = "accuracy"
+) -> Callable[[Path], float]:
+    """A function that scores a kept model (its run directory) by ``metric``
+    (``promote.metric``: its accuracy by default) on node ``node_id``'s test split in
+    ``run_dir`` (read once, here), through the run's task (:mod:`p2pfl.learning.task`); an
+    :class:`ExportError` when the task does not report that metric (``mae`` of classes)."""
     run = Path(run_dir)
     cfg = load_topology(run / "config.yaml")
     data = load_node_data(cfg.dataset, cfg.node_ids, node_id, cfg.seed)
@@ -90,14 +97,29 @@ def held_out_scorer(run_dir: str | Path, node_id: str) -> Callable[[Path], float
     if len(y) == 0:
         raise ExportError(f"{run}: node {node_id!r} holds no held-out data")
 
+    task = task_of(cfg)
+    if metric != "accuracy" or task.targets != "classes":
+        if (metric in CLASS_METRICS) != (task.targets == "classes"):
+            raise ExportError(
+                f"{run}: promote.metric {metric!r} does not score this run's labels "
+                f"({task.targets}, training.loss {task.loss_name})"
+            )
+        task = replace(task, metrics=(metric,), user_metrics=())
+
     def score(model_dir: Path) -> float:
         module, info = load_model_with_info(model_dir, node_id)
         inputs = renormalize(x, data.input_spec or {}, info.get("input_spec") or {})
-        right = 0
+        if metric == "accuracy" and task.loss_name == "cross_entropy":  # argmax of the logits
+            right = 0
+            with torch.no_grad():
+                for i in range(0, len(y), BATCH):
+                    pred = module(inputs[i : i + BATCH].float()).argmax(1)
+                    right += int((pred == y[i : i + BATCH]).sum())
+            return right / len(y)
         with torch.no_grad():
-            for i in range(0, len(y), BATCH):
-                pred = module(inputs[i : i + BATCH].float()).argmax(1)
-                right += int((pred == y[i : i + BATCH]).sum())
-        return right / len(y)
+            outputs = torch.cat(
+                [module(inputs[i : i + BATCH].float()) for i in range(0, len(y), BATCH)]
+            )
+        return task.score(outputs, y)[metric]
 
     return score

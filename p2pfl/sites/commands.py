@@ -220,9 +220,11 @@ def cmd_models(args: argparse.Namespace) -> int:
             series=facts.get("series"),
             parent=facts.get("warm_start"),
         )
-        entry = store.judge(entry.id, held_out_scorer(run_dir, site.site), site.promote.min_delta)
+        metric = site.promote.metric
+        scorer = held_out_scorer(run_dir, site.site, metric)
+        entry = store.judge(entry.id, scorer, site.promote.min_delta, metric)
         out.print(
-            f"{site.site}: {entry.id}: held-out accuracy {entry.accuracy:.4f}: "
+            f"{site.site}: {entry.id}: held-out {metric} {entry.accuracy:.4f}: "
             f"[bold]{entry.status}[/] ({escape(entry.reason)})"
         )
         return 0
@@ -251,7 +253,7 @@ def cmd_models(args: argparse.Namespace) -> int:
         where = f"run {e.run_id}" + (f" cycle {e.cycle}" if e.cycle is not None else "")
         where += f" round {e.round}" if e.round is not None else ""
         why = f" ({escape(e.reason)})" if e.reason else ""
-        out.print(f"{mark} [bold]{e.id}[/]  {where}  accuracy {acc}  [bold]{e.status}[/]{why}")
+        out.print(f"{mark} [bold]{e.id}[/]  {where}  {e.metric} {acc}  [bold]{e.status}[/]{why}")
     return 0
 
 

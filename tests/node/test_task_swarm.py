@@ -116,3 +116,11 @@ def test_predict_gives_the_sigmoid_of_one_logit_and_the_value_of_a_regression(tm
     out = classify(tmp_path / "reg", "a", tmp_path / "data" / "a-test.csv", tmp_path / "v.csv")
     values = pd.read_csv(out.path)
     assert out.accuracy is None and "predicted" in values and len(values) == 30
+    # a site's promotion gate scores a kept model by its task's metric (promote.metric)
+    from p2pfl.export.held_out import held_out_scorer
+    from p2pfl.learning.artifacts import ExportError
+
+    score = held_out_scorer(tmp_path / "reg", "a", "mae")
+    assert score(tmp_path / "reg") == pytest.approx(last["test_mae"], rel=1e-5)
+    with pytest.raises(ExportError, match="promote.metric 'accuracy' does not score"):
+        held_out_scorer(tmp_path / "reg", "a", "accuracy")

@@ -86,9 +86,14 @@ class Promote(StrictModel):
     min_delta: float = Field(
         default=0.0,
         ge=0.0,
-        le=1.0,
-        description="a new model is served only if its held-out accuracy is at least the "
-        "served one's minus this (docs/design.md, \"A site's own models\")",
+        le=1e9,
+        description="a new model is served only if its held-out metric is no worse than the "
+        "served one's by more than this (docs/design.md, \"A site's own models\")",
+    )
+    metric: Literal["accuracy", "balanced_accuracy", "auc", "f1", "mae", "rmse", "c_index"] = Field(
+        default="accuracy",
+        description="what the gate scores a model by on the site's held-out data (mae and "
+        "rmse: lower is better); a metric of the run's task (classes or values)",
     )
 
 

@@ -48,14 +48,31 @@ class ModelStoreError(P2PFLError, ValueError):
     names the store and the entry."""
 
 
-def gate(candidate: float, served: float | None, min_delta: float) -> str | None:
-    """Why a model scoring ``candidate`` on the site's held-out data may not replace the
-    served model scoring ``served`` there (None: it may). It must score at least ``served -
+LOWER_IS_BETTER = ("mae", "rmse")
+"""The gate's metrics whose smaller values are better (errors); the others are scores."""
+
+
+def gate(
+    candidate: float, served: float | None, min_delta: float, metric: str = "accuracy"
+) -> str | None:
+    """Why a model scoring ``candidate`` on the site's held-out data (``metric``:
+    ``promote.metric``) may not replace the served model scoring ``served`` there (None: it
+    may). It must be no worse than ``served`` by more than ``min_delta``: a score at least
+    ``served − min_delta``, an error (:data:`LOWER_IS_BETTER`) at most ``served +
     min_delta``; with nothing served, any model may."""
-    if served is None or candidate >= served - min_delta:
+    if served is None:
+        return None
+    if metric in LOWER_IS_BETTER:
+        if candidate <= served + min_delta:
+            return None
+        return (
+            f"held-out {metric} {candidate:.4f} is above the served model's {served:.4f} "
+            f"plus min_delta {min_delta:g}"
+        )
+    if candidate >= served - min_delta:
         return None
     return (
-        f"held-out accuracy {candidate:.4f} is below the served model's {served:.4f} "
+        f"held-out {metric} {candidate:.4f} is below the served model's {served:.4f} "
         f"minus min_delta {min_delta:g}"
     )
 
@@ -74,8 +91,9 @@ class ModelEntry:
     parent: str | None = None  # the entry its run warm-started from at this site
     added: float = 0.0
     status: str = CANDIDATE
-    accuracy: float | None = None  # on the site's held-out data when it was judged
+    accuracy: float | None = None  # its held-out ``metric`` when it was judged
     served_accuracy: float | None = None  # the served model's, scored beside it
+    metric: str = "accuracy"  # what the two hold: the site's promote.metric then
     reason: str = ""
     history: list[dict[str, Any]] = field(default_factory=list)  # status changes, oldest first
 
@@ -219,16 +237,24 @@ class ModelStore:
                 shutil.rmtree(tmp, ignore_errors=True)
         return entry
 
-    def judge(self, entry_id: str, score: Callable[[Path], float], min_delta: float) -> ModelEntry:
+    def judge(
+        self,
+        entry_id: str,
+        score: Callable[[Path], float],
+        min_delta: float,
+        metric: str = "accuracy",
+    ) -> ModelEntry:
         """The promotion gate: score entry ``entry_id`` and the served entry with ``score``
-        (a run directory → accuracy on the site's held-out data), then promote it (:func:`gate`
+        (a run directory → its ``metric`` on the site's held-out data; the entry's
+        ``accuracy`` and ``served_accuracy`` fields hold it), then promote it (:func:`gate`
         lets it) or keep it refused, with the reason."""
         with self._locked():
             entry = self.entry(entry_id)
             served = self.served()
+            entry.metric = metric
             entry.accuracy = float(score(self.path(entry_id)))
             entry.served_accuracy = None if served is None else float(score(self.path(served.id)))
-            why = gate(entry.accuracy, entry.served_accuracy, min_delta)
+            why = gate(entry.accuracy, entry.served_accuracy, min_delta, metric)
             if why is None:
                 self._promote(entry, "passed the promotion gate")
             else:
