@@ -1,7 +1,10 @@
 """FedAvg: the sample-weighted mean of the participants' whole models.
 
 Implements docs/algorithms.md, "FedAvg": the round's aggregator computes
-``w ← Σ n_i w_i / Σ n_i`` over the uploads that arrived and sends it to all.
+``w ← Σ n_i w_i / Σ n_i`` over the uploads that arrived and sends it to all. With
+``mu > 0`` it is FedProx (Li et al., 2020): each node trains on its loss plus
+``(μ/2)·‖w − w_t‖²`` (:func:`proximal_term`), ``w_t`` the model it received; the server
+rule is the same mean.
 
 - The mean is :func:`~p2pfl.learning.state.weighted_mean` over the uploads in sorted node
   order (docs/algorithms.md, "Shared aggregation"): floating tensors are accumulated in
@@ -21,9 +24,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import torch
+
 from p2pfl.algorithms.base import (
     Aggregate,
     CentralizedAlgorithm,
+    ExtraLoss,
     State,
     Upload,
     peer_state_mismatch,
@@ -61,6 +67,17 @@ def fedavg_aggregate(
     return glob, int(sum(uploads[p].n for p in kept))
 
 
+def proximal_term(anchor: dict[str, torch.Tensor], mu: float) -> ExtraLoss:
+    """FedProx's ``(μ/2)·Σ ‖w − w_t‖²`` over the parameters named in ``anchor`` (``w_t``),
+    an extra loss term (its gradient ``μ·(w − w_t)``)."""
+
+    def prox(model: Any, xb: torch.Tensor, yb: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        terms = [(p - anchor[n]).pow(2).sum() for n, p in model.named_parameters() if n in anchor]
+        return 0.5 * mu * torch.stack(terms).sum()
+
+    return prox
+
+
 def check_received(model_keys: list[str], received: Any, model_state: State, part: str) -> None:
     """Raise ``ValueError`` unless ``received`` is a map holding exactly the model's ``part``
     keys, each a tensor of the model's shape and dtype (what a peer sent is untrusted; the
@@ -80,6 +97,17 @@ class FedAvg(CentralizedAlgorithm):
     shares = CARD.shares
     Params = CARD.Params
     upload_part = "all"
+
+    def extra_loss(self) -> ExtraLoss | None:
+        """FedProx's proximal term ``(μ/2)·‖w − w_t‖²`` over the uploaded part, ``w_t`` the
+        model as this round's training begins (what the node received); None at ``μ = 0``
+        (plain FedAvg) and for a method deriving from FedAvg without the knob."""
+        mu = float(getattr(self.params, "mu", 0.0))
+        if mu <= 0:
+            return None
+        keys = set(part_keys([n for n, _ in self.model.named_parameters()], self.upload_part))
+        anchor = {n: p.detach().clone() for n, p in self.model.named_parameters() if n in keys}
+        return proximal_term(anchor, mu)
 
     def aggregate(
         self,
