@@ -23,7 +23,9 @@ Contract (the :class:`SplitModel` one every method relies on):
 * ``features(x)`` is ``g(x)`` in the sense of the methods (UA-PDFL's auxiliary
   representation, pFedC's shared representation): the input of the first personal module
   the forward pass reaches, flattened to ``(B, F)``; a forward pre-hook captures it. With
-  ``g`` empty it is the input ``x`` flattened; with ``h`` empty, the output.
+  ``g`` empty it is the input ``x`` flattened; with ``h`` empty, the output. A personal
+  part inside one module (``model.personal: [linear.bias]``: shared weights, a personal
+  intercept) has no module of its own to reach: its features are the input flattened too.
 """
 
 from __future__ import annotations
@@ -203,7 +205,7 @@ class UserSplitModel(SplitModel):
         if not self.personal:  # h is the identity: the features are the output
             logits = self.net(x)
             return logits.flatten(1), logits
-        if not self._feature_hooks and "g" not in self.parts_held:  # g is the identity
+        if not self._feature_hooks:  # g the identity, or h inside one module (its bias)
             return x.flatten(1), (None if stop else self.net(x))
         self._seen, self._stop, self._active = [], stop, True
         logits = None

@@ -147,3 +147,12 @@ def test_nothing_personal_leaves_h_the_identity(user_module):
     assert torch.equal(feats, logits) and model.feature_dim == 3
     mlp = build("usernet:make", personal=[])
     assert mlp.parts_held == {"g"} and mlp.feature_dim == 3
+
+
+def test_a_personal_intercept_inside_one_layer(user_module):
+    model = build_model(ModelConfig(name="usernet:bare_linear", personal=["bias"]), 1, (16,))
+    assert model.parts_held == {"g", "h"}
+    assert sorted(model.state_dict()) == ["g.weight", "h.bias"]
+    x = torch.randn(3, 16)
+    feats, out = model.features_and_logits(x)  # no module of h's own: the input
+    assert torch.equal(feats, x) and out.shape == (3, 1)
