@@ -1,6 +1,8 @@
 """The hospitals' own survival model: a Cox proportional-hazards risk score (one
 ``nn.Linear`` over the 39 features, FLamby's Fed-TCGA-BRCA baseline) and its loss, the
-negative Cox partial log-likelihood (Breslow's handling of tied times)."""
+negative Cox partial log-likelihood as FLamby's ``BaselineLoss`` computes it: over the
+batch, each observed event's log-risk against its risk set, averaged over the batch's
+samples (censored ones included)."""
 
 from __future__ import annotations
 
@@ -16,11 +18,10 @@ def risk_score(num_classes: int, input_shape: tuple[int, ...]) -> nn.Module:
 
 
 def cox_loss(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """``−(1/d) Σ_{i: event} (r_i − log Σ_{j: t_j ≥ t_i} exp r_j)`` over the batch, with
-    ``labels = [event, time]`` a row and ``d`` the observed events (0 for a batch without
-    one: it carries no partial likelihood)."""
+    """``(1/n) Σ_{i: event} (log Σ_{j: t_j ≥ t_i} exp r_j − r_i)`` over a batch of ``n``
+    rows, ``labels = [event, time]`` a row (a batch without an event: 0)."""
     event, time = labels[:, 0], labels[:, 1]
-    order = torch.argsort(time, descending=True)
+    order = torch.argsort(time, descending=True, stable=True)
     risk, event = outputs.reshape(-1)[order], event[order]
-    at_risk = torch.logcumsumexp(risk, dim=0)  # log Σ exp r_j over t_j ≥ t_i
-    return -((risk - at_risk) * event).sum() / event.sum().clamp_min(1.0)
+    at_risk = torch.logcumsumexp(risk, dim=0)  # log Σ exp r_j over the rows before, t_j ≥ t_i
+    return ((at_risk - risk) * event).mean()
