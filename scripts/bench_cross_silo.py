@@ -112,7 +112,9 @@ def flat_stats(data: Path) -> Path:
     return path
 
 
-def one_run(data: Path, setting: str, method: str, seed: int, out: Path) -> dict:
+def one_run(
+    data: Path, setting: str, method: str, seed: int, out: Path, more: list[str] = ()
+) -> dict:
     algorithm, extra = METHODS[method]
     overrides = [
         f"seed={seed}",
@@ -122,6 +124,7 @@ def one_run(data: Path, setting: str, method: str, seed: int, out: Path) -> dict
         f"dataset.test_root={data}/{{id}}-test.csv",
         *SETTINGS[setting],
         *extra,
+        *more,
     ]
     if setting == "flamby":
         overrides.append(f"dataset.stats={data / 'raw-stats.json'}")
@@ -130,9 +133,11 @@ def one_run(data: Path, setting: str, method: str, seed: int, out: Path) -> dict
     code, _ = run_swarm(cfg, out, nodes_per_process=6, progress=False, console=Console(quiet=True))
     wall = time.monotonic() - t0
     finals = {}
+    refused = 0  # uploads or pulled states the defence refused (all honest here)
     for centre in CENTRES:
         records = read_records(out / "nodes" / f"{centre}.jsonl")
         finals[centre] = records[-1].get("test_c_index") if records else None
+        refused += sum(len(r.get("rejected") or {}) for r in records)
     scored = {c: v for c, v in finals.items() if isinstance(v, (int, float))}
     mean = statistics.fmean(scored.values()) if scored else float("nan")
     weight = sum(TEST_SIZES[c] for c in scored)
@@ -174,11 +179,12 @@ def main(argv: list[str] | None = None) -> int:
         "--source", type=Path, default=make_data.SOURCE, help="FLamby's Fed-TCGA-BRCA files"
     )
     ap.add_argument("--json", type=Path, default=ROOT / "results" / "bench_cross_silo.json")
+    ap.add_argument("--set", action="append", default=[], help="more topology overrides")
     args = ap.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     settings = args.settings.split(",")
     methods = args.methods.split(",")
-    results: dict = {"seeds": seeds, "flamby_published": FLAMBY, "settings": {}}
+    results: dict = {"seeds": seeds, "set": args.set, "flamby_published": FLAMBY, "settings": {}}
     with tempfile.TemporaryDirectory(prefix="p2pfl-cross-silo-") as tmp:
         data = Path(tmp) / "data"
         make_data.main(args.source, data)
@@ -188,9 +194,8 @@ def main(argv: list[str] | None = None) -> int:
             for method in methods:
                 runs = []
                 for seed in seeds:
-                    res = one_run(
-                        data, setting, method, seed, Path(tmp) / f"{setting}-{method}-{seed}"
-                    )
+                    out = Path(tmp) / f"{setting}-{method}-{seed}"
+                    res = one_run(data, setting, method, seed, out, args.set)
                     runs.append(res)
                     Console().print(
                         f"{setting} {method} seed {seed}: mean {res['mean']:.3f} weighted {res['weighted']:.3f} exit {res['exit']} ({res['wall_s']} s)"
