@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from p2pfl.algorithms import get_algorithm  # noqa: E402
-from p2pfl.algorithms.build import build_method, node_seed  # noqa: E402
+from p2pfl.algorithms.build import node_method, node_seed  # noqa: E402
 from p2pfl.check.load import load_topology  # noqa: E402
 from p2pfl.config.schema import TopologyConfig  # noqa: E402
 from p2pfl.config.topology import neighbours  # noqa: E402
@@ -46,7 +46,7 @@ from p2pfl.metrics import METHOD_KEY, write_json  # noqa: E402
 
 
 def _build_nodes(cfg: TopologyConfig) -> dict[str, dict[str, Any]]:
-    """Each node's data and method, built as the daemon builds them (``build_method``)."""
+    """Each node's data and method, built as the daemon builds them (``node_method``)."""
     cls = get_algorithm(cfg.algorithm.name)
     if cls.kind != "decentralized" or getattr(cls, "exchange_after_training", False):
         raise SystemExit(
@@ -56,7 +56,7 @@ def _build_nodes(cfg: TopologyConfig) -> dict[str, dict[str, Any]]:
     for nid in cfg.node_ids:
         data = load_node_data(cfg.dataset, cfg.node_ids, nid, cfg.seed)
         rng = np.random.default_rng(node_seed(cfg.seed, nid))
-        alg = build_method(cls, cfg, nid, data, rng, torch.device("cpu"))
+        alg = node_method(cls, cfg, nid, data, rng, torch.device("cpu"))
         nodes[nid] = {"alg": alg, "data": data, "rng": rng, "neighbours": neighbours(cfg, nid)}
     return nodes
 

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from p2pfl.algorithms import get_algorithm
-from p2pfl.algorithms.build import build_method
+from p2pfl.algorithms.build import node_method
 from p2pfl.config.schema import TopologyConfig
 from p2pfl.learning.data import load_node_data
 from p2pfl.services.bundle import NodeServices
@@ -20,7 +20,7 @@ def offline_services(cfg: TopologyConfig, node_id: str = "a") -> NodeServices:
     node a neighbour), with an unconnected transport."""
     data = load_node_data(cfg.dataset, cfg.node_ids, node_id, cfg.seed)
     rng = np.random.default_rng(0)
-    method = build_method(
+    method = node_method(
         get_algorithm(cfg.algorithm.name), cfg, node_id, data, rng, torch.device("cpu")
     )
     return NodeServices(

@@ -10,10 +10,10 @@ tools and :func:`p2pfl.load_model` all build them.
 * :func:`method_over`: method ``cls`` over a model, told its knobs, the run's rounds, its
   epochs, its defence and its training labels;
 * :func:`node_model`: a node's model (the common initial model, on its device);
-* :func:`build_method`: a node's method over the common initial model, from its data;
-* :func:`node_method`: the same for the node that runs it, with :func:`warm_start` from
-  ``model.init``, each failure a :class:`~p2pfl.errors.ConfigError` naming the field
-  (:func:`model_error` for the model's).
+* :func:`node_method`: a node's method over the common initial model, from its data, with
+  :func:`warm_start` from ``model.init``, each failure a
+  :class:`~p2pfl.errors.ConfigError` naming the field (:func:`model_error` for the model's):
+  the one way the daemon, the audit's tools and the tests build a node's method.
 """
 
 from __future__ import annotations
@@ -136,21 +136,6 @@ def node_model(
     return model.to(device)
 
 
-def build_method(
-    cls: type[Method],
-    cfg: TopologyConfig,
-    node_id: str,
-    data: NodeData,
-    rng: np.random.Generator,
-    device: torch.device,
-) -> Method:
-    """Node ``node_id``'s method instance over the swarm's common initial model
-    (:func:`node_model`), on ``device``, from its data (:func:`method_on_data`)."""
-    return method_on_data(
-        cls, cfg, node_model(cls, cfg, node_id, data, device), node_id, data, rng, device
-    )
-
-
 def method_on_data(
     cls: type[Method],
     cfg: TopologyConfig,
@@ -199,9 +184,9 @@ def node_method(
     device: torch.device,
     source: str = "topology",
 ) -> Method:
-    """Node ``node_id``'s method, the one that runs, built once as
-    :func:`~p2pfl.algorithms.build.build_method` builds it (seeded as every node builds
-    it); a failure is a :class:`ConfigError` naming ``source`` and the field (the model's:
+    """Node ``node_id``'s method, the one that runs, over the swarm's common initial model
+    (:func:`node_model`, seeded as every node builds it) and its data
+    (:func:`method_on_data`); a failure is a :class:`ConfigError` naming ``source`` and the field (the model's:
     ``model.name`` or a user model's own field; the method's: ``algorithm.name``) instead
     of a traceback. The checks of :func:`~p2pfl.check.preflight.check_model` are not
     repeated: whoever starts a node checks its inputs first (``p2pfl node``, ``p2pfl

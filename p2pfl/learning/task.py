@@ -210,23 +210,16 @@ class Task:
         """Softmax cross-entropy scored by accuracy: the records say what they always did."""
         return self.loss_name == "cross_entropy" and self.metrics == ("accuracy",)
 
-    def outputs(self, num_classes: int) -> int | None:
-        """The outputs a row the model must give: ``C`` (``cross_entropy``), 1 (``bce``), the
-        value columns (``mse``, ``mae``), 1 for a user's loss on values; None where a user's
-        loss on classes decides."""
-        if self.loss_name == "cross_entropy":
-            return num_classes
-        if self.loss_name == "bce":
-            return 1
-        if self.loss_name in ("mse", "mae"):
-            return self.value_columns
-        return 1 if self.targets == "values" else None
+    def outputs(self, num_classes: int) -> int:
+        """The outputs a row the model gives (:func:`outputs_for`)."""
+        return outputs_for(self.loss_name, self.targets, self.value_columns, num_classes)
 
     def output_problem(self, shape: tuple[int, ...], num_classes: int) -> str | None:
         """Why outputs of ``shape`` (for a batch of 2) cannot train with this loss; None when
         they can."""
         want = self.outputs(num_classes)
-        if want is None or tuple(shape) == (2, want):
+        user_on_classes = self.loss_name not in LOSSES and self.targets == "classes"
+        if user_on_classes or tuple(shape) == (2, want):  # a user's class loss reads any
             return None
         what = {
             "cross_entropy": f"{want} logits a row, one a class",
@@ -257,18 +250,24 @@ class Task:
         return out
 
 
-def model_outputs(cfg: TopologyConfig, num_classes: int) -> int:
-    """The outputs a row of the topology's model (what a user's factory is called with as
-    ``num_classes``): ``C`` for ``cross_entropy`` and a user's loss on classes, 1 for
-    ``bce`` and a user's loss on values, the value columns for ``mse`` and ``mae``."""
-    loss = cfg.training.loss
+def outputs_for(loss: str, targets: str, value_columns: int, num_classes: int) -> int:
+    """The outputs a row of a model trained with ``loss`` on ``targets``: ``C`` for
+    ``cross_entropy`` and a user's loss on classes, 1 for ``bce`` and a user's loss on
+    values, the value columns for ``mse`` and ``mae``."""
     if loss == "bce":
         return 1
-    if (cfg.dataset.targets or cfg.default_targets) == "classes":
+    if targets == "classes":
         return num_classes
+    return value_columns if loss in ("mse", "mae") else 1
+
+
+def model_outputs(cfg: TopologyConfig, num_classes: int) -> int:
+    """The outputs a row of the topology's model (what a user's factory is called with as
+    ``num_classes``; :func:`outputs_for`)."""
     label = cfg.dataset.label
     columns = len(label) if isinstance(label, list) else 1
-    return columns if loss in ("mse", "mae") else 1
+    targets = cfg.dataset.targets or cfg.default_targets
+    return outputs_for(cfg.training.loss, targets, columns, num_classes)
 
 
 def default_metrics(loss: str, targets: str) -> tuple[str, ...]:

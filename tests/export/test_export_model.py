@@ -214,7 +214,7 @@ def test_cli_export_errors_are_messages(mlp_run, tmp_path, capsys):
 def test_the_daemon_writes_the_trained_model(tmp_path, caplog):
     import numpy as np
 
-    from p2pfl.algorithms.build import build_method
+    from p2pfl.algorithms.build import node_method
     from p2pfl.learning.data import load_node_data
 
     cfg = make_run(tmp_path, nodes=()).cfg
@@ -222,7 +222,7 @@ def test_the_daemon_writes_the_trained_model(tmp_path, caplog):
     node = Node(cfg, "a", NodeOptions(out_dir=run))
     node.data = load_node_data(cfg.dataset, cfg.node_ids, "a", cfg.seed)
     rng = np.random.default_rng(0)
-    node.method = build_method(node.method_cls, cfg, "a", node.data, rng, torch.device("cpu"))
+    node.method = node_method(node.method_cls, cfg, "a", node.data, rng, torch.device("cpu"))
     node.records.append({"round": 2})
     (run).mkdir()
     (run / "config.yaml").write_text((tmp_path / "run" / "config.yaml").read_text())
