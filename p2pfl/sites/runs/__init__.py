@@ -1,0 +1,1 @@
+"""The runs a site trains: a worker process per committed run and its topology, the slots that start them, the daemon's child processes (workers, serving, offers), a series of runs and a watched binding's data version (docs/design.md, "The site daemon", "Series")."""
