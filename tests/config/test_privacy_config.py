@@ -128,15 +128,20 @@ def test_without_privacy_the_dump_and_fingerprint_are_unchanged():
     cfg = _cfg([])
     assert cfg.dp is None
     assert "privacy" not in dump_topology(cfg)
-    # the fingerprint as it was computed before the section (and code_dir, training.steps,
-    # training.optimizer_state and dataset.test_root) existed
+    # the fingerprint as it was computed before the section (and code_dir, evaluation,
+    # training.loss, .steps, .optimizer_state, dataset.test_root and .targets) existed
     data = cfg.model_dump(
-        mode="json", exclude={"broker", "timing", "security", "privacy", "code_dir"}
+        mode="json", exclude={"broker", "timing", "security", "privacy", "code_dir", "evaluation"}
     )
     data.get("dataset", {}).pop("root", None)
-    data["training"].pop("steps")
-    data["training"].pop("optimizer_state")
-    data["dataset"].pop("test_root")
+    for section, name in (
+        ("training", "loss"),
+        ("training", "steps"),
+        ("training", "optimizer_state"),
+        ("dataset", "test_root"),
+        ("dataset", "targets"),
+    ):
+        data[section].pop(name)
     text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
     assert config_fingerprint(cfg) == hashlib.sha256(text.encode()).hexdigest()[:32]
     assert config_fingerprint(_cfg(["privacy.dp.noise_multiplier=1"])) != config_fingerprint(cfg)
