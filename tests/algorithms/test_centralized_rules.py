@@ -325,7 +325,8 @@ def test_registration_and_params():
         assert cls.name == name and cls.kind == "centralized"
     assert get_algorithm("fedper").upload_part == "g"
     assert get_algorithm("criticalfl").upload_part == "all"
-    assert validate_params("fedavg", {}) == {"fraction": 1.0}  # every centralized method's
+    # every centralized method's fraction, and FedProx's mu (FedAvg's and FedPer's)
+    assert validate_params("fedavg", {}) == {"fraction": 1.0, "mu": 0.0}
     assert validate_params("criticalfl", {}) == {
         "fraction": 1.0,
         "initial_fraction": 0.2,
