@@ -40,13 +40,13 @@ from typing import Any
 
 from p2pfl.sites.consent import messages as M
 from p2pfl.sites.consent.agreement import grace_s
-from p2pfl.sites.policy.binding_watch import LogLimit
-from p2pfl.sites.runs.data_version import DataVersion, DataVersionError, data_version
-from p2pfl.sites.models.store import ModelStore
-from p2pfl.sites.policy.rules import Decision
 from p2pfl.sites.consent.run_spec import cycle_spec, run_id, series_id
 from p2pfl.sites.consent.run_state import RunState
 from p2pfl.sites.daemon.context import SiteContext
+from p2pfl.sites.models.store import ModelStore
+from p2pfl.sites.policy.binding_watch import LogLimit
+from p2pfl.sites.policy.rules import Decision
+from p2pfl.sites.runs.data_version import DataVersion, DataVersionError, data_version
 
 log = logging.getLogger("p2pfl.sites.daemon")
 
@@ -160,7 +160,9 @@ class SeriesCycles:
         self._due_since.pop(sid, None)
         if refused:
             why += f" ({', '.join(sorted(refused))}: refused as proposer, last in turn)"
-        log.info("%s: series %s: proposes cycle %d (run %s): %s", self.ctx.name, sid, k + 1, rid, why)
+        log.info(
+            "%s: series %s: proposes cycle %d (run %s): %s", self.ctx.name, sid, k + 1, rid, why
+        )
         self.ctx.spawn(None, self.ctx.publish("spec", rid, {"spec": nxt.model_dump(mode="json")}))
 
     def new_rows(self, sid: str, site: str) -> int:
@@ -263,7 +265,8 @@ class SeriesCycles:
         )
         for sid, cycles in self._cycles().items():
             if any(
-                st.spec.data == name and self.ctx.name in (st.members or ()) for st in cycles.values()
+                st.spec.data == name and self.ctx.name in (st.members or ())
+                for st in cycles.values()
             ):
                 self._report(sid, name)
 

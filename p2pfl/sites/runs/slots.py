@@ -16,11 +16,11 @@ from p2pfl.sites.consent.ledger import FINAL, NEXT
 from p2pfl.sites.consent.run_state import RunState
 from p2pfl.sites.daemon.context import SiteContext
 from p2pfl.sites.policy.rules import policy_digest
-from p2pfl.sites.runs.series import SeriesCycles
 from p2pfl.sites.runs.processes import offer_model
 from p2pfl.sites.runs.retention import prune_runs
-from p2pfl.sites.runs.worker import RunWorker
+from p2pfl.sites.runs.series import SeriesCycles
 from p2pfl.sites.runs.topology import worker_topology
+from p2pfl.sites.runs.worker import RunWorker
 
 log = logging.getLogger("p2pfl.sites.daemon")
 
@@ -39,7 +39,9 @@ class WorkerSlots:
 
     def active(self) -> list[RunState]:
         """The runs holding a slot: a worker started or starting, not ended."""
-        return [st for st in self.ctx.runs.values() if st.worker is not None and not self.ctx.final(st)]
+        return [
+            st for st in self.ctx.runs.values() if st.worker is not None and not self.ctx.final(st)
+        ]
 
     def start_waiting(self) -> None:
         """Start committed runs in commit order while slots are free; the others wait as
@@ -54,7 +56,9 @@ class WorkerSlots:
             active = self.active()
             if len(active) < limit:
                 st.waiting = ""
-                st.worker = RunWorker(self.ctx.state_dir / "runs" / st.run_id, st.run_id, self.ctx.name)
+                st.worker = RunWorker(
+                    self.ctx.state_dir / "runs" / st.run_id, st.run_id, self.ctx.name
+                )
                 self.ctx.spawn(st, self._run_worker(st))
             else:
                 names = ", ".join(a.run_id for a in active)
@@ -212,7 +216,9 @@ class WorkerSlots:
         if self.ctx.draining:
             return
         self.ctx.draining = True
-        log.warning("%s: draining: no new runs; running ones leave after their round", self.ctx.name)
+        log.warning(
+            "%s: draining: no new runs; running ones leave after their round", self.ctx.name
+        )
         for st in self.ctx.runs.values():
             if st.worker is None and self.ctx.status_of(st) == "committed":
                 self.end(st, "cancelled", "the site drained before it started")

@@ -167,8 +167,7 @@ def test_warm_start_loads_the_whole_model_or_names_the_field(tmp_path):
     from export_helpers import make_run
 
     from p2pfl.algorithms import get_algorithm
-    from p2pfl.algorithms.build import build_node_model
-    from p2pfl.algorithms.build import warm_start
+    from p2pfl.algorithms.build import build_node_model, warm_start
     from p2pfl.learning.artifacts import weights_path
 
     run = make_run(tmp_path / "r", input_shape=(3,), num_classes=3)
