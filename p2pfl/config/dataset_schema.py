@@ -51,6 +51,18 @@ def is_import_path(name: str) -> bool:
     return IMPORT_PATH_RE.match(name) is not None
 
 
+def builtin_or_import_path(
+    name: str, builtins: tuple[str, ...], what: str, attribute: str = "function"
+) -> str:
+    """``name`` when it is one of ``builtins`` or a user's ``package.module:attribute``;
+    ``ValueError`` otherwise: ``unknown <what> 'x' (did you mean …): one of …, or
+    'package.module:<attribute>'``."""
+    if name in builtins or is_import_path(name):
+        return name
+    unknown = with_suggestion(f"unknown {what} {name!r}", name, builtins)
+    raise ValueError(f"{unknown}: one of {', '.join(builtins)}, or 'package.module:{attribute}'")
+
+
 class DatasetConfig(StrictModel):
     name: str = Field(
         "synthetic",
@@ -133,11 +145,7 @@ class DatasetConfig(StrictModel):
     @field_validator("name")
     @classmethod
     def _check_name(cls, v: str) -> str:
-        if v in BUILTIN_DATASETS or v in FILE_DATASETS or is_import_path(v):
-            return v
-        names = (*BUILTIN_DATASETS, *FILE_DATASETS)
-        what = with_suggestion(f"unknown dataset {v!r}", v, names)
-        raise ValueError(f"{what}: one of {', '.join(names)}, or 'package.module:function'")
+        return builtin_or_import_path(v, (*BUILTIN_DATASETS, *FILE_DATASETS), "dataset")
 
     @field_validator("classes", mode="before")
     @classmethod

@@ -12,9 +12,8 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from p2pfl.config import bounds as B
-from p2pfl.config.dataset_schema import is_import_path
+from p2pfl.config.dataset_schema import builtin_or_import_path, is_import_path
 from p2pfl.config.strict import StrictModel
-from p2pfl.config.suggest import with_suggestion
 
 BUILTIN_LOSSES = ("cross_entropy", "bce", "mse", "mae")
 """``training.loss``'s names: softmax cross-entropy over one logit a class, binary
@@ -68,12 +67,7 @@ class ModelConfig(StrictModel):
     @field_validator("name")
     @classmethod
     def _check_name(cls, v: str) -> str:
-        if v in BUILTIN_MODELS or is_import_path(v):
-            return v
-        raise ValueError(
-            f"{with_suggestion(f'unknown model {v!r}', v, BUILTIN_MODELS)}: one of "
-            f"{', '.join(BUILTIN_MODELS)}, or 'package.module:factory'"
-        )
+        return builtin_or_import_path(v, BUILTIN_MODELS, "model", "factory")
 
     @property
     def is_user(self) -> bool:
@@ -151,12 +145,7 @@ class TrainingConfig(StrictModel):
     @field_validator("loss")
     @classmethod
     def _check_loss(cls, v: str) -> str:
-        if v in BUILTIN_LOSSES or is_import_path(v):
-            return v
-        what = with_suggestion(f"unknown loss {v!r}", v, BUILTIN_LOSSES)
-        raise ValueError(
-            f"{what}: one of {', '.join(BUILTIN_LOSSES)}, or 'package.module:function'"
-        )
+        return builtin_or_import_path(v, BUILTIN_LOSSES, "loss")
 
     @property
     def value_loss(self) -> bool:
@@ -191,11 +180,7 @@ class EvaluationConfig(StrictModel):
         if v is None:
             return v
         for name in v:
-            if name not in BUILTIN_METRICS and not is_import_path(name):
-                what = with_suggestion(f"unknown metric {name!r}", name, BUILTIN_METRICS)
-                raise ValueError(
-                    f"{what}: one of {', '.join(BUILTIN_METRICS)}, or 'package.module:function'"
-                )
+            builtin_or_import_path(name, BUILTIN_METRICS, "metric")
         dup = sorted({n for n in v if v.count(n) > 1})
         if dup:
             raise ValueError(f"metrics: {dup} listed twice")

@@ -109,17 +109,12 @@ def held_out_scorer(
     def score(model_dir: Path) -> float:
         module, info = load_model_with_info(model_dir, node_id)
         inputs = renormalize(x, data.input_spec or {}, info.get("input_spec") or {})
-        if metric == "accuracy" and task.loss_name == "cross_entropy":  # argmax of the logits
-            right = 0
-            with torch.no_grad():
-                for i in range(0, len(y), BATCH):
-                    pred = module(inputs[i : i + BATCH].float()).argmax(1)
-                    right += int((pred == y[i : i + BATCH]).sum())
-            return right / len(y)
         with torch.no_grad():
             outputs = torch.cat(
                 [module(inputs[i : i + BATCH].float()) for i in range(0, len(y), BATCH)]
             )
+        if metric == "accuracy" and task.loss_name == "cross_entropy":  # argmax of the logits
+            return int((outputs.argmax(1) == y).sum()) / len(y)
         return task.score(outputs, y)[metric]
 
     return score

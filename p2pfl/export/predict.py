@@ -38,6 +38,7 @@ from p2pfl.export.model import load_model_with_info
 from p2pfl.files import atomic_path
 from p2pfl.learning.artifacts import ExportError, info_path
 from p2pfl.learning.readers import IMAGE_EXTENSIONS
+from p2pfl.learning.task import class_probabilities
 
 TABLE_SUFFIXES = (".csv", ".tsv", ".txt", ".parquet", ".pq")
 BATCH = 256
@@ -143,11 +144,8 @@ class Classifier:
                 out = self.module(torch.as_tensor(x, dtype=torch.float32)).float()
                 if self.values:
                     probs.append(out.reshape(len(out), -1).numpy())
-                elif out.shape[1] == 1:
-                    p = torch.sigmoid(out)
-                    probs.append(torch.cat([1 - p, p], dim=1).numpy())
                 else:
-                    probs.append(torch.softmax(out, dim=1).numpy())
+                    probs.append(class_probabilities(out).numpy())
         if not probs:
             return np.zeros((0, len(self.classes)), dtype=np.float32)
         return np.concatenate(probs)

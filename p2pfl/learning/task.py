@@ -73,14 +73,20 @@ LOSSES: dict[str, LossFunction] = {
 # ----------------------------------------------------------------------------- metrics
 
 
+def class_probabilities(outputs: torch.Tensor) -> torch.Tensor:
+    """``(N, C)`` class probabilities of a model's ``(N, C)`` outputs: the softmax of ``C``
+    logits, or ``[1 − p, p]`` with ``p = sigmoid(z)`` for one logit (class 1 the positive
+    one). The one reading of outputs as classes of the metrics, ``p2pfl predict`` and
+    serving."""
+    if outputs.shape[-1] == 1:
+        p = torch.sigmoid(outputs)
+        return torch.cat([1 - p, p], dim=-1)
+    return torch.softmax(outputs, dim=-1)
+
+
 def class_scores(outputs: torch.Tensor) -> np.ndarray:
-    """``(N, C)`` class probabilities: the softmax of ``C`` logits, or ``[1 − p, p]`` with
-    ``p = sigmoid(z)`` for one logit."""
-    out = outputs.detach().double()
-    if out.shape[1] == 1:
-        p = torch.sigmoid(out[:, 0])
-        return torch.stack([1 - p, p], dim=1).numpy()
-    return torch.softmax(out, dim=1).numpy()
+    """:func:`class_probabilities` in float64, as numpy (what the class metrics read)."""
+    return class_probabilities(outputs.detach().double()).numpy()
 
 
 def accuracy(probs: np.ndarray, y: np.ndarray) -> float:

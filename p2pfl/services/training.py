@@ -115,8 +115,6 @@ class LocalTraining:
         self.emulated = emulated
         self.optimizer = optimizer  # training.optimizer_state: keep (None: a new one a round)
         self.task = task_of(cfg)  # the loss it trains with, the metrics it reports
-        # the default task (cross-entropy, accuracy) trains and evaluates as it always did
-        self._loss = None if self.task.loss_name == "cross_entropy" else self.task.loss
         self._label_dtype = torch.long if self.task.targets == "classes" else torch.float32
         self.merged_from: list[str] = []
         self.last_good: tuple[int, dict[str, Any]] | None = None
@@ -170,7 +168,7 @@ class LocalTraining:
             seed=seed,
             device=self.device,
             optimizer=self._kept(lr),
-            task_loss=self._loss,
+            task_loss=self.task.loss,
             label_dtype=self._label_dtype,
         )
 
@@ -260,7 +258,7 @@ class LocalTraining:
                 device=self.device,
                 max_physical_batch=dp.max_physical_batch,
                 optimizer=self._kept(lr),
-                task_loss=self._loss,
+                task_loss=self.task.loss,
             )
         await asyncio.to_thread(privacy.spent, result.steps)  # even if rolled back
         return await self._trained(round_no, result, lr, t0)
