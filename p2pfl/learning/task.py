@@ -299,9 +299,4 @@ def task_of(cfg: TopologyConfig) -> Task:
     return Task(name, loss, targets, metrics, columns, user)
 
 
-def plain(value: float) -> float | None:
-    """A metric as a record holds it: None for NaN."""
-    return None if value is None or math.isnan(value) else float(value)
-
-
 __all__ = ["LOSSES", "Task", "concordance_index", "record_field", "task_of"]
