@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import statistics
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -244,6 +245,9 @@ def summarize(
     metrics = metric_summary(logs)
     if metrics:  # a task's own metrics (evaluation.metrics): other summaries are unchanged
         summary["metrics"] = metrics
+    defence = defence_summary(logs)
+    if defence is not None:  # a run whose defence refused or clipped a state only
+        summary["defence"] = defence
     privacy = privacy_summary(logs)
     if privacy is not None:  # a run under privacy.dp only: other summaries are unchanged
         summary["epsilon"] = privacy
@@ -306,6 +310,45 @@ def skipped_note(summary: dict[str, Any]) -> str | None:
         f"joined late, untrained in those rounds; the result depends on the machine's load): "
         f"{nodes}"
     )
+
+
+def defence_summary(logs: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
+    """What the nodes refused and clipped over the run (the records' ``rejected`` and
+    ``clipped``): ``refused`` (every refusal, by admission, the rule or the method),
+    ``refused_peers`` (peer → how many times), ``clipped`` and ``clipped_peers`` alike;
+    None when nothing was refused or clipped."""
+    refused: Counter[str] = Counter()
+    clipped: Counter[str] = Counter()
+    for recs in logs.values():
+        for rec in recs:
+            for field, counts in (("rejected", refused), ("clipped", clipped)):
+                value = rec.get(field)
+                if isinstance(value, dict):
+                    counts.update(str(p) for p in value)
+    if not refused and not clipped:
+        return None
+    return {
+        "refused": sum(refused.values()),
+        "refused_peers": dict(sorted(refused.items())),
+        "clipped": sum(clipped.values()),
+        "clipped_peers": dict(sorted(clipped.items())),
+    }
+
+
+def defence_note(summary: dict[str, Any]) -> str | None:
+    """One line naming the states the run's nodes refused (and clipped), or None when
+    they refused none (a clipping alone is not worth a warning: the state counted)."""
+    d = summary.get("defence")
+    if not isinstance(d, dict) or not d.get("refused"):
+        return None
+    peers = ", ".join(f"{p} {n}x" for p, n in (d.get("refused_peers") or {}).items())
+    line = (
+        f"{d['refused']} peer states refused by the nodes' defences (the rounds went on "
+        f"without them; each record's `rejected` says why): {peers}"
+    )
+    if d.get("clipped"):
+        line += f"; {d['clipped']} pulled within the bound"
+    return line
 
 
 def privacy_summary(logs: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:

@@ -133,11 +133,15 @@ def one_run(
     code, _ = run_swarm(cfg, out, nodes_per_process=6, progress=False, console=Console(quiet=True))
     wall = time.monotonic() - t0
     finals = {}
-    refused = 0  # uploads or pulled states the defence refused (all honest here)
+    # every site is honest here: what the defence refused, clipped or distrusted is a false
+    # positive (summed over every node's records: a refusal, a clipping, a distrusted peer)
+    refused = clipped = distrusted = 0
     for centre in CENTRES:
         records = read_records(out / "nodes" / f"{centre}.jsonl")
         finals[centre] = records[-1].get("test_c_index") if records else None
         refused += sum(len(r.get("rejected") or {}) for r in records)
+        clipped += sum(len(r.get("clipped") or {}) for r in records)
+        distrusted += sum(len(r.get("distrusted") or {}) for r in records)
     scored = {c: v for c, v in finals.items() if isinstance(v, (int, float))}
     mean = statistics.fmean(scored.values()) if scored else float("nan")
     weight = sum(TEST_SIZES[c] for c in scored)
@@ -150,6 +154,9 @@ def one_run(
         "c_index": finals,
         "mean": mean,
         "weighted": weighted,
+        "refused": refused,
+        "clipped": clipped,
+        "distrusted": distrusted,
     }
 
 
@@ -198,7 +205,10 @@ def main(argv: list[str] | None = None) -> int:
                     res = one_run(data, setting, method, seed, out, args.set)
                     runs.append(res)
                     Console().print(
-                        f"{setting} {method} seed {seed}: mean {res['mean']:.3f} weighted {res['weighted']:.3f} exit {res['exit']} ({res['wall_s']} s)"
+                        f"{setting} {method} seed {seed}: mean {res['mean']:.3f} "
+                        f"weighted {res['weighted']:.3f} refused {res['refused']} "
+                        f"clipped {res['clipped']} distrusted {res['distrusted']} "
+                        f"exit {res['exit']} ({res['wall_s']} s)"
                     )
                 rows[method] = summarise(runs)
             results["settings"][setting] = {"overrides": SETTINGS[setting], "methods": rows}

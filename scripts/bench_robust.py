@@ -62,6 +62,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from p2pfl.check.load import load_topology  # noqa: E402
+from p2pfl.config.schema import DEFENCE_RULES  # noqa: E402
 from p2pfl.metrics import write_json  # noqa: E402
 
 SOURCE_CLASS, TARGET_CLASS = 0, 2  # Fashion-MNIST: T-shirt/top -> Pullover
@@ -83,7 +84,9 @@ ATTACKS: dict[str, dict[str, Any]] = {
 }
 CENTRALIZED_ONLY = {"aggregator"}
 CLEAN = "none"
-DEFENCES = ["mean", "median", "trimmed_mean", "multikrum", "bulyan", "clip"]
+DEFENCES = list(DEFENCE_RULES)
+"""Each defence of a grid is a rule's name, with knobs in parentheses where wanted:
+``clip(spread=2)`` runs ``defence.rule=clip`` with ``defence.spread=2``."""
 
 GRIDS: dict[str, dict[str, Any]] = {
     # the issue's acceptance setting: one attacker of 8, every method, the default defence
@@ -184,7 +187,7 @@ def expand_grid(
     unknown = [a for a in attacks if a != CLEAN and a not in ATTACKS]
     if unknown:
         raise ValueError(f"unknown attacks {unknown}; known: {', '.join([CLEAN, *ATTACKS])}")
-    bad = [d for d in defences if d not in DEFENCES]
+    bad = [d for d in defences if defence_overrides(d) is None]
     if bad:
         raise ValueError(f"unknown defences {bad}; known: {', '.join(DEFENCES)}")
     hostile = [a for a in attacks if a != CLEAN]
@@ -269,7 +272,7 @@ def overrides_of(
     out = [*s["set"], f"nodes={s['nodes']}", f"dataset.partition={s['partition']}"]
     if s["method"] != base_method:
         out += [f"algorithm.name={s['method']}", "algorithm.params={}"]
-    out += [f"defence.rule={s['defence']}", f"rounds={s['rounds']}", f"seed={s['seed']}"]
+    out += [*defence_overrides(s["defence"]), f"rounds={s['rounds']}", f"seed={s['seed']}"]
     if s["train_per_node"]:
         out.append(f"dataset.train_per_node={s['train_per_node']}")
     if s["attack"] != CLEAN:
@@ -278,6 +281,21 @@ def overrides_of(
         out.append("attacks=[]")
     if data_root:
         out.append(f"dataset.root={data_root}")
+    return out
+
+
+def defence_overrides(defence: str) -> list[str] | None:
+    """The overrides of a grid's defence, ``rule`` or ``rule(knob=value, …)`` (None when
+    the rule is unknown or a knob malformed)."""
+    m = re.fullmatch(r"([a-z_]+)(?:\((.*)\))?", defence)
+    if m is None or m.group(1) not in DEFENCES:
+        return None
+    out = [f"defence.rule={m.group(1)}"]
+    for knob in filter(None, (m.group(2) or "").split(",")):
+        name, eq, value = knob.strip().partition("=")
+        if not eq or not re.fullmatch(r"[a-z_]+", name) or not value:
+            return None
+        out.append(f"defence.{name}={value}")
     return out
 
 
@@ -332,17 +350,30 @@ def considered_peers(rec: dict[str, Any], own: str) -> set[str]:
 
 
 def rejection_counts(
-    records: dict[str, list[dict[str, Any]]], honest: set[str], peers_of_interest: set[str]
+    records: dict[str, list[dict[str, Any]]],
+    honest: set[str],
+    peers_of_interest: set[str],
+    field: str = "rejected",
 ) -> tuple[int, int]:
-    """Over the honest nodes' records: (pairs (record, peer) refused, pairs considered),
-    peers restricted to ``peers_of_interest``."""
-    refused = considered = 0
+    """Over the honest nodes' records: (pairs (record, peer) in the record's ``field``
+    (``rejected``, or ``clipped`` under ``centered_clip``), pairs considered), peers
+    restricted to ``peers_of_interest``."""
+    hit = considered = 0
     for nid in sorted(honest):
         for rec in records.get(nid, []):
             peers = considered_peers(rec, nid) & peers_of_interest
             considered += len(peers)
-            refused += len(peers & set(rec.get("rejected") or {}))
-    return refused, considered
+            hit += len(peers & set(rec.get(field) or {}))
+    return hit, considered
+
+
+def distrust_count(records: dict[str, list[dict[str, Any]]], honest: set[str]) -> int:
+    """Over the honest nodes' records: (record, honest peer) pairs in ``distrusted``."""
+    return sum(
+        len(set(rec.get("distrusted") or {}) & (honest - {nid}))
+        for nid in sorted(honest)
+        for rec in records.get(nid, [])
+    )
 
 
 def run_metrics(
@@ -360,6 +391,7 @@ def run_metrics(
             finals[nid] = float(recs[-1]["test_acc"])
     fr_n, fr_d = rejection_counts(records, honest, honest)
     ar_n, ar_d = rejection_counts(records, honest, bad)
+    fc_n, _ = rejection_counts(records, honest, honest, "clipped")
     return {
         "honest_nodes": len(honest),
         "honest_reported": len(finals),
@@ -370,6 +402,8 @@ def run_metrics(
         "false_rejections": fr_n,
         "honest_considered": fr_d,
         "false_rejection": fr_n / fr_d if fr_d else None,
+        "honest_clipped": fc_n,
+        "false_distrust": distrust_count(records, honest),
         "attacker_rejections": ar_n,
         "attacker_considered": ar_d,
         "attacker_rejection": ar_n / ar_d if ar_d else None,
@@ -612,6 +646,9 @@ DEFINITIONS = {
     "record: aggregated | rejected; other centralized records: the applied aggregator "
     "(received) | rejected); own id excluded",
     "attacker_rejection": "the same ratio over attacking peers",
+    "honest_clipped": "over honest nodes' records: (record, honest peer) pairs in clipped "
+    "(centered_clip pulled the state onto its bound; it still counted)",
+    "false_distrust": "over honest nodes' records: (record, honest peer) pairs in distrusted",
     "asr": "pooled over honest nodes: test samples of class source predicted as target / "
     "test samples of class source, final models reloaded (label_flip_targeted, and clean "
     "runs as the baseline)",

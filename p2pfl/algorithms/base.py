@@ -37,6 +37,7 @@ data at construction (shapes, labels, knobs) is rebuilt, not saved; the node's R
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -446,12 +447,18 @@ class Aggregate:
 
 def kept_uploads(uploads: dict[str, Upload], defence: Defence, own: str) -> dict[str, Upload]:
     """The uploads ``defence`` keeps (:meth:`~p2pfl.learning.defence.Defence.select`, around
-    the aggregator ``own``'s upload when it has one), for a server rule with its own
-    arithmetic; the others are named in the defence's rejections."""
+    the aggregator ``own``'s upload when it has one), each with its state as kept (under
+    ``centered_clip``, pulled within the bound), for a server rule with its own arithmetic;
+    the others are named in the defence's rejections."""
     nodes = sorted(uploads)
     mine = nodes.index(own) if own in uploads else None
     kept = defence.select([uploads[n].state for n in nodes], who=nodes, own=mine)
-    return {nodes[i]: uploads[nodes[i]] for i in kept}
+    return {
+        nodes[i]: uploads[nodes[i]]
+        if state is uploads[nodes[i]].state
+        else dataclasses.replace(uploads[nodes[i]], state=state)
+        for i, state in kept.items()
+    }
 
 
 FRACTION_STREAM = 0xF4AC7  # the client-fraction draw's generator stream (see draw_members)

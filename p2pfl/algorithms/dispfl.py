@@ -70,7 +70,7 @@ from p2pfl.algorithms.base import (
     register,
 )
 from p2pfl.algorithms.cards.dispfl import CARD
-from p2pfl.learning.defence import Combine
+from p2pfl.learning.defence import SELECTING_RULES, Combine
 from p2pfl.learning.models import SplitModel
 from p2pfl.learning.state import weighted_mean
 
@@ -293,7 +293,7 @@ def mask_overlap(a: Masks, b: Masks) -> float:
 class DisPFL(WholeModelExchange):
     name = CARD.name
     shares = CARD.shares
-    defences = ("mean", "clip", "multikrum")  # the masked mean: whole states only
+    defences = ("mean", *SELECTING_RULES)  # the masked mean: whole states only
     Params = CARD.Params
 
     def __init__(self, params: dict[str, Any], ctx: AlgorithmContext):

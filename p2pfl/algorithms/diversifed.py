@@ -64,6 +64,7 @@ from p2pfl.algorithms.base import (
     register,
 )
 from p2pfl.algorithms.cards.diversifed import CARD
+from p2pfl.learning.defence import SELECTING_RULES
 
 # ----------------------------------------------------------------------------- pure math
 
@@ -150,7 +151,7 @@ class DiversiFed(CentralizedAlgorithm):
     shares = CARD.shares
     Params = CARD.Params
     upload_part = "all"
-    defences = ("mean", "clip", "multikrum")  # its own arithmetic: over the states kept
+    defences = ("mean", *SELECTING_RULES)  # its own arithmetic: over the states kept
 
     def __init__(self, params: dict[str, Any], ctx: AlgorithmContext):
         super().__init__(params, ctx)

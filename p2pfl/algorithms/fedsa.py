@@ -73,6 +73,7 @@ from p2pfl.algorithms.base import (
 )
 from p2pfl.algorithms.cards.fedsa import CARD, FedSAParams
 from p2pfl.algorithms.fedavg import check_received
+from p2pfl.learning.defence import SELECTING_RULES
 
 # ----------------------------------------------------------------------------- pure math
 
@@ -297,7 +298,7 @@ class FedSA(CentralizedAlgorithm):
     shares = CARD.shares
     Params = CARD.Params
     upload_part = "all"
-    defences = ("mean", "clip", "multikrum")  # its own arithmetic: over the states kept
+    defences = ("mean", *SELECTING_RULES)  # its own arithmetic: over the states kept
 
     def aggregate(
         self,

@@ -113,6 +113,7 @@ UNRECORDED_DEFAULTS = (
     ("training", "steps", None),
     ("training", "optimizer_state", "reset"),
     ("dataset", "test_root", None),
+    ("defence", "spread", 0.0),
 )
 """``(section, field, default)``: what :meth:`TopologyConfig.dump` leaves out at its default."""
 
@@ -173,7 +174,9 @@ class NodeSpec(StrictModel):
     )
 
 
-DefenceRule = Literal["mean", "median", "trimmed_mean", "multikrum", "bulyan", "clip"]
+DefenceRule = Literal[
+    "mean", "median", "trimmed_mean", "multikrum", "bulyan", "clip", "centered_clip"
+]
 DEFENCE_RULES: tuple[str, ...] = get_args(DefenceRule)
 
 
@@ -183,11 +186,13 @@ class DefenceConfig(StrictModel):
     always on; ``rule`` picks the combination every method uses in place of its mean."""
 
     rule: DefenceRule = Field(
-        "clip",
+        "centered_clip",
         description="mean (plain weighted mean), median (coordinate-wise), trimmed_mean "
         "(beta), multikrum (f, m), bulyan (f; n >= 4f + 3), clip (accept a peer's state "
-        "when ||w_j - w_i|| <= gamma * exp(-kappa t / T) * ||w_i||, then the mean). "
-        "Default clip; mean under privacy.secagg (the one rule that works on a sum)",
+        "when ||w_j - w_i|| <= gamma * exp(-kappa t / T) * ||w_i||, refuse it beyond, then "
+        "the mean), centered_clip (the same bound, but a state beyond it is pulled onto it "
+        "instead of refused, then the mean). Default centered_clip; mean under "
+        "privacy.secagg (the one rule that works on a sum)",
     )
     f: int = Field(
         1, ge=0, le=B.MAX_NODES, description="multikrum, bulyan: the Byzantine inputs tolerated"
@@ -206,6 +211,14 @@ class DefenceConfig(StrictModel):
     )
     kappa: float = Field(
         0.5, ge=0, description="clip: how fast the bound tightens over the run's rounds"
+    )
+    spread: float = Field(
+        0.0,
+        ge=0,
+        le=1e6,
+        description="clip, centered_clip: the bound widens to this many times the median "
+        "distance of the round's other states to the reference when that is larger (a "
+        "bound learnt from the round's spread; 0: the fixed bound alone)",
     )
     max_norm_ratio: float = Field(
         10.0,
@@ -483,7 +496,7 @@ class TopologyConfig(PathNotes):
     def _default_rule(self) -> TopologyConfig:
         """``defence.rule`` left unset takes the default that fits the other switches:
         ``mean`` under ``privacy.secagg`` (which hides the individual uploads every other
-        rule reads), else ``clip``. It stays unset (``model_fields_set``), so
+        rule reads), else ``centered_clip``. It stays unset (``model_fields_set``), so
         :meth:`defaulted_rule` can say so; a rule the user set is kept, and checked."""
         d = self.defence
         if self.defaulted_rule is not None and d.rule != self.defaulted_rule:
@@ -494,7 +507,7 @@ class TopologyConfig(PathNotes):
     @property
     def defaulted_rule(self) -> str | None:
         """The ``defence.rule`` the switches chose where the user set none and the plain
-        default (``clip``) cannot work: ``mean`` under ``privacy.secagg``; else None."""
+        default (``centered_clip``) cannot work: ``mean`` under ``privacy.secagg``; else None."""
         secagg = self.privacy is not None and self.privacy.secagg
         return "mean" if secagg and "rule" not in self.defence.model_fields_set else None
 

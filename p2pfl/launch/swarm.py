@@ -34,6 +34,7 @@ from p2pfl.config.schema import BrokerAddress, TopologyConfig, dump_topology
 from p2pfl.launch.broker import BrokerTLS, make_broker
 from p2pfl.launch.tracker import RecordFollower, RoundMeans, open_tracking
 from p2pfl.metrics import (
+    defence_note,
     node_log_path,
     node_meta_path,
     plot_summary,
@@ -409,9 +410,9 @@ def run_swarm(
     if summary["nodes_completed"] < summary["nodes"] and code == 0:
         code = 1
     console.print(summary_table(summary))
-    note = skipped_note(summary)
-    if note is not None:
-        console.print(f"[yellow]{escape(note)}[/]", highlight=False)
+    for note in (skipped_note(summary), defence_note(summary)):
+        if note is not None:
+            console.print(f"[yellow]{escape(note)}[/]", highlight=False)
     console.print(f"results in {out_dir}")
     return code, summary
 

@@ -17,8 +17,17 @@ state it would adopt whole with :meth:`Defence.screen`. The rule comes from the 
   between two honest states over the ``m`` coordinates compared,
   ``NOISE_MARGIN·√2·s·√m`` (:attr:`DefenceInputs.noise_spread` ``s``;
   :mod:`p2pfl.privacy.noise_spread`; docs/algorithms.md, "DP and the defence"): without it
-  every DP-noised neighbour lies beyond the bound and a DP swarm never merges. Without an
-  own state (an aggregator that did not train) the reference is
+  every DP-noised neighbour lies beyond the bound and a DP swarm never merges.
+- ``centered_clip`` (the default): the same bound, but a state beyond it is pulled onto it,
+  ``w_i + (w_j − w_i)·bound/‖w_j − w_i‖`` (Karimireddy et al.'s centered clipping, one
+  step), never refused: an honest site far from the node still counts, with its pull
+  bounded; named in :attr:`Defence.clipped` (the record's ``clipped``). A non-finite state
+  is refused (admission refuses it first).
+- ``defence.spread`` (``k``, both clip rules; 0 by default): the bound widens to ``k``
+  times the median distance of the round's other states to the reference when that is
+  larger, a bound learnt from the round's own spread.
+
+  Without an own state (an aggregator that did not train) the reference is
   :attr:`DefenceInputs.reference` (its current model's part), else the coordinate-wise
   median of the inputs: a median of one honest and one flipped state is near zero, so a
   trusted reference is what separates them.
@@ -57,8 +66,11 @@ mean (a :meth:`Defence.combine` with its names bound; ``kw`` as ``weighted_mean`
 COORDINATE_RULES = ("median", "trimmed_mean", "bulyan")
 """Rules that build each coordinate from several states: they cannot honour masks, and a
 method with its own arithmetic cannot use them (:meth:`Defence.select`)."""
-SELECTING_RULES = ("clip", "multikrum")
-"""Rules that keep some of the states whole and mix those with the weighted mean."""
+SELECTING_RULES = ("clip", "centered_clip", "multikrum")
+"""Rules that keep some of the states (``centered_clip``: pulled within its bound) and mix
+those with the weighted mean."""
+CLIP_RULES = ("clip", "centered_clip")
+"""Rules that measure each state's distance to the reference against the round's bound."""
 NOISE_MARGIN = 1.5
 """How many times the DP noise expected between two honest states ``clip`` tolerates: the
 noise of a peer whose σ, steps or batch differ from the node's own (its sample count sets
@@ -103,6 +115,7 @@ class Defence:
         self.rounds = max(1, rounds)
         self._inputs = DefenceInputs()
         self.rejected: dict[str, str] = {}  # this round's refusals, peer -> reason
+        self.clipped: dict[str, float] = {}  # centered_clip: peer -> its distance / the bound
         self.fallbacks = 0  # combinations with too few inputs for the rule, this round
 
     @property
@@ -119,6 +132,7 @@ class Defence:
         start empty."""
         self._inputs = inputs
         self.rejected = {}
+        self.clipped = {}
         self.fallbacks = 0
 
     def take(self, inputs: DefenceInputs) -> None:
@@ -152,11 +166,13 @@ class Defence:
     def screen(
         self, own: State, candidates: Mapping[str, State], *, scale: float | None = None
     ) -> dict[str, State]:
-        """The candidates a node may adopt whole (e.g. UA-PDFL's client-wise dropout):
-        under ``clip``, those within the round's distance bound of ``own``; every other
-        rule has no test for a single state and keeps them all (admission has already
-        screened each one)."""
-        if self.rule != "clip" or not candidates:
+        """The candidates a node may adopt whole (e.g. UA-PDFL's client-wise dropout), each
+        as it may be adopted: under ``clip``, those within the round's distance bound of
+        ``own``; under ``centered_clip`` each finite one, pulled onto the bound when beyond
+        it (named in :attr:`clipped`); every other rule has no test for a single state and
+        keeps them all (admission has already screened each one). A single state has no
+        round spread: ``defence.spread`` does not widen this bound."""
+        if self.rule not in CLIP_RULES or not candidates:
             return dict(candidates)
         keys = _floating_keys(own)
         ref = robust.norm(own, keys) if scale is None else scale
@@ -167,6 +183,9 @@ class Defence:
         for peer, d in zip(peers, dists, strict=True):
             if math.isfinite(d) and d <= bound:
                 kept[peer] = candidates[peer]
+            elif self.rule == "centered_clip" and math.isfinite(d):
+                kept[peer] = robust.centered_clip(own, candidates[peer], d, bound, keys)
+                self.clipped.setdefault(peer, round(d / bound, 4) if bound > 0 else math.inf)
             else:
                 self._refuse(peer, f"clip: distance {d:.4g} > {bound:.4g}")
         return kept
@@ -219,7 +238,7 @@ class Defence:
                 return robust.coordinate_median(states, names)
             sel_masks = None if masks is None else [masks[i] for i in chosen]
             return weighted_mean(
-                [states[i] for i in chosen], [weights[i] for i in chosen], keys, masks=sel_masks
+                list(chosen.values()), [weights[i] for i in chosen], keys, masks=sel_masks
             )
         if rule == "median":
             return _own_first(robust.coordinate_median(states, names), states, own, names)
@@ -243,53 +262,34 @@ class Defence:
         keys: Sequence[str] | None = None,
         scale: float | None = None,
         masks: Sequence[Mapping[str, torch.Tensor]] | None = None,
-    ) -> list[int]:  # noqa: C901 - one branch per rule
-        """The indexes (ascending) of the states the rule keeps, for a method that combines
-        them with its own arithmetic (FedSA, DiversiFed); the others are named in
-        :attr:`rejected`. ``mean`` keeps all; ``clip`` those within the round's bound of
-        ``states[own]`` (or of the coordinate-wise median without one); ``multikrum`` the
-        ``m`` best scored (the own state always among them). With ``masks`` (sparse
-        states, DisPFL's), ``clip`` compares each state with the reference on the elements
-        both masks hold, and bounds by the reference's norm there: an element one of them
-        lacks is a zero, not a difference. Rules that build each coordinate from several
-        states do not select: ``ValueError``."""
+    ) -> dict[int, State]:
+        """The states the rule keeps, by index (ascending), each as it is kept, for a
+        method that combines them with its own arithmetic (FedSA, DiversiFed) and for
+        :meth:`combine`; the others are named in :attr:`rejected`. ``mean`` keeps all;
+        ``clip`` those within the round's bound of ``states[own]`` (or of the reference,
+        else the coordinate-wise median, without one); ``centered_clip`` every finite one,
+        a state beyond the bound pulled onto it (named in :attr:`clipped`); ``multikrum``
+        the ``m`` best scored (the own state always among them). With ``masks`` (sparse
+        states, DisPFL's), the clip rules compare each state with the reference on the
+        elements both masks hold, and bound by the reference's norm there: an element one
+        of them lacks is a zero, not a difference. Rules that build each coordinate from
+        several states do not select: ``ValueError``."""
         n = len(states)
         if len(who) != n:
             raise ValueError(f"defence: {n} states but {len(who)} names")
         names = list(states[0]) if keys is None else list(keys)
         rule = self.rule
         if rule == "mean" or (n == 1 and own == 0):
-            return list(range(n))
-        if rule == "clip":
-            floating = [k for k in names if torch.is_floating_point(states[0][k])]
-            ref = states[own] if own is not None else self._reference(states, names)
-            if ref is None:
-                ref = robust.coordinate_median(states, names)
-            ref_norm = robust.norm(ref, floating) if scale is None else scale
-            ratio = self.clip_ratio()
-            if masks is None or own is None:
-                bound = ratio * ref_norm + self.noise_allowance(_elements(ref, floating))
-                pairs = [(d, bound) for d in robust.distances(ref, states, floating)]
-            else:
-                pairs = [
-                    _masked_pair(ref, masks[own], s, m, floating, ratio, scale)
-                    for s, m in zip(states, masks, strict=True)
-                ]
-                pairs = [(d, bound + self.noise_allowance(n)) for d, bound, n in pairs]
-            kept = []
-            for i, (d, bound) in enumerate(pairs):
-                if i == own or (math.isfinite(d) and d <= bound):
-                    kept.append(i)
-                else:
-                    self._refuse(who[i], f"clip: distance {d:.4g} > {bound:.4g}")
-            return kept
+            return dict(enumerate(states))
+        if rule in CLIP_RULES:
+            return self._clip(states, who, own, names, scale, masks)
         if rule == "multikrum":
             f = self.cfg.f
             try:
                 robust.check_bounds(rule, n, f, self.cfg.m, self.cfg.beta)
             except ValueError:
                 self.fallbacks += 1  # too few inputs to score: all of them this round
-                return list(range(n))
+                return dict(enumerate(states))
             m = self.cfg.m if self.cfg.m is not None else n - f
             ranked = robust.multikrum_select(states, f, n, names)  # best score first
             if own is not None:  # the node's own state always counts
@@ -298,8 +298,53 @@ class Defence:
             for i in range(n):
                 if i not in chosen:
                     self._refuse(who[i], "multikrum: not among the best scored")
-            return chosen
+            return {i: states[i] for i in chosen}
         raise ValueError(f"defence.rule {rule} does not select states")
+
+    def _clip(
+        self,
+        states: Sequence[State],
+        who: Sequence[str],
+        own: int | None,
+        names: list[str],
+        scale: float | None,
+        masks: Sequence[Mapping[str, torch.Tensor]] | None,
+    ) -> dict[int, State]:
+        """``clip`` and ``centered_clip`` (:meth:`select`): each state's distance to the
+        reference against the round's bound, widened to ``defence.spread`` times the
+        median distance of the round's other states when that is larger."""
+        floating = [k for k in names if torch.is_floating_point(states[0][k])]
+        ref = states[own] if own is not None else self._reference(states, names)
+        if ref is None:
+            ref = robust.coordinate_median(states, names)
+        ref_norm = robust.norm(ref, floating) if scale is None else scale
+        ratio = self.clip_ratio()
+        within: list[dict[str, torch.Tensor] | None] = [None] * len(states)
+        if masks is None or own is None:
+            bound = ratio * ref_norm + self.noise_allowance(_elements(ref, floating))
+            pairs = [(d, bound) for d in robust.distances(ref, states, floating)]
+        else:
+            pairs = []
+            for i, (s, m) in enumerate(zip(states, masks, strict=True)):
+                d, bound, elements, both = _masked_pair(
+                    ref, masks[own], s, m, floating, ratio, scale
+                )
+                pairs.append((d, bound + self.noise_allowance(elements)))
+                within[i] = both
+        widest = robust.spread_radius(
+            0.0, [d for i, (d, _) in enumerate(pairs) if i != own], self.cfg.spread
+        )
+        kept: dict[int, State] = {}
+        for i, (d, bound) in enumerate(pairs):
+            bound = max(bound, widest)
+            if i == own or (math.isfinite(d) and d <= bound):
+                kept[i] = states[i]
+            elif self.rule == "centered_clip" and math.isfinite(d):
+                kept[i] = robust.centered_clip(ref, states[i], d, bound, floating, within[i])
+                self.clipped.setdefault(who[i], round(d / bound, 4) if bound > 0 else math.inf)
+            else:
+                self._refuse(who[i], f"{self.rule}: distance {d:.4g} > {bound:.4g}")
+        return kept
 
 
 def _usable(reference: State | None, like: State, names: list[str]) -> State | None:
@@ -319,12 +364,13 @@ def _masked_pair(
     floating: list[str],
     ratio: float,
     scale: float | None,
-) -> tuple[float, float, int]:
-    """``(‖(s − ref) ⊙ both‖, ratio · ‖ref ⊙ both‖, elements of both)`` where ``both`` is
-    where the two masks hold an element (a key without masks counts whole); ``scale``
-    replaces the norm."""
+) -> tuple[float, float, int, dict[str, torch.Tensor]]:
+    """``(‖(s − ref) ⊙ both‖, ratio · ‖ref ⊙ both‖, elements of both, both)`` where
+    ``both`` (key → boolean mask) is where the two masks hold an element (a key without
+    masks counts whole, and is not in ``both``); ``scale`` replaces the norm."""
     d2 = r2 = 0.0
     elements = 0
+    masked: dict[str, torch.Tensor] = {}
     for k in floating:
         a = ref[k].detach().to(torch.float64)
         b = state[k].detach().to(device=a.device, dtype=torch.float64)
@@ -332,12 +378,13 @@ def _masked_pair(
             both = ref_mask[k].to(a.device).bool() & mask[k].to(a.device).bool()
             a, b = a * both, b * both
             elements += int(both.sum())
+            masked[k] = both
         else:
             elements += a.numel()
         d2 += float((b - a).pow(2).sum())
         r2 += float(a.pow(2).sum())
     d = math.sqrt(d2) if math.isfinite(d2) else math.inf
-    return d, ratio * (math.sqrt(r2) if scale is None else scale), elements
+    return d, ratio * (math.sqrt(r2) if scale is None else scale), elements, masked
 
 
 def _elements(state: State, keys: Iterable[str]) -> int:

@@ -9,6 +9,9 @@
   Learning in Byzantium", ICML 2018.
 - **Clip bound** ``γ·e^(−κt/T)``: Fang, Liu, Jia, Gong, "Byzantine-Robust Decentralized
   Federated Learning" (BALANCE), ACM CCS 2024.
+- **Centered clipping** ``v + clip_τ(x − v)``: Karimireddy, He, Jaggi, "Learning from
+  History for Byzantine Robust Optimization", ICML 2021 (one clipping step, around the
+  node's own state ``v``, with BALANCE's bound as ``τ``).
 
 Conventions, shared with :func:`~p2pfl.learning.state.weighted_mean`:
 
@@ -42,7 +45,7 @@ from torch import Tensor
 
 from p2pfl.learning.state import State, layout_mismatch
 
-RULES = ("mean", "clip", "median", "trimmed_mean", "multikrum", "bulyan")
+RULES = ("mean", "clip", "centered_clip", "median", "trimmed_mean", "multikrum", "bulyan")
 
 _BLOCK = 4096
 """Length of the blocks :func:`_row_sums` reduces (below torch's 32768-element grain)."""
@@ -259,6 +262,52 @@ def clip_bound(gamma: float, kappa: float, round_no: int, rounds: int) -> float:
     return float(gamma) * math.exp(-float(kappa) * round_no / rounds)
 
 
+def spread_radius(radius: float, distances: Sequence[float], spread: float) -> float:
+    """The acceptance radius widened to the round's own spread: ``max(radius, spread ·
+    median(d))`` over the finite ``distances`` of the round's peer states to the reference
+    (the upper median of an even count, a distance one outlier cannot pull up); ``radius``
+    when ``spread`` is 0 or no distance is finite."""
+    finite = sorted(d for d in distances if math.isfinite(d))
+    if spread <= 0 or not finite:
+        return radius
+    return max(radius, spread * finite[len(finite) // 2])
+
+
+def centered_clip(
+    ref: Mapping[str, Tensor],
+    state: Mapping[str, Tensor],
+    distance: float,
+    radius: float,
+    keys: Sequence[str],
+    within: Mapping[str, Tensor] | None = None,
+) -> dict[str, Tensor]:
+    """``state`` pulled to within ``radius`` of ``ref`` (Karimireddy et al. 2021's centered
+    clipping, one step): ``ref + (state − ref)·radius/distance`` on the floating tensors of
+    ``keys`` when ``distance`` (``‖state − ref‖``, as :func:`distances` measures it) exceeds
+    ``radius``; ``state`` itself (the same object) otherwise. ``within`` (key → boolean
+    mask): only the masked elements move, those the distance was measured on. Other
+    tensors are ``state``'s. Computed in float64, cast back to each tensor's dtype, on
+    ``state``'s device; ``ValueError`` for a non-finite ``distance`` (nothing finite lies
+    on the segment) or a negative ``radius``."""
+    if not math.isfinite(distance) or not math.isfinite(radius) or radius < 0:
+        raise ValueError(f"centered_clip: distance {distance} and radius {radius} must be finite")
+    if distance <= radius:
+        return state  # type: ignore[return-value]
+    factor = radius / distance
+    out = dict(state)
+    for k in keys:
+        s = state[k]
+        if not torch.is_floating_point(s):
+            continue
+        s64 = s.detach().to(_F64)
+        r64 = ref[k].detach().to(device=s.device, dtype=_F64)
+        moved = r64 + (s64 - r64) * factor
+        if within is not None and k in within:
+            moved = torch.where(within[k].to(s.device).bool(), moved, s64)
+        out[k] = moved.to(s.dtype)
+    return out
+
+
 # ----------------------------------------------------------------------------- coordinate rules
 
 
@@ -396,7 +445,7 @@ def check_bounds(rule: str, n: int, f: int, m: int | None, beta: float) -> None:
     """``ValueError`` (naming the rule, ``n`` and ``f``) unless ``n`` inputs suffice for
     ``rule`` with ``f`` tolerated Byzantine inputs:
 
-    - ``mean``, ``clip``, ``median``: ``n >= 1``;
+    - ``mean``, ``clip``, ``centered_clip``, ``median``: ``n >= 1``;
     - ``trimmed_mean``: ``2·floor(β·n) < n`` (``β`` finite, ``>= 0``), and ``floor(β·n) >= 1``
       when ``β > 0`` (a trimmed mean that trims nothing is a plain mean: the flaw of a
       trimmed mean built with a β too small for its inputs);

@@ -139,8 +139,10 @@ class Robustness:
 
     def facts(self, round_no: int, method_rejected: dict[str, str] | None = None) -> dict[str, Any]:
         """The round's robustness facts for its record, and the reputation they earn:
-        ``rejected`` (peer → reason, admission's and the defence's), ``capped`` (peer → the
-        count it claimed), ``distrusted`` (peer → the first round it is drawn again) and
+        ``rejected`` (peer → reason, admission's and the defence's), ``clipped`` (under
+        ``centered_clip``, only when some state was: peer → its distance over the bound; a
+        clipped state still counts, and earns no distrust), ``capped`` (peer → the count it
+        claimed), ``distrusted`` (peer → the first round it is drawn again) and
         ``attack`` (what this node did, in an attack experiment). ``method_rejected``: the
         states the method itself left out (its ``merge`` facts' ``rejected``)."""
         rejected = dict(self.rejected)
@@ -159,6 +161,14 @@ class Robustness:
             "capped": dict(self.capped),
             "distrusted": {p: r for p, r in sorted(self.distrusted.items()) if r > round_no + 1},
         }
+        if self.defence.clipped:  # centered_clip: pulled onto the bound, counted, not distrusted
+            facts["clipped"] = dict(sorted(self.defence.clipped.items()))
+            log.info(
+                "%s: round %d: pulled within the bound: %s",
+                self.id,
+                round_no,
+                ", ".join(f"{p} (x{r:.3g})" for p, r in sorted(self.defence.clipped.items())),
+            )
         if self.defence.fallbacks:
             facts["defence_fallbacks"] = self.defence.fallbacks
         if self._adversary is not None:

@@ -117,11 +117,11 @@ def test_a_damaged_zip_names_the_zip_and_the_member(tmp_path, damage):
         ),
         (
             ["algorithm.name=dispfl", "algorithm.params={}", "defence={rule: median}"],
-            "dispfl combines with mean, clip, multikrum only, not median",
+            "dispfl combines with mean, clip, centered_clip, multikrum only, not median",
         ),
         (
             ["algorithm.name=fedsa", "algorithm.params={}", "defence={rule: trimmed_mean}"],
-            "fedsa combines with mean, clip, multikrum only, not trimmed_mean",
+            "fedsa combines with mean, clip, centered_clip, multikrum only, not trimmed_mean",
         ),
     ],
 )

@@ -129,7 +129,8 @@ def test_without_privacy_the_dump_and_fingerprint_are_unchanged():
     assert cfg.dp is None
     assert "privacy" not in dump_topology(cfg)
     # the fingerprint as it was computed before the section (and code_dir, evaluation,
-    # training.loss, .steps, .optimizer_state, dataset.test_root and .targets) existed
+    # training.loss, .steps, .optimizer_state, dataset.test_root and .targets, defence.spread)
+    # existed
     data = cfg.model_dump(
         mode="json", exclude={"broker", "timing", "security", "privacy", "code_dir", "evaluation"}
     )
@@ -140,6 +141,7 @@ def test_without_privacy_the_dump_and_fingerprint_are_unchanged():
         ("training", "optimizer_state"),
         ("dataset", "test_root"),
         ("dataset", "targets"),
+        ("defence", "spread"),
     ):
         data[section].pop(name)
     text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)

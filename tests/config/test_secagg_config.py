@@ -136,5 +136,5 @@ def test_an_explicit_rule_is_kept_and_refused_under_secagg():
 @pytest.mark.parametrize("overrides", [[], ["privacy.dp.noise_multiplier=1"], ["defence.f=2"]])
 def test_without_secagg_the_rule_default_is_unchanged(overrides):
     cfg = _cfg(overrides)
-    assert cfg.defence.rule == "clip" and cfg.defaulted_rule is None
+    assert cfg.defence.rule == "centered_clip" and cfg.defaulted_rule is None
     assert "rule" not in cfg.defence.model_fields_set

@@ -149,7 +149,7 @@ def test_clip_allows_for_the_dp_noise_between_honest_states():
     assert d.screen(own, {"c": far}) == {} and "> 4" in d.rejected["c"]
     masks = [{"g.w": torch.tensor([True, False])}, {"g.w": torch.tensor([True, True])}]
     kept = d.select([own, noisy], who=["me", "b"], masks=masks)  # one coordinate compared
-    assert kept == [0] and d.rejected["b"].startswith("clip: distance 4 > 2.56")
+    assert list(kept) == [0] and d.rejected["b"].startswith("clip: distance 4 > 2.56")
 
 
 def test_without_dp_the_clip_bound_is_unchanged():
@@ -180,3 +180,51 @@ def test_take_keeps_the_round_s_refusals_and_refuses_another_round():
         d.take(DefenceInputs(2))
     d.begin_round(DefenceInputs(2))
     assert d.rejected == {} and d.inputs.reference is None
+
+
+def test_centered_clip_pulls_a_far_state_onto_the_bound_and_refuses_nothing():
+    d = defence("centered_clip", gamma=0.5, kappa=0.0)  # bound: 0.5 x ||own|| = 2.5
+    own, near, flipped = st(3.0, 4.0), st(3.5, 4.5), st(-3.0, -4.0)
+    out = d.combine([own, near, flipped], [1, 1, 1], who=["me", "b", "c"])
+    # c sits at distance 10: own + (c - own) x 2.5 / 10 = (1.5, 2.0)
+    assert torch.allclose(out["g.w"], torch.tensor([(3 + 3.5 + 1.5) / 3, (4 + 4.5 + 2) / 3]))
+    assert d.rejected == {} and d.clipped == {"c": 4.0}
+    kept = d.select([own, near, flipped], who=["me", "b", "c"])
+    assert kept[1] is near  # within the bound: the very state, bit for bit
+    assert torch.allclose(kept[2]["g.w"], torch.tensor([1.5, 2.0]))
+    assert kept[2]["g.w"].dtype == torch.float32 and torch.equal(kept[2]["g.n"], flipped["g.n"])
+
+
+def test_centered_clip_refuses_a_non_finite_state():
+    d = defence("centered_clip", gamma=0.5, kappa=0.0)
+    own, broken = st(3.0, 4.0), st(math.nan, 4.0)
+    out = d.combine([own, broken], [1, 1], who=["me", "b"])
+    assert torch.equal(out["g.w"], own["g.w"]) and list(d.rejected) == ["b"]
+
+
+def test_centered_clip_screens_an_adoption_by_pulling_it_in():
+    d = defence("centered_clip", gamma=0.5, kappa=0.0)
+    own, far = st(3.0, 4.0), st(3.0, 14.0)  # distance 10, bound 2.5
+    kept = d.screen(own, {"p": far})
+    assert torch.allclose(kept["p"]["g.w"], torch.tensor([3.0, 6.5])) and d.clipped == {"p": 4.0}
+
+
+def test_centered_clip_masked_moves_only_what_was_measured():
+    d = defence("centered_clip", gamma=0.5, kappa=0.0)
+    own, far = st(3.0, 4.0), st(13.0, 9.0)
+    masks = [{"g.w": torch.tensor([True, True])}, {"g.w": torch.tensor([True, False])}]
+    kept = d.select([own, far], who=["me", "b"], masks=masks)
+    # measured on element 0 only: distance 10 against 0.5 x 3 = 1.5; element 1 is left as is
+    assert torch.allclose(kept[1]["g.w"], torch.tensor([4.5, 9.0]))
+
+
+def test_spread_widens_the_bound_to_the_rounds_own_distances():
+    own = st(3.0, 4.0)
+    honest = [st(3.0 + 3, 4.0), st(3.0, 4.0 + 3.2), st(3.0 - 3.1, 4.0)]  # 3 to 3.2 away
+    flipped = st(-3.0, -4.0)  # 10 away
+    who = ["me", "a", "b", "c", "x"]
+    fixed = defence("clip", gamma=0.5, kappa=0.0)  # 2.5: every honest peer refused
+    assert sorted(fixed.select([own, *honest, flipped], who=who)) == [0]
+    learnt = defence("clip", gamma=0.5, kappa=0.0, spread=2.0)  # 2 x median 3.2 = 6.4
+    assert sorted(learnt.select([own, *honest, flipped], who=who)) == [0, 1, 2, 3]
+    assert list(learnt.rejected) == ["x"] and "> 6.4" in learnt.rejected["x"]

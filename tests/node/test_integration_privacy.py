@@ -114,7 +114,7 @@ def test_an_audited_dp_swarm_passes_its_audits(tmp_path):
         "{noise_multiplier: 5.0, max_grad_norm: 1.0}",
         ("security.sign=true",),
     )
-    assert cfg.defence.rule == "clip"
+    assert cfg.defence.rule == "centered_clip"
     for nid, recs in logs.items():
         for rec in recs:
             assert rec["audit"]["verdict"] == "ok", (nid, rec["audit"])

@@ -52,6 +52,7 @@ from typing import Any
 
 from p2pfl.algorithms.base import Aggregate, Upload
 from p2pfl.learning.state import State
+from p2pfl.rounds.rotation.audit import screened_uploads
 from p2pfl.rounds.rotation.hearing import Hearing
 from p2pfl.rounds.rotation.late import LateOffers
 from p2pfl.rounds.rotation.lineage import Lineage, check_lineage
@@ -92,7 +93,7 @@ class Aggregated:
 class AggregatorFacts:
     """The aggregator's facts of the attempt it announced, for its round's record."""
 
-    aggregated: list[str]  # the uploads counted
+    aggregated: list[str]  # the uploads counted (without those the defence refused)
     upload_failed: dict[str, str]  # the uploads that could not be pulled, with why
     aggregate_s: float
     collect_s: float
@@ -429,6 +430,11 @@ class AggregatorRole(RotationRole):
         }
         if inputs.noise_spread > 0:  # the DP allowance clip measured with: audited
             announcement["noise_spread"] = inputs.noise_spread
+        # what the defence did to the uploads (audited): a refused upload is named, and is
+        # not among what the round's records call aggregated
+        screening = screened_uploads(svc.robust.defence, uploads)
+        announcement.update(screening)
+        counted = sorted(p for p in uploads if p not in screening.get("refused", ()))
         if self.reach is not None and self.lineage is not None:  # who may fork it, probed now
             await self.reach.refresh(self.lineage.followers)
         merged = name_result(self.lineage, self.reach, announcement, got, r, attempt, self.id)
@@ -460,7 +466,7 @@ class AggregatorRole(RotationRole):
                 t_serve + cfg.timing.round_timeout_s,
             )
         facts = AggregatorFacts(
-            aggregated=sorted(uploads),
+            aggregated=counted,
             upload_failed=done.failed,
             aggregate_s=round(done.agg_s, 4),
             collect_s=round(done.t_agg - t0, 4),

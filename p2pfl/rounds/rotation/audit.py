@@ -105,6 +105,20 @@ def announced_inputs(
     )
 
 
+def screened_uploads(defence: Defence, uploads: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``defence`` did to ``uploads`` in the round's aggregation, as an announcement
+    carries it: ``refused`` (the uploads left out, sorted) and ``clipped`` (peer → its
+    distance over the bound, ``centered_clip``), each only when not empty."""
+    out: dict[str, Any] = {}
+    refused = sorted(p for p in defence.rejected if p in uploads)
+    if refused:
+        out["refused"] = refused
+    clipped = {p: x for p, x in sorted(defence.clipped.items()) if p in uploads}
+    if clipped:
+        out["clipped"] = clipped
+    return out
+
+
 def recompute(
     alg: CentralizedAlgorithm,
     cfg: TopologyConfig,
@@ -113,6 +127,7 @@ def recompute(
     uploads: dict[str, State],
     body: Mapping[str, Any],
     reference: State | None = None,
+    defence: Defence | None = None,
 ) -> Aggregate:
     """The aggregate of ``plan.round`` as ``aggregator`` had to compute it: the server rule
     of a copy of ``alg`` that is the aggregator (its id, a fresh defence measuring with
@@ -120,8 +135,9 @@ def recompute(
     upload, with the announced DP noise spread) over ``uploads`` with the announced weights
     (a late upload's claim discounted by its announced staleness,
     :func:`~p2pfl.rounds.rotation.quorum.staleness_weight`) and reports. ``alg`` itself is
-    not changed."""
-    defence = Defence(cfg.defence, cfg.rounds)
+    not changed. ``defence``: the fresh defence to use (a new one by default), which then
+    holds what it refused and clipped (:func:`screened_uploads`)."""
+    defence = defence if defence is not None else Defence(cfg.defence, cfg.rounds)
     defence.begin_round(announced_inputs(plan.round, body, reference))
     as_aggregator = copy.copy(alg)
     as_aggregator.ctx = dataclasses.replace(alg.ctx, node_id=aggregator, defence=defence)
@@ -139,10 +155,22 @@ def recompute(
 
 
 def compare(
-    expected: Aggregate, me: str, received: State | None, announced_server: Any
+    expected: Aggregate,
+    me: str,
+    received: State | None,
+    announced_server: Any,
+    screening: tuple[Mapping[str, Any], Mapping[str, Any]] | None = None,
 ) -> str | None:
     """None when the aggregator served ``me`` what the recomputation gives it (every tensor
-    equal, bit for bit) and announced the same server state; else what differs."""
+    equal, bit for bit) and announced the same server state and, with ``screening``
+    (``(recomputed, announced)``, :func:`screened_uploads`), the same refusals and
+    clipping; else what differs."""
+    if screening is not None:
+        mine_s, theirs = screening
+        if list(mine_s.get("refused", [])) != list(theirs.get("refused", [])):
+            return "the announced refusals differ from the recomputed ones"
+        if dict(mine_s.get("clipped", {})) != dict(theirs.get("clipped", {})):
+            return "the announced clipping differs from the recomputed one"
     mine = expected.results.get(me, expected.common)
     if (mine is None) != (received is None):
         return "served a result where none was due" if mine is None else "served no result"

@@ -16,9 +16,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from p2pfl.learning.defence import Defence
 from p2pfl.learning.state import State
 from p2pfl.rounds.rotation.aggregator import AggregatorRole
-from p2pfl.rounds.rotation.audit import check_own_entry, check_verdict, compare, spread_problem
+from p2pfl.rounds.rotation.audit import (
+    check_own_entry,
+    check_verdict,
+    compare,
+    screened_uploads,
+    spread_problem,
+)
 from p2pfl.rounds.rotation.audit import recompute as recompute_aggregate
 from p2pfl.rounds.rotation.plans import RoundPlan, waits_on
 from p2pfl.rounds.rotation.reach import Reachability
@@ -201,6 +208,7 @@ class AuditRole(RotationRole):
             verdict, why = "mismatch", spread_why
         else:
             inputs = {p: inputs_of[p] for p in body["aggregated"]}
+            defence = Defence(self.cfg.defence, self.cfg.rounds)
             try:
                 expected = await asyncio.to_thread(
                     recompute_aggregate,
@@ -211,8 +219,10 @@ class AuditRole(RotationRole):
                     inputs,
                     body,
                     pulled.get(aggregator),
+                    defence,
                 )
-                why = compare(expected, self.id, received, body["server"])
+                screening = (screened_uploads(defence, inputs), body)
+                why = compare(expected, self.id, received, body["server"], screening)
                 verdict = "ok" if why is None else "mismatch"
             except (ValueError, KeyError, TypeError, RuntimeError, ArithmeticError) as exc:
                 verdict, why = "incomplete", f"cannot recompute: {exc}"

@@ -407,6 +407,16 @@ class CentralizedRounds(RotationRole):
             await self.hearing.hear(None)  # on a live view of every member
             nxt = draw_plan(alg, cfg.seed, r + 1, live_members(svc), server)
         aggregated = announcement["aggregated"] if announcement else []
+        refused = announcement.get("refused", []) if announcement else []
+        if refused:  # the aggregator's defence left these uploads out: not aggregated
+            aggregated = [p for p in aggregated if p not in refused]
+            if self.id in refused:
+                log.warning(
+                    "%s: round %d: aggregator %s's defence refused this node's upload",
+                    self.id,
+                    r,
+                    settled.aggregator,
+                )
         if announcement is not None:  # what the round counted, and how fast it reported
             who = plan.participants if plan is not None else None
             self.late.note(r, Counted(who, aggregated, announcement.get("late", {})))

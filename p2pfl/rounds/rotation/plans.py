@@ -150,6 +150,24 @@ def check_announcement(body: Any, members: set[str]) -> dict[str, Any]:
         ):
             raise ValueError("late must map aggregated nodes to a staleness of 1 or more rounds")
         out["late"] = dict(late)
+    # what the aggregator's defence did to the uploads it aggregated (present when it did
+    # something): refused (left out of the aggregate) and clipped (pulled onto its bound,
+    # peer -> distance over the bound); an auditor recomputes both
+    if "refused" in body:
+        refused = _check_ids(body["refused"], set(aggregated), "refused")
+        out["refused"] = refused
+    if "clipped" in body:
+        clipped = body["clipped"]
+        if not isinstance(clipped, dict) or not all(
+            p in aggregated
+            and isinstance(x, (int, float))
+            and not isinstance(x, bool)
+            and math.isfinite(x)
+            and x > 0
+            for p, x in clipped.items()
+        ):
+            raise ValueError("clipped must map aggregated nodes to finite positive ratios")
+        out["clipped"] = {p: float(x) for p, x in sorted(clipped.items())}
     if "closed_without" in body:
         out["closed_without"] = _check_ids(body["closed_without"], members, "closed_without")
     if "lineage" in body:  # docs/wire.md, "Partitions"
