@@ -80,9 +80,19 @@ METHODS = {  # name in the table -> (algorithm, its overrides)
     "FedAvg": ("fedavg", []),
     "FedProx": ("fedavg", ["algorithm.params.mu=0.1"]),
     "FedPer": ("fedper", ["model.personal=[bias]"]),
+    "FedAdam": ("fedavg", ["algorithm.params.server_opt=adam"]),
+    "FedYogi": ("fedavg", ["algorithm.params.server_opt=yogi"]),
+    "FedAdagrad": ("fedavg", ["algorithm.params.server_opt=adagrad"]),
     "UA-PDFL": ("uapdfl", []),
     "DisPFL": ("dispfl", []),
 }
+SERVER_OPT_FLAMBY = [  # FLamby's server-optimizer rows (config_tcga_brca.json's strategies)
+    "training.lr=0.01",
+    "algorithm.params.beta1=0.9",
+    "algorithm.params.beta2=0.999",
+    "algorithm.params.tau=1e-8",
+]
+SERVER_LR_FLAMBY = {"FedAdam": 0.1, "FedYogi": 0.1, "FedAdagrad": 1.0}
 
 SETTINGS = {
     "flamby": [
@@ -128,6 +138,12 @@ def one_run(
     ]
     if setting == "flamby":
         overrides.append(f"dataset.stats={data / 'raw-stats.json'}")
+        if method in SERVER_LR_FLAMBY:
+            overrides += [
+                *SERVER_OPT_FLAMBY,
+                f"algorithm.params.server_lr={SERVER_LR_FLAMBY[method]}",
+                *more,
+            ]
     cfg = load_topology(EXAMPLE / "topology.yaml", overrides)
     t0 = time.monotonic()
     code, _ = run_swarm(cfg, out, nodes_per_process=6, progress=False, console=Console(quiet=True))

@@ -16,6 +16,18 @@ rule is the same mean.
 - The one global model is both :attr:`Aggregate.common` and every uploader's entry in
   :attr:`Aggregate.results` (the same object, so the driver packs it once).
 
+With ``server_opt`` (FedAdam, FedYogi, FedAdagrad: Reddi et al., 2021;
+:mod:`p2pfl.learning.server_opt`, docs/algorithms.md, "Server optimizers") the round's
+mean is the server optimizer's target, ``Δ = x̄ − x_t``, and the new global model is its
+step. **Reading** (where the step is taken): the moments ``m``, ``v`` are model-sized, too
+big for the announcement that carries a rotating aggregator's server state to the next
+one, and a result the aggregator stepped could not be audited from the uploads alone. So
+the aggregator serves the mean as FedAvg does, its announced server state counts the steps
+(``opt_t``), and every member (the aggregator too) takes the same step from the same mean
+with its own copy of ``x_t``, ``m`` and ``v``: every member that applied every round holds
+the model a central server would have sent. A member that missed a round's result steps
+from its own older copy until it catches up (as its model does under plain FedAvg).
+
 :func:`fedavg_aggregate` is reused by FedPer and CriticalFL.
 """
 
@@ -32,11 +44,15 @@ from p2pfl.algorithms.base import (
     ExtraLoss,
     State,
     Upload,
+    check_keys,
+    check_state,
+    check_tensor,
     peer_state_mismatch,
     register,
 )
 from p2pfl.algorithms.cards.fedavg import CARD
 from p2pfl.learning.defence import Defence
+from p2pfl.learning.server_opt import ServerOptSettings, ServerOptState, server_step
 from p2pfl.learning.state import part_keys, weighted_mean
 
 # ----------------------------------------------------------------------------- pure math
@@ -88,6 +104,15 @@ def check_received(model_keys: list[str], received: Any, model_state: State, par
         raise ValueError(f"received state does not match part {part!r}: {why}")
 
 
+def _step_of(server: Any, *, allow_zero: bool) -> int:
+    """The server-optimizer step ``opt_t`` of an announced server state (0 before the first
+    round when ``allow_zero``); ``ValueError`` when it is missing or not a count."""
+    t = server.get("opt_t", 0 if allow_zero else None) if isinstance(server, dict) else None
+    if not isinstance(t, int) or isinstance(t, bool) or t < (0 if allow_zero else 1):
+        raise ValueError(f"server state: opt_t {t!r} is not a step count")
+    return t
+
+
 # ----------------------------------------------------------------------------- the method
 
 
@@ -97,6 +122,22 @@ class FedAvg(CentralizedAlgorithm):
     shares = CARD.shares
     Params = CARD.Params
     upload_part = "all"
+
+    def __init__(self, params: dict[str, Any], ctx: Any):
+        super().__init__(params, ctx)
+        kind = getattr(self.params, "server_opt", None)  # CriticalFL's knobs lack it
+        self._server_opt: ServerOptSettings | None = None
+        if kind is not None:
+            p = self.params
+            self._server_opt = ServerOptSettings.of(
+                kind, lr=p.server_lr, beta1=p.beta1, beta2=p.beta2, tau=p.tau
+            )
+        # server_opt: the global model x_t this member last stepped to (the initial model's
+        # part at first) and the moments, a copy of what a central server would keep
+        self._server_x: State | None = None
+        self._server_moments = ServerOptState()
+        if self._server_opt is not None:
+            self._server_x = self.select(self.model_state(), self.upload_part)
 
     def extra_loss(self) -> ExtraLoss | None:
         """FedProx's proximal term ``(μ/2)·‖w − w_t‖²`` over the uploaded part, ``w_t`` the
@@ -117,16 +158,24 @@ class FedAvg(CentralizedAlgorithm):
         round_no: int,
     ) -> Aggregate:
         """``w ← Σ n_i w_i / Σ n_i``; the same global model for every uploader and as
-        ``common``. No server state."""
+        ``common``. No server state; with ``server_opt``, the step count ``opt_t`` (each
+        member then steps from the mean in :meth:`apply`)."""
         glob, total = fedavg_aggregate(
             uploads, self.upload_part, self.ctx.defence, self.ctx.node_id
         )
         return Aggregate(
             results=dict.fromkeys(uploads, glob),
             common=glob,
-            server={},
+            server=self._next_server(server),
             facts={"aggregated_n": total},
         )
+
+    def _next_server(self, server: dict[str, Any]) -> dict[str, Any]:
+        """The announced server state: nothing without ``server_opt``; else the step this
+        round's result takes, one more than the last announced (``opt_t``)."""
+        if self._server_opt is None:
+            return {}
+        return {"opt_t": _step_of(server, allow_zero=True) + 1}
 
     def aggregate_sum(
         self,
@@ -153,7 +202,7 @@ class FedAvg(CentralizedAlgorithm):
         return Aggregate(
             results=dict.fromkeys(members, glob),
             common=glob,
-            server={},
+            server=self._next_server(server),
             facts={"aggregated_n": int(round(weight))},
         )
 
@@ -164,6 +213,49 @@ class FedAvg(CentralizedAlgorithm):
         the model's part or a value is not a tensor."""
         own = self.model.state_dict()
         check_received(list(own), received, own, self.upload_part)
+        if self._server_opt is not None:  # the mean is the target of the server's step
+            received = self._server_step(received, announcement)
         strict = self.upload_part == "all"
         self.model.load_state_dict(received, strict=strict)
         return {}
+
+    def _server_step(self, mean: State, announcement: dict[str, Any]) -> State:
+        """``server_opt``'s step from this member's ``x_t`` towards the round's ``mean``,
+        at the announced step ``opt_t``; the new ``x`` and moments are kept. ``ValueError``
+        (nothing changed) when the announcement lacks a valid ``opt_t``."""
+        assert self._server_opt is not None and self._server_x is not None
+        t = _step_of(announcement.get("server"), allow_zero=False)
+        x, moments = server_step(self._server_opt, self._server_x, mean, self._server_moments, t)
+        self._server_x, self._server_moments = x, moments
+        return x
+
+    def extra_state(self) -> dict[str, Any]:
+        """With ``server_opt``: the member's copy of the server's ``x_t``, ``m`` and ``v``."""
+        if self._server_opt is None:
+            return {}
+        return {
+            "server_x": dict(self._server_x or {}),
+            "server_m": dict(self._server_moments.m),
+            "server_v": dict(self._server_moments.v),
+        }
+
+    def load_extra_state(self, extra: dict[str, Any]) -> None:
+        """Restore :meth:`extra_state`, checked whole first (``ValueError`` naming what
+        does not fit the model's part)."""
+        if self._server_opt is None:
+            super().load_extra_state(extra)
+            return
+        assert self._server_x is not None
+        extra = check_keys(extra, ("server_x", "server_m", "server_v"), "fedavg checkpoint extra")
+        x = check_state(extra["server_x"], self._server_x, "fedavg checkpoint extra server_x")
+        moments = {}
+        for name in ("server_m", "server_v"):
+            given = extra[name]
+            if not isinstance(given, dict) or not set(given) <= set(x):
+                raise ValueError(f"fedavg checkpoint extra: {name} must map the model's part")
+            moments[name] = {
+                k: check_tensor(t, x[k].to(torch.float64), f"fedavg checkpoint extra {name}.{k}")
+                for k, t in given.items()
+            }
+        self._server_x = dict(x)
+        self._server_moments = ServerOptState(moments["server_m"], moments["server_v"])

@@ -20,6 +20,7 @@ from p2pfl.algorithms.base import (
     check_shares,
 )
 from p2pfl.algorithms.cards import PLUGIN_GROUP, params_error
+from p2pfl.algorithms.cards.card import recorded_params
 from p2pfl.config.suggest import with_suggestion
 
 ENTRY_POINT_GROUP = PLUGIN_GROUP
@@ -130,6 +131,6 @@ def validate_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
     """Validate a method's knobs with its own pydantic model; return them with defaults."""
     cls = get_algorithm(name)
     try:
-        return cls.Params.model_validate(params or {}).model_dump()
+        return recorded_params(cls.Params.model_validate(params or {}))
     except ValidationError as exc:
         raise ValueError(params_error(cls.Params, exc)) from None

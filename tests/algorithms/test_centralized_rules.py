@@ -341,3 +341,49 @@ def test_registration_and_params():
         validate_params("fedavg", {"bogus": 1})
     with pytest.raises(ValueError):
         validate_params("criticalfl", {"window": 0})
+
+
+# ----------------------------------------------------------------------------- server optimizers
+
+
+def test_fedavg_server_opt_steps_every_member_alike_and_resumes(make_alg):
+    """With ``server_opt`` the aggregate is the plain mean and counts its step (``opt_t``);
+    every member takes the same step from it, as a central server would (server_opt.py's
+    maths, checked against Flower's in tests/learning/test_server_opt.py), and a restored
+    member goes on with the same moments."""
+    from p2pfl.learning.server_opt import ServerOptSettings, ServerOptState, server_step
+
+    params = {"server_opt": "adam", "server_lr": 0.5}
+    a, b = make_alg("fedavg", params), make_alg("fedavg", params)
+    x0 = a.upload()
+    uploads = {"a": upload(const_state(x0, 1.0), 1), "b": upload(const_state(x0, 3.0), 1)}
+    agg = a.aggregate(uploads, {}, ["a", "b"], 1)
+    assert agg.server == {"opt_t": 1}
+    assert all(torch.equal(v, torch.full_like(v, 2.0)) for v in agg.common.values())
+    announcement = {"server": agg.server}
+    a.apply(agg.common, announcement)
+    b.apply(agg.common, announcement)
+    want, _ = server_step(ServerOptSettings.of("adam", lr=0.5), x0, agg.common, ServerOptState(), 1)
+    for k, v in a.model.state_dict().items():
+        assert torch.equal(v, want[k]) and torch.equal(v, b.model.state_dict()[k])
+    ckpt = a.checkpoint()
+    fresh = make_alg("fedavg", params)
+    fresh.restore(ckpt)
+    agg2 = a.aggregate(uploads, agg.server, ["a", "b"], 2)
+    assert agg2.server == {"opt_t": 2}
+    a.apply(agg2.common, {"server": agg2.server})
+    fresh.apply(agg2.common, {"server": agg2.server})
+    for k, v in a.model.state_dict().items():
+        assert torch.equal(v, fresh.model.state_dict()[k])
+    with pytest.raises(ValueError, match="opt_t"):
+        fresh.apply(agg2.common, {"server": {}})  # an announcement without the step
+    with pytest.raises(ValueError, match="server_x"):
+        make_alg("fedavg", params).restore({**ckpt, "extra": {**ckpt["extra"], "server_x": {}}})
+
+
+def test_server_opt_knobs_are_recorded_only_when_set():
+    assert "server_opt" not in validate_params("fedavg", {})
+    got = validate_params("fedper", {"server_opt": "yogi", "tau": 0.001})
+    assert got["server_opt"] == "yogi" and got["tau"] == 0.001 and "server_lr" not in got
+    with pytest.raises(ValueError, match="server_opt"):
+        validate_params("fedavg", {"server_opt": "sgd"})

@@ -9,8 +9,10 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from p2pfl.check.load import load_topology
+from p2pfl.export import load_model
 from p2pfl.launch.swarm import run_swarm
 from p2pfl.metrics import read_records
 
@@ -59,10 +61,14 @@ def _write(tmp_path):
     (tmp_path / "topology.yaml").write_text(TOPOLOGY)
 
 
-@pytest.mark.parametrize("method", ["local", "fedavg"])
-def test_a_logistic_regression_trains_with_bce_from_each_nodes_files(tmp_path, method):
+@pytest.mark.parametrize(
+    ("method", "params"),
+    [("local", {}), ("fedavg", {}), ("fedavg", {"server_opt": "adam", "server_lr": 1.0})],
+)
+def test_a_logistic_regression_trains_with_bce_from_each_nodes_files(tmp_path, method, params):
     _write(tmp_path)
-    cfg = load_topology(tmp_path / "topology.yaml", [f"algorithm.name={method}"])
+    knobs = f"algorithm.params={json.dumps(params)}"
+    cfg = load_topology(tmp_path / "topology.yaml", [f"algorithm.name={method}", knobs])
     out = tmp_path / "run"
     code, summary = run_swarm(cfg, out, nodes_per_process=2, progress=False)
     logs = "".join(p.read_text() for p in (out / "logs").glob("*.log"))
@@ -78,6 +84,9 @@ def test_a_logistic_regression_trains_with_bce_from_each_nodes_files(tmp_path, m
         assert last["train_ce"] == pytest.approx(last["train_loss"])  # BCE, no extra term
     assert set(summary["metrics"]) == {"test_auc", "test_f1"}
     assert summary["final"]["acc_mean"] > 0.8
+    if params:  # FedAdam: every member took the same server step from the same mean
+        a, b = (load_model(out, node).state_dict() for node in ("a", "b"))
+        assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_predict_gives_the_sigmoid_of_one_logit_and_the_value_of_a_regression(tmp_path):

@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from p2pfl.algorithms.cards.card import CentralizedParams, MethodCard, Params
+from p2pfl.algorithms.cards.card import CentralizedParams, MethodCard, Params, recorded_params
 from p2pfl.config.suggest import with_suggestion
 
 __all__ = [
@@ -132,6 +132,6 @@ def check_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
     if card is None:
         return dict(params or {})
     try:
-        return card.Params.model_validate(params or {}).model_dump()
+        return recorded_params(card.Params.model_validate(params or {}))
     except ValidationError as exc:
         raise ValueError(params_error(card.Params, exc)) from None

@@ -11,7 +11,7 @@ card, so the two cannot drift.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -24,6 +24,20 @@ class Params(BaseModel):
     """Base for a method's knobs (unknown keys rejected)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    # knobs left out of the recorded knobs while unset (None), so a run that does not use
+    # them records what it recorded before they existed (:func:`recorded_params`)
+    unrecorded_when_none: ClassVar[frozenset[str]] = frozenset()
+
+
+def recorded_params(params: BaseModel) -> dict[str, Any]:
+    """A method's validated knobs as a run records them: every knob, less those its class
+    names in ``unrecorded_when_none`` while they are None (a plugin's own model has none)."""
+    data = params.model_dump()
+    for name in getattr(type(params), "unrecorded_when_none", ()):
+        if data.get(name) is None:
+            data.pop(name, None)
+    return data
 
 
 class CentralizedParams(Params):
