@@ -113,7 +113,7 @@ UNRECORDED_DEFAULTS = (
     ("training", "steps", None),
     ("training", "optimizer_state", "reset"),
     ("dataset", "test_root", None),
-    ("defence", "spread", 0.0),
+    ("defence", "spread", None),
 )
 """``(section, field, default)``: what :meth:`TopologyConfig.dump` leaves out at its default."""
 
@@ -178,6 +178,9 @@ DefenceRule = Literal[
     "mean", "median", "trimmed_mean", "multikrum", "bulyan", "clip", "centered_clip"
 ]
 DEFENCE_RULES: tuple[str, ...] = get_args(DefenceRule)
+CENTERED_CLIP_SPREAD = 2.0
+"""``defence.spread`` where unset under ``centered_clip`` (README.md, Results, "The default
+defence and honest sites": the candidate that clipped fewest honest states)."""
 
 
 class DefenceConfig(StrictModel):
@@ -212,14 +215,24 @@ class DefenceConfig(StrictModel):
     kappa: float = Field(
         0.5, ge=0, description="clip: how fast the bound tightens over the run's rounds"
     )
-    spread: float = Field(
-        0.0,
+    spread: float | None = Field(
+        None,
         ge=0,
         le=1e6,
         description="clip, centered_clip: the bound widens to this many times the median "
         "distance of the round's other states to the reference when that is larger (a "
-        "bound learnt from the round's spread; 0: the fixed bound alone)",
+        "bound learnt from the round's spread; 0: the fixed bound alone). Default: 2 under "
+        "centered_clip, 0 under clip",
     )
+
+    @property
+    def spread_factor(self) -> float:
+        """``spread`` as the rule uses it: the one set, else 2 under ``centered_clip`` and
+        0 under every other rule."""
+        if self.spread is not None:
+            return self.spread
+        return CENTERED_CLIP_SPREAD if self.rule == "centered_clip" else 0.0
+
     max_norm_ratio: float = Field(
         10.0,
         gt=1,

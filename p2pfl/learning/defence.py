@@ -23,9 +23,11 @@ state it would adopt whole with :meth:`Defence.screen`. The rule comes from the 
   step), never refused: an honest site far from the node still counts, with its pull
   bounded; named in :attr:`Defence.clipped` (the record's ``clipped``). A non-finite state
   is refused (admission refuses it first).
-- ``defence.spread`` (``k``, both clip rules; 0 by default): the bound widens to ``k``
-  times the median distance of the round's other states to the reference when that is
-  larger, a bound learnt from the round's own spread.
+- ``defence.spread`` (``k``, both clip rules; by default 2 under ``centered_clip``, 0
+  under ``clip``): the bound widens to ``k`` times the median distance of the round's
+  other states to the reference when that is larger, a bound learnt from the round's own
+  spread: honest sites far apart (a real cross-silo task) count whole, while one state far
+  from all the others is still pulled in (or refused).
 
   Without an own state (an aggregator that did not train) the reference is
   :attr:`DefenceInputs.reference` (its current model's part), else the coordinate-wise
@@ -332,7 +334,7 @@ class Defence:
                 pairs.append((d, bound + self.noise_allowance(elements)))
                 within[i] = both
         widest = robust.spread_radius(
-            0.0, [d for i, (d, _) in enumerate(pairs) if i != own], self.cfg.spread
+            0.0, [d for i, (d, _) in enumerate(pairs) if i != own], self.cfg.spread_factor
         )
         kept: dict[int, State] = {}
         for i, (d, bound) in enumerate(pairs):

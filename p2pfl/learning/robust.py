@@ -265,12 +265,12 @@ def clip_bound(gamma: float, kappa: float, round_no: int, rounds: int) -> float:
 def spread_radius(radius: float, distances: Sequence[float], spread: float) -> float:
     """The acceptance radius widened to the round's own spread: ``max(radius, spread ·
     median(d))`` over the finite ``distances`` of the round's peer states to the reference
-    (the upper median of an even count, a distance one outlier cannot pull up); ``radius``
-    when ``spread`` is 0 or no distance is finite."""
+    (the lower median of an even count, so that one far state of two cannot widen the bound
+    to itself); ``radius`` when ``spread`` is 0 or no distance is finite."""
     finite = sorted(d for d in distances if math.isfinite(d))
     if spread <= 0 or not finite:
         return radius
-    return max(radius, spread * finite[len(finite) // 2])
+    return max(radius, spread * finite[(len(finite) - 1) // 2])
 
 
 def centered_clip(

@@ -183,7 +183,7 @@ def test_take_keeps_the_round_s_refusals_and_refuses_another_round():
 
 
 def test_centered_clip_pulls_a_far_state_onto_the_bound_and_refuses_nothing():
-    d = defence("centered_clip", gamma=0.5, kappa=0.0)  # bound: 0.5 x ||own|| = 2.5
+    d = defence("centered_clip", gamma=0.5, kappa=0.0, spread=0.0)  # bound: 0.5 x ||own|| = 2.5
     own, near, flipped = st(3.0, 4.0), st(3.5, 4.5), st(-3.0, -4.0)
     out = d.combine([own, near, flipped], [1, 1, 1], who=["me", "b", "c"])
     # c sits at distance 10: own + (c - own) x 2.5 / 10 = (1.5, 2.0)
@@ -196,21 +196,21 @@ def test_centered_clip_pulls_a_far_state_onto_the_bound_and_refuses_nothing():
 
 
 def test_centered_clip_refuses_a_non_finite_state():
-    d = defence("centered_clip", gamma=0.5, kappa=0.0)
+    d = defence("centered_clip", gamma=0.5, kappa=0.0, spread=0.0)
     own, broken = st(3.0, 4.0), st(math.nan, 4.0)
     out = d.combine([own, broken], [1, 1], who=["me", "b"])
     assert torch.equal(out["g.w"], own["g.w"]) and list(d.rejected) == ["b"]
 
 
 def test_centered_clip_screens_an_adoption_by_pulling_it_in():
-    d = defence("centered_clip", gamma=0.5, kappa=0.0)
+    d = defence("centered_clip", gamma=0.5, kappa=0.0, spread=0.0)
     own, far = st(3.0, 4.0), st(3.0, 14.0)  # distance 10, bound 2.5
     kept = d.screen(own, {"p": far})
     assert torch.allclose(kept["p"]["g.w"], torch.tensor([3.0, 6.5])) and d.clipped == {"p": 4.0}
 
 
 def test_centered_clip_masked_moves_only_what_was_measured():
-    d = defence("centered_clip", gamma=0.5, kappa=0.0)
+    d = defence("centered_clip", gamma=0.5, kappa=0.0, spread=0.0)
     own, far = st(3.0, 4.0), st(13.0, 9.0)
     masks = [{"g.w": torch.tensor([True, True])}, {"g.w": torch.tensor([True, False])}]
     kept = d.select([own, far], who=["me", "b"], masks=masks)
@@ -225,6 +225,12 @@ def test_spread_widens_the_bound_to_the_rounds_own_distances():
     who = ["me", "a", "b", "c", "x"]
     fixed = defence("clip", gamma=0.5, kappa=0.0)  # 2.5: every honest peer refused
     assert sorted(fixed.select([own, *honest, flipped], who=who)) == [0]
-    learnt = defence("clip", gamma=0.5, kappa=0.0, spread=2.0)  # 2 x median 3.2 = 6.4
+    learnt = defence("clip", gamma=0.5, kappa=0.0, spread=2.0)  # 2 x lower median 3.1 = 6.2
     assert sorted(learnt.select([own, *honest, flipped], who=who)) == [0, 1, 2, 3]
-    assert list(learnt.rejected) == ["x"] and "> 6.4" in learnt.rejected["x"]
+    assert list(learnt.rejected) == ["x"] and "> 6.2" in learnt.rejected["x"]
+    # centered_clip widens by 2 unless told otherwise; clip does not
+    default = defence("centered_clip", gamma=0.5, kappa=0.0)
+    kept = default.select([own, *honest, flipped], who=who)
+    assert all(kept[i] is s for i, s in enumerate([own, *honest]))  # whole, untouched
+    assert default.clipped == {"x": pytest.approx(10 / 6.2, abs=1e-4)}
+    assert DefenceConfig().spread_factor == 2.0 and DefenceConfig(rule="clip").spread_factor == 0

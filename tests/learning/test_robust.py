@@ -544,3 +544,22 @@ def test_matches_flower_bulyan(f):
     assert selected == chosen
     _assert_matches(out, expected)
     assert out["n"].item() == 0
+
+
+def test_spread_radius_takes_the_lower_median_and_skips_non_finite():
+    assert robust.spread_radius(1.0, [3.0, 10.0], 2.0) == 6.0  # lower median of two: 3
+    assert robust.spread_radius(1.0, [3.0, math.inf, 4.0, 5.0], 2.0) == 8.0
+    assert robust.spread_radius(9.0, [3.0, 4.0], 2.0) == 9.0  # never below the radius
+    assert robust.spread_radius(1.0, [3.0], 0.0) == 1.0 and robust.spread_radius(1.0, [], 2) == 1.0
+
+
+def test_centered_clip_moves_a_far_state_onto_the_radius_in_float64():
+    ref = {"w": torch.tensor([0.0, 0.0], dtype=torch.float16), "n": torch.tensor(1)}
+    far = {"w": torch.tensor([3.0, 4.0], dtype=torch.float16), "n": torch.tensor(7)}
+    out = robust.centered_clip(ref, far, 5.0, 1.0, ["w", "n"])
+    assert out["w"].dtype == torch.float16 and torch.allclose(
+        out["w"].float(), torch.tensor([0.6, 0.8]), atol=1e-3
+    )
+    assert int(out["n"]) == 7 and robust.centered_clip(ref, far, 5.0, 5.0, ["w"]) is far
+    with pytest.raises(ValueError, match="finite"):
+        robust.centered_clip(ref, far, math.inf, 1.0, ["w"])
