@@ -29,23 +29,24 @@ def run(tmp_path, overrides: list[str], rounds: int = 3):
 
 
 @pytest.mark.parametrize(
-    ("method", "attack", "reason"),
+    ("method", "attack", "reason", "rule"),
     [
-        ("uapdfl", "nan", "non-finite"),
-        ("uapdfl", "scale", "norm"),
-        ("uapdfl", "sign_flip", "clip: distance"),
-        ("dfedavgm", "nan", "non-finite"),
-        ("fedavg", "nan", "non-finite"),
-        ("fedavg", "sign_flip", "clip: distance"),
+        ("uapdfl", "nan", "non-finite", None),
+        ("uapdfl", "scale", "norm", None),
+        ("uapdfl", "sign_flip", "clip: distance", "clip"),
+        ("dfedavgm", "nan", "non-finite", None),
+        ("fedavg", "nan", "non-finite", None),
+        ("fedavg", "sign_flip", "clip: distance", "clip"),
     ],
 )
-def test_a_poisoning_peer_is_refused_and_named(tmp_path, method, attack, reason):
+def test_a_poisoning_peer_is_refused_and_named(tmp_path, method, attack, reason, rule):
     records, logs = run(
         tmp_path,
         [
             f"algorithm.name={method}",
             "algorithm.params={}",
             f"attacks=[{{kind: {attack}, nodes: [d]}}]",
+            *([f"defence.rule={rule}"] if rule else []),
         ],
     )
     assert all(rec["attack"] == [attack] for rec in records["d"])
@@ -59,6 +60,33 @@ def test_a_poisoning_peer_is_refused_and_named(tmp_path, method, attack, reason)
                 refusals.append(rec["rejected"]["d"])
     assert refusals and all(reason in r for r in refusals), refusals
     assert "refused d's state" in logs or "left out d" in logs
+    if method == "fedavg":  # a refused upload is not among what a round aggregated
+        for nid in ("a", "b", "c"):
+            for rec in records[nid]:
+                if rec["aggregator"] != "d":
+                    assert "d" not in rec["aggregated"], (nid, rec["round"], rec["aggregated"])
+
+
+@pytest.mark.parametrize("method", ["fedavg", "uapdfl"])
+def test_the_default_defence_pulls_a_sign_flipper_in_and_refuses_no_one(tmp_path, method):
+    """``centered_clip``: the flipped state (at about twice the model's norm) is pulled onto
+    the bound and counted, named in ``clipped``; nothing is refused or distrusted."""
+    records, _ = run(
+        tmp_path,
+        [
+            f"algorithm.name={method}",
+            "algorithm.params={}",
+            "attacks=[{kind: sign_flip, nodes: [d]}]",
+        ],
+    )
+    clipped = []
+    for nid in ("a", "b", "c"):
+        for rec in records[nid]:
+            assert math.isfinite(rec["test_loss"]) and rec["rejected"] == {}, (nid, rec)
+            assert rec["distrusted"] == {}
+            clipped += [ratio for peer, ratio in rec.get("clipped", {}).items() if peer == "d"]
+            assert set(rec.get("clipped", {})) <= {"d"}, (nid, rec["clipped"])
+    assert clipped and all(r > 1 for r in clipped), clipped
 
 
 def test_an_inflated_sample_count_is_capped(tmp_path):
