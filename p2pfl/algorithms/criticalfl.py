@@ -52,6 +52,7 @@ from pydantic import BaseModel
 from p2pfl.algorithms.base import (
     Aggregate,
     AlgorithmContext,
+    Method,
     Upload,
     register,
 )
@@ -140,6 +141,9 @@ class CriticalFL(FedAvg):
     shares = CARD.shares
     Params = CARD.Params
     upload_part = "all"
+    # its knobs have no server optimizer: it keeps nothing beyond the model
+    extra_state = Method.extra_state
+    load_extra_state = Method.load_extra_state
 
     def __init__(self, params: dict[str, Any], ctx: AlgorithmContext):
         super().__init__(params, ctx)

@@ -17,7 +17,7 @@ rule is the same mean.
   :attr:`Aggregate.results` (the same object, so the driver packs it once).
 
 With ``server_opt`` (FedAdam, FedYogi, FedAdagrad: Reddi et al., 2021;
-:mod:`p2pfl.learning.server_opt`, docs/algorithms.md, "Server optimizers") the round's
+:mod:`p2pfl.learning.server_opt`, docs/algorithms.md, "FedAvg") the round's
 mean is the server optimizer's target, ``Δ = x̄ − x_t``, and the new global model is its
 step. **Reading** (where the step is taken): the moments ``m``, ``v`` are model-sized, too
 big for the announcement that carries a rotating aggregator's server state to the next

@@ -1,7 +1,7 @@
 """Adaptive server optimizers (Reddi et al., "Adaptive Federated Optimization", ICLR 2021):
 FedAdam, FedYogi and FedAdagrad, as pure functions over states. No I/O; the method that
 uses them is :class:`~p2pfl.algorithms.fedavg.FedAvg` (``algorithm.params.server_opt``,
-docs/algorithms.md, "Server optimizers").
+docs/algorithms.md, "FedAvg").
 
 One server step from the current global model ``x`` and the round's aggregate ``x̄`` (the
 weighted mean of the uploads), at step ``t = 1, 2, …``:

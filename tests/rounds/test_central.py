@@ -259,8 +259,9 @@ def test_envelope_carries_the_attempt():
 
 def test_the_record_s_fields_of_a_settled_round_keep_their_order():
     """The roles' typed results become the record's fields in one place, in the order the
-    records have always had: how the round settled, the aggregator's facts (its
-    ``aggregated`` in its own place), the audit, then secure aggregation's facts."""
+    records have always had: how the round settled (``aggregated`` is the announcement's,
+    the aggregator's own included), the aggregator's facts, the audit, then secure
+    aggregation's facts."""
     from p2pfl.rounds.rotation.aggregator import AggregatorFacts
     from p2pfl.rounds.rotation.late import LateOffer
     from p2pfl.rounds.rotation.plans import RoundPlan
@@ -270,7 +271,7 @@ def test_the_record_s_fields_of_a_settled_round_keep_their_order():
     d = _driver("b")
     plan = RoundPlan(3, ["a", "b", "c"], ["a", "b"], {})
     facts = AggregatorFacts(
-        ["a", "b"], {"c": "gone"}, 0.5, 0.25, 0.125, [], Closing(2, "quorum", 1.0), {"t": 1}, "x"
+        {"c": "gone"}, 0.5, 0.25, 0.125, [], Closing(2, "quorum", 1.0), {"t": 1}, "x"
     )
     settled = Settled(
         3, "b", 1, ANN, None, [Failover(0, "a", "deadline")], aggregated=facts, audit={"v": 1}
@@ -281,7 +282,7 @@ def test_the_record_s_fields_of_a_settled_round_keep_their_order():
         "aggregator", "attempt", "failovers", "upload_failed", "aggregate_s", "collect_s",
         "serve_s", "quorum", "secagg", "aggregate_error", "audit",
     ]  # fmt: skip
-    assert fields["aggregated"] == ["a", "b"] and fields["secagg"] == {"member": {}, "t": 1}
+    assert fields["aggregated"] == ["a"] and fields["secagg"] == {"member": {}, "t": 1}
     assert fields["failovers"] == [{"attempt": 0, "aggregator": "a", "why": "deadline"}]
     assert fields["quorum"] == {"needed": 2, "closed_by": "quorum", "deadline_s": 1.0}
     offer = LateOffer(4, 3, 1, {}, "c")

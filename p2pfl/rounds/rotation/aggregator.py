@@ -93,7 +93,6 @@ class Aggregated:
 class AggregatorFacts:
     """The aggregator's facts of the attempt it announced, for its round's record."""
 
-    aggregated: list[str]  # the uploads counted (without those the defence refused)
     upload_failed: dict[str, str]  # the uploads that could not be pulled, with why
     aggregate_s: float
     collect_s: float
@@ -104,11 +103,10 @@ class AggregatorFacts:
     error: str | None  # why the server rule failed
 
     def record(self) -> dict[str, Any]:
-        """The record's fields: ``aggregated``, ``upload_failed``, ``aggregate_s``,
-        ``collect_s``, ``serve_s``, and as far as they apply ``lineage_merged``, ``quorum``,
-        ``secagg`` and ``aggregate_error``."""
+        """The record's fields: ``upload_failed``, ``aggregate_s``, ``collect_s``,
+        ``serve_s``, and as far as they apply ``lineage_merged``, ``quorum``, ``secagg`` and
+        ``aggregate_error`` (``aggregated`` is the announcement's, as every member's)."""
         out: dict[str, Any] = {
-            "aggregated": self.aggregated,
             "upload_failed": self.upload_failed,
             "aggregate_s": self.aggregate_s,
             "collect_s": self.collect_s,
@@ -427,14 +425,10 @@ class AggregatorRole(RotationRole):
             # weight is its claim discounted by its staleness, ``late``)
             "claims": {p: claims[p] for p in sorted(uploads)},
             "reports": {p: uploads[p].report for p in sorted(uploads)},
+            **screened_uploads(svc.robust.defence, uploads),  # refused, clipped: audited
         }
         if inputs.noise_spread > 0:  # the DP allowance clip measured with: audited
             announcement["noise_spread"] = inputs.noise_spread
-        # what the defence did to the uploads (audited): a refused upload is named, and is
-        # not among what the round's records call aggregated
-        screening = screened_uploads(svc.robust.defence, uploads)
-        announcement.update(screening)
-        counted = sorted(p for p in uploads if p not in screening.get("refused", ()))
         if self.reach is not None and self.lineage is not None:  # who may fork it, probed now
             await self.reach.refresh(self.lineage.followers)
         merged = name_result(self.lineage, self.reach, announcement, got, r, attempt, self.id)
@@ -466,7 +460,6 @@ class AggregatorRole(RotationRole):
                 t_serve + cfg.timing.round_timeout_s,
             )
         facts = AggregatorFacts(
-            aggregated=counted,
             upload_failed=done.failed,
             aggregate_s=round(done.agg_s, 4),
             collect_s=round(done.t_agg - t0, 4),
