@@ -113,7 +113,8 @@ UNRECORDED_DEFAULTS = (
     ("training", "steps", None),
     ("training", "optimizer_state", "reset"),
     ("dataset", "test_root", None),
-    ("defence", "spread", None),
+    ("defence", "spread", 0.0),
+    ("defence", "radius", 2.0),
 )
 """``(section, field, default)``: what :meth:`TopologyConfig.dump` leaves out at its default."""
 
@@ -178,9 +179,6 @@ DefenceRule = Literal[
     "mean", "median", "trimmed_mean", "multikrum", "bulyan", "clip", "centered_clip"
 ]
 DEFENCE_RULES: tuple[str, ...] = get_args(DefenceRule)
-CENTERED_CLIP_SPREAD = 2.0
-"""``defence.spread`` where unset under ``centered_clip`` (README.md, Results, "The default
-defence and honest sites": the candidate that clipped fewest honest states)."""
 
 
 class DefenceConfig(StrictModel):
@@ -193,8 +191,9 @@ class DefenceConfig(StrictModel):
         description="mean (plain weighted mean), median (coordinate-wise), trimmed_mean "
         "(beta), multikrum (f, m), bulyan (f; n >= 4f + 3), clip (accept a peer's state "
         "when ||w_j - w_i|| <= gamma * exp(-kappa t / T) * ||w_i||, refuse it beyond, then "
-        "the mean), centered_clip (the same bound, but a state beyond it is pulled onto it "
-        "instead of refused, then the mean). Default centered_clip; mean under "
+        "the mean), centered_clip (a state beyond `radius` medians of the round's distances "
+        "is pulled onto that radius instead of refused, then the mean). Default "
+        "centered_clip; mean under "
         "privacy.secagg (the one rule that works on a sum)",
     )
     f: int = Field(
@@ -215,23 +214,20 @@ class DefenceConfig(StrictModel):
     kappa: float = Field(
         0.5, ge=0, description="clip: how fast the bound tightens over the run's rounds"
     )
-    spread: float | None = Field(
-        None,
+    spread: float = Field(
+        0.0,
         ge=0,
         le=1e6,
-        description="clip, centered_clip: the bound widens to this many times the median "
-        "distance of the round's other states to the reference when that is larger (a "
-        "bound learnt from the round's spread; 0: the fixed bound alone). Default: 2 under "
-        "centered_clip, 0 under clip",
+        description="clip: the bound widens to this many times the median distance of the "
+        "round's other states to the reference when that is larger (0: the fixed bound)",
     )
-
-    @property
-    def spread_factor(self) -> float:
-        """``spread`` as the rule uses it: the one set, else 2 under ``centered_clip`` and
-        0 under every other rule."""
-        if self.spread is not None:
-            return self.spread
-        return CENTERED_CLIP_SPREAD if self.rule == "centered_clip" else 0.0
+    radius: float = Field(
+        2.0,
+        gt=0,
+        le=1e6,
+        description="centered_clip: the clipping radius, in medians of the distances of the "
+        "round's other states to the reference (with fewer than 3 of them: clip's bound)",
+    )
 
     max_norm_ratio: float = Field(
         10.0,

@@ -18,16 +18,17 @@ state it would adopt whole with :meth:`Defence.screen`. The rule comes from the 
   ``NOISE_MARGIN·√2·s·√m`` (:attr:`DefenceInputs.noise_spread` ``s``;
   :mod:`p2pfl.privacy.noise_spread`; docs/algorithms.md, "DP and the defence"): without it
   every DP-noised neighbour lies beyond the bound and a DP swarm never merges.
-- ``centered_clip`` (the default): the same bound, but a state beyond it is pulled onto it,
-  ``w_i + (w_j − w_i)·bound/‖w_j − w_i‖`` (Karimireddy et al.'s centered clipping, one
-  step), never refused: an honest site far from the node still counts, with its pull
-  bounded; named in :attr:`Defence.clipped` (the record's ``clipped``). A non-finite state
-  is refused (admission refuses it first).
-- ``defence.spread`` (``k``, both clip rules; by default 2 under ``centered_clip``, 0
-  under ``clip``): the bound widens to ``k`` times the median distance of the round's
-  other states to the reference when that is larger, a bound learnt from the round's own
-  spread: honest sites far apart (a real cross-silo task) count whole, while one state far
-  from all the others is still pulled in (or refused).
+- ``centered_clip`` (the default): a state beyond the round's radius is pulled onto it,
+  ``w_i + (w_j − w_i)·τ/‖w_j − w_i‖`` (Karimireddy et al.'s centered clipping, one step),
+  never refused: an honest site far from the node still counts, with its pull bounded;
+  named in :attr:`Defence.clipped` (the record's ``clipped``). The radius ``τ`` is learnt
+  from the round: ``defence.radius`` (2) times the (lower) median distance of the round's
+  other states to the reference, so honest sites that all sit far apart (a real
+  cross-silo task) count whole while one state far from the others (a sign flip) is
+  pulled in close; with fewer than :data:`MEDIAN_INPUTS` other states, BALANCE's bound
+  above. A non-finite state is refused (admission refuses it first).
+- ``defence.spread`` (``k``, ``clip`` only; 0 by default): ``clip``'s bound widens to ``k``
+  times the median distance of the round's other states when that is larger.
 
   Without an own state (an aggregator that did not train) the reference is
   :attr:`DefenceInputs.reference` (its current model's part), else the coordinate-wise
@@ -73,6 +74,11 @@ SELECTING_RULES = ("clip", "centered_clip", "multikrum")
 those with the weighted mean."""
 CLIP_RULES = ("clip", "centered_clip")
 """Rules that measure each state's distance to the reference against the round's bound."""
+MEDIAN_INPUTS = 3
+"""``centered_clip`` takes its radius from the round's other states when there are at least
+this many: a median of fewer is one of them (a lone far peer would set its own radius)."""
+CLIPPED_RATIO_MAX = 1e6
+"""The largest distance-over-bound ratio recorded in ``clipped`` (finite, for the wire)."""
 NOISE_MARGIN = 1.5
 """How many times the DP noise expected between two honest states ``clip`` tolerates: the
 noise of a peer whose σ, steps or batch differ from the node's own (its sample count sets
@@ -187,7 +193,7 @@ class Defence:
                 kept[peer] = candidates[peer]
             elif self.rule == "centered_clip" and math.isfinite(d):
                 kept[peer] = robust.centered_clip(own, candidates[peer], d, bound, keys)
-                self.clipped.setdefault(peer, round(d / bound, 4) if bound > 0 else math.inf)
+                self._clip_noted(peer, d, bound)
             else:
                 self._refuse(peer, f"clip: distance {d:.4g} > {bound:.4g}")
         return kept
@@ -333,20 +339,28 @@ class Defence:
                 )
                 pairs.append((d, bound + self.noise_allowance(elements)))
                 within[i] = both
-        widest = robust.spread_radius(
-            0.0, [d for i, (d, _) in enumerate(pairs) if i != own], self.cfg.spread_factor
-        )
+        others = [d for i, (d, _) in enumerate(pairs) if i != own]
+        radius = None  # centered_clip: the round's own radius, when it has enough states
+        if self.rule == "centered_clip":
+            radius = robust.median_radius(others, self.cfg.radius, MEDIAN_INPUTS)
+        widest = robust.spread_radius(0.0, others, self.cfg.spread)
         kept: dict[int, State] = {}
         for i, (d, bound) in enumerate(pairs):
-            bound = max(bound, widest)
+            bound = max(bound, widest) if radius is None else radius
             if i == own or (math.isfinite(d) and d <= bound):
                 kept[i] = states[i]
             elif self.rule == "centered_clip" and math.isfinite(d):
                 kept[i] = robust.centered_clip(ref, states[i], d, bound, floating, within[i])
-                self.clipped.setdefault(who[i], round(d / bound, 4) if bound > 0 else math.inf)
+                self._clip_noted(who[i], d, bound)
             else:
                 self._refuse(who[i], f"{self.rule}: distance {d:.4g} > {bound:.4g}")
         return kept
+
+    def _clip_noted(self, peer: str, distance: float, bound: float) -> None:
+        """``peer``'s state was pulled onto ``bound``: its distance over the bound, at most
+        :data:`CLIPPED_RATIO_MAX` (a bound of 0 when every other state equals the node's)."""
+        ratio = distance / bound if bound > 0 else CLIPPED_RATIO_MAX
+        self.clipped.setdefault(peer, round(min(ratio, CLIPPED_RATIO_MAX), 4))
 
 
 def _usable(reference: State | None, like: State, names: list[str]) -> State | None:

@@ -273,6 +273,16 @@ def spread_radius(radius: float, distances: Sequence[float], spread: float) -> f
     return max(radius, spread * finite[(len(finite) - 1) // 2])
 
 
+def median_radius(distances: Sequence[float], factor: float, min_inputs: int) -> float | None:
+    """``factor`` times the lower median of the finite ``distances`` (the round's other
+    states to the reference), or None when fewer than ``min_inputs`` are finite: a radius
+    learnt from the round's own spread, which one far state among several cannot widen."""
+    finite = sorted(d for d in distances if math.isfinite(d))
+    if len(finite) < max(1, min_inputs):
+        return None
+    return factor * finite[(len(finite) - 1) // 2]
+
+
 def centered_clip(
     ref: Mapping[str, Tensor],
     state: Mapping[str, Tensor],

@@ -142,6 +142,7 @@ def test_without_privacy_the_dump_and_fingerprint_are_unchanged():
         ("dataset", "test_root"),
         ("dataset", "targets"),
         ("defence", "spread"),
+        ("defence", "radius"),
     ):
         data[section].pop(name)
     text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)

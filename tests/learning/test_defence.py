@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from p2pfl.config.schema import DefenceConfig
+from p2pfl.learning import robust
 from p2pfl.learning.defence import Defence, DefenceInputs
 from p2pfl.learning.state import weighted_mean
 
@@ -183,7 +184,7 @@ def test_take_keeps_the_round_s_refusals_and_refuses_another_round():
 
 
 def test_centered_clip_pulls_a_far_state_onto_the_bound_and_refuses_nothing():
-    d = defence("centered_clip", gamma=0.5, kappa=0.0, spread=0.0)  # bound: 0.5 x ||own|| = 2.5
+    d = defence("centered_clip", gamma=0.5, kappa=0.0)  # bound: 0.5 x ||own|| = 2.5
     own, near, flipped = st(3.0, 4.0), st(3.5, 4.5), st(-3.0, -4.0)
     out = d.combine([own, near, flipped], [1, 1, 1], who=["me", "b", "c"])
     # c sits at distance 10: own + (c - own) x 2.5 / 10 = (1.5, 2.0)
@@ -196,21 +197,21 @@ def test_centered_clip_pulls_a_far_state_onto_the_bound_and_refuses_nothing():
 
 
 def test_centered_clip_refuses_a_non_finite_state():
-    d = defence("centered_clip", gamma=0.5, kappa=0.0, spread=0.0)
+    d = defence("centered_clip", gamma=0.5, kappa=0.0)
     own, broken = st(3.0, 4.0), st(math.nan, 4.0)
     out = d.combine([own, broken], [1, 1], who=["me", "b"])
     assert torch.equal(out["g.w"], own["g.w"]) and list(d.rejected) == ["b"]
 
 
 def test_centered_clip_screens_an_adoption_by_pulling_it_in():
-    d = defence("centered_clip", gamma=0.5, kappa=0.0, spread=0.0)
+    d = defence("centered_clip", gamma=0.5, kappa=0.0)
     own, far = st(3.0, 4.0), st(3.0, 14.0)  # distance 10, bound 2.5
     kept = d.screen(own, {"p": far})
     assert torch.allclose(kept["p"]["g.w"], torch.tensor([3.0, 6.5])) and d.clipped == {"p": 4.0}
 
 
 def test_centered_clip_masked_moves_only_what_was_measured():
-    d = defence("centered_clip", gamma=0.5, kappa=0.0, spread=0.0)
+    d = defence("centered_clip", gamma=0.5, kappa=0.0)
     own, far = st(3.0, 4.0), st(13.0, 9.0)
     masks = [{"g.w": torch.tensor([True, True])}, {"g.w": torch.tensor([True, False])}]
     kept = d.select([own, far], who=["me", "b"], masks=masks)
@@ -228,9 +229,17 @@ def test_spread_widens_the_bound_to_the_rounds_own_distances():
     learnt = defence("clip", gamma=0.5, kappa=0.0, spread=2.0)  # 2 x lower median 3.1 = 6.2
     assert sorted(learnt.select([own, *honest, flipped], who=who)) == [0, 1, 2, 3]
     assert list(learnt.rejected) == ["x"] and "> 6.2" in learnt.rejected["x"]
-    # centered_clip widens by 2 unless told otherwise; clip does not
+    # centered_clip's radius: 2 x that median; the honest states whole, the flip pulled in
     default = defence("centered_clip", gamma=0.5, kappa=0.0)
     kept = default.select([own, *honest, flipped], who=who)
     assert all(kept[i] is s for i, s in enumerate([own, *honest]))  # whole, untouched
     assert default.clipped == {"x": pytest.approx(10 / 6.2, abs=1e-4)}
-    assert DefenceConfig().spread_factor == 2.0 and DefenceConfig(rule="clip").spread_factor == 0
+    moved = robust.distances(own, [kept[4]])[0]
+    assert moved == pytest.approx(6.2) and default.rejected == {}
+
+
+def test_centered_clip_takes_balances_bound_with_fewer_than_three_other_states():
+    d = defence("centered_clip", gamma=0.5, kappa=0.0)  # bound 2.5 around (3, 4)
+    own, far = st(3.0, 4.0), st(-3.0, -4.0)
+    d.select([own, st(3.5, 4.5), far], who=["me", "b", "c"])
+    assert d.clipped == {"c": 4.0}

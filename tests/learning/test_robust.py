@@ -553,6 +553,12 @@ def test_spread_radius_takes_the_lower_median_and_skips_non_finite():
     assert robust.spread_radius(1.0, [3.0], 0.0) == 1.0 and robust.spread_radius(1.0, [], 2) == 1.0
 
 
+def test_median_radius_needs_enough_finite_distances():
+    assert robust.median_radius([3.0, 10.0, 4.0], 2.0, 3) == 8.0
+    assert robust.median_radius([3.0, 10.0, math.inf], 2.0, 3) is None
+    assert robust.median_radius([1.0, 2.0, 3.0, 100.0], 2.0, 3) == 4.0  # lower median
+
+
 def test_centered_clip_moves_a_far_state_onto_the_radius_in_float64():
     ref = {"w": torch.tensor([0.0, 0.0], dtype=torch.float16), "n": torch.tensor(1)}
     far = {"w": torch.tensor([3.0, 4.0], dtype=torch.float16), "n": torch.tensor(7)}
