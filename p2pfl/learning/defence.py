@@ -70,7 +70,7 @@ COORDINATE_RULES = ("median", "trimmed_mean", "bulyan")
 """Rules that build each coordinate from several states: they cannot honour masks, and a
 method with its own arithmetic cannot use them (:meth:`Defence.select`)."""
 SELECTING_RULES = ("clip", "centered_clip", "multikrum")
-"""Rules that keep some of the states (``centered_clip``: pulled within its bound) and mix
+"""Rules that keep some of the states (``centered_clip``: pulled within its radius) and mix
 those with the weighted mean."""
 CLIP_RULES = ("clip", "centered_clip")
 """Rules that measure each state's distance to the reference against the round's bound."""
@@ -179,7 +179,7 @@ class Defence:
         ``own``; under ``centered_clip`` each finite one, pulled onto the bound when beyond
         it (named in :attr:`clipped`); every other rule has no test for a single state and
         keeps them all (admission has already screened each one). A single state has no
-        round spread: ``defence.spread`` does not widen this bound."""
+        round to learn a radius from: the bound is ``clip``'s, for both rules."""
         if self.rule not in CLIP_RULES or not candidates:
             return dict(candidates)
         keys = _floating_keys(own)
@@ -319,8 +319,9 @@ class Defence:
         masks: Sequence[Mapping[str, torch.Tensor]] | None,
     ) -> dict[int, State]:
         """``clip`` and ``centered_clip`` (:meth:`select`): each state's distance to the
-        reference against the round's bound, widened to ``defence.spread`` times the
-        median distance of the round's other states when that is larger."""
+        reference against ``clip``'s bound (widened to ``defence.spread`` times the median
+        distance of the round's other states when that is larger), or against
+        ``centered_clip``'s radius learnt from the round (module docstring)."""
         floating = [k for k in names if torch.is_floating_point(states[0][k])]
         ref = states[own] if own is not None else self._reference(states, names)
         if ref is None:
