@@ -26,7 +26,8 @@ state it would adopt whole with :meth:`Defence.screen`. The rule comes from the 
   other states to the reference, so honest sites that all sit far apart (a real
   cross-silo task) count whole while one state far from the others (a sign flip) is
   pulled in close; with fewer than :data:`MEDIAN_INPUTS` other states, BALANCE's bound
-  above. A non-finite state is refused (admission refuses it first).
+  above. A non-finite state is refused (admission refuses it first), and so is a whole
+  model to adopt beyond BALANCE's bound (:meth:`Defence.screen`).
 - ``defence.spread`` (``k``, ``clip`` only; 0 by default): ``clip``'s bound widens to ``k``
   times the median distance of the round's other states when that is larger.
 
@@ -174,12 +175,13 @@ class Defence:
     def screen(
         self, own: State, candidates: Mapping[str, State], *, scale: float | None = None
     ) -> dict[str, State]:
-        """The candidates a node may adopt whole (e.g. UA-PDFL's client-wise dropout), each
-        as it may be adopted: under ``clip``, those within the round's distance bound of
-        ``own``; under ``centered_clip`` each finite one, pulled onto the bound when beyond
-        it (named in :attr:`clipped`); every other rule has no test for a single state and
-        keeps them all (admission has already screened each one). A single state has no
-        round to learn a radius from: the bound is ``clip``'s, for both rules."""
+        """The candidates a node may adopt whole (e.g. UA-PDFL's client-wise dropout): under
+        ``clip`` and ``centered_clip``, those within ``clip``'s distance bound of ``own``;
+        every other rule has no test for a single state and keeps them all (admission has
+        already screened each one). A whole model beyond the bound is refused under
+        ``centered_clip`` too: pulled onto the bound it would be a model no peer holds (a
+        sign-flipped one pulled onto ``γ‖w_i‖`` is near zero), and a single state gives
+        no round to learn a radius from."""
         if self.rule not in CLIP_RULES or not candidates:
             return dict(candidates)
         keys = _floating_keys(own)
@@ -191,9 +193,6 @@ class Defence:
         for peer, d in zip(peers, dists, strict=True):
             if math.isfinite(d) and d <= bound:
                 kept[peer] = candidates[peer]
-            elif self.rule == "centered_clip" and math.isfinite(d):
-                kept[peer] = robust.centered_clip(own, candidates[peer], d, bound, keys)
-                self._clip_noted(peer, d, bound)
             else:
                 self._refuse(peer, f"clip: distance {d:.4g} > {bound:.4g}")
         return kept

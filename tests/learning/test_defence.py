@@ -203,11 +203,11 @@ def test_centered_clip_refuses_a_non_finite_state():
     assert torch.equal(out["g.w"], own["g.w"]) and list(d.rejected) == ["b"]
 
 
-def test_centered_clip_screens_an_adoption_by_pulling_it_in():
+def test_centered_clip_refuses_a_whole_model_to_adopt_beyond_the_bound():
     d = defence("centered_clip", gamma=0.5, kappa=0.0)
-    own, far = st(3.0, 4.0), st(3.0, 14.0)  # distance 10, bound 2.5
-    kept = d.screen(own, {"p": far})
-    assert torch.allclose(kept["p"]["g.w"], torch.tensor([3.0, 6.5])) and d.clipped == {"p": 4.0}
+    own, far, near = st(3.0, 4.0), st(3.0, 14.0), st(3.0, 5.0)  # distances 10, 1; bound 2.5
+    assert d.screen(own, {"p": far, "q": near}) == {"q": near}
+    assert list(d.rejected) == ["p"] and d.clipped == {}
 
 
 def test_centered_clip_masked_moves_only_what_was_measured():
