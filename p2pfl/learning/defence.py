@@ -327,18 +327,14 @@ class Defence:
             ref = robust.coordinate_median(states, names)
         ref_norm = robust.norm(ref, floating) if scale is None else scale
         ratio = self.clip_ratio()
-        within: list[dict[str, torch.Tensor] | None] = [None] * len(states)
         if masks is None or own is None:
             bound = ratio * ref_norm + self.noise_allowance(_elements(ref, floating))
             pairs = [(d, bound) for d in robust.distances(ref, states, floating)]
         else:
             pairs = []
-            for i, (s, m) in enumerate(zip(states, masks, strict=True)):
-                d, bound, elements, both = _masked_pair(
-                    ref, masks[own], s, m, floating, ratio, scale
-                )
+            for s, m in zip(states, masks, strict=True):
+                d, bound, elements = _masked_pair(ref, masks[own], s, m, floating, ratio, scale)
                 pairs.append((d, bound + self.noise_allowance(elements)))
-                within[i] = both
         others = [d for i, (d, _) in enumerate(pairs) if i != own]
         radius = None  # centered_clip: the round's own radius, when it has enough states
         if self.rule == "centered_clip":
@@ -350,7 +346,9 @@ class Defence:
             if i == own or (math.isfinite(d) and d <= bound):
                 kept[i] = states[i]
             elif self.rule == "centered_clip" and math.isfinite(d):
-                kept[i] = robust.centered_clip(ref, states[i], d, bound, floating, within[i])
+                # every element moves by the factor measured where both masks hold: an
+                # element only the peer holds is its claim too, and is bounded alike
+                kept[i] = robust.centered_clip(ref, states[i], d, bound, floating)
                 self._clip_noted(who[i], d, bound)
             else:
                 self._refuse(who[i], f"{self.rule}: distance {d:.4g} > {bound:.4g}")
@@ -380,13 +378,12 @@ def _masked_pair(
     floating: list[str],
     ratio: float,
     scale: float | None,
-) -> tuple[float, float, int, dict[str, torch.Tensor]]:
-    """``(‖(s − ref) ⊙ both‖, ratio · ‖ref ⊙ both‖, elements of both, both)`` where
-    ``both`` (key → boolean mask) is where the two masks hold an element (a key without
-    masks counts whole, and is not in ``both``); ``scale`` replaces the norm."""
+) -> tuple[float, float, int]:
+    """``(‖(s − ref) ⊙ both‖, ratio · ‖ref ⊙ both‖, elements of both)`` where ``both`` is
+    where the two masks hold an element (a key without masks counts whole); ``scale``
+    replaces the norm."""
     d2 = r2 = 0.0
     elements = 0
-    masked: dict[str, torch.Tensor] = {}
     for k in floating:
         a = ref[k].detach().to(torch.float64)
         b = state[k].detach().to(device=a.device, dtype=torch.float64)
@@ -394,13 +391,12 @@ def _masked_pair(
             both = ref_mask[k].to(a.device).bool() & mask[k].to(a.device).bool()
             a, b = a * both, b * both
             elements += int(both.sum())
-            masked[k] = both
         else:
             elements += a.numel()
         d2 += float((b - a).pow(2).sum())
         r2 += float(a.pow(2).sum())
     d = math.sqrt(d2) if math.isfinite(d2) else math.inf
-    return d, ratio * (math.sqrt(r2) if scale is None else scale), elements, masked
+    return d, ratio * (math.sqrt(r2) if scale is None else scale), elements
 
 
 def _elements(state: State, keys: Iterable[str]) -> int:

@@ -289,7 +289,6 @@ def centered_clip(
     distance: float,
     radius: float,
     keys: Sequence[str],
-    within: Mapping[str, Tensor] | None = None,
 ) -> dict[str, Tensor]:
     """``state`` pulled to within ``radius`` of ``ref`` (Karimireddy et al. 2021's centered
     clipping, one step): ``ref + (state − ref)·radius/distance`` on the floating tensors of
@@ -311,10 +310,7 @@ def centered_clip(
             continue
         s64 = s.detach().to(_F64)
         r64 = ref[k].detach().to(device=s.device, dtype=_F64)
-        moved = r64 + (s64 - r64) * factor
-        if within is not None and k in within:
-            moved = torch.where(within[k].to(s.device).bool(), moved, s64)
-        out[k] = moved.to(s.dtype)
+        out[k] = (r64 + (s64 - r64) * factor).to(s.dtype)
     return out
 
 

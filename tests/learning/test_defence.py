@@ -210,13 +210,14 @@ def test_centered_clip_refuses_a_whole_model_to_adopt_beyond_the_bound():
     assert list(d.rejected) == ["p"] and d.clipped == {}
 
 
-def test_centered_clip_masked_moves_only_what_was_measured():
+def test_centered_clip_masked_measures_on_both_masks_and_moves_every_element():
     d = defence("centered_clip", gamma=0.5, kappa=0.0)
     own, far = st(3.0, 4.0), st(13.0, 9.0)
     masks = [{"g.w": torch.tensor([True, True])}, {"g.w": torch.tensor([True, False])}]
     kept = d.select([own, far], who=["me", "b"], masks=masks)
-    # measured on element 0 only: distance 10 against 0.5 x 3 = 1.5; element 1 is left as is
-    assert torch.allclose(kept[1]["g.w"], torch.tensor([4.5, 9.0]))
+    # measured on element 0 only: distance 10 against 0.5 x 3 = 1.5, factor 0.15, applied to
+    # every element (element 1 is the peer's claim as much as element 0)
+    assert torch.allclose(kept[1]["g.w"], torch.tensor([4.5, 4.75]))
 
 
 def test_spread_widens_the_bound_to_the_rounds_own_distances():
