@@ -40,6 +40,7 @@ import torch
 
 from p2pfl.algorithms.base import (
     Aggregate,
+    AlgorithmContext,
     CentralizedAlgorithm,
     ExtraLoss,
     State,
@@ -123,7 +124,7 @@ class FedAvg(CentralizedAlgorithm):
     Params = CARD.Params
     upload_part = "all"
 
-    def __init__(self, params: dict[str, Any], ctx: Any):
+    def __init__(self, params: dict[str, Any], ctx: AlgorithmContext):
         super().__init__(params, ctx)
         kind = getattr(self.params, "server_opt", None)  # CriticalFL's knobs lack it
         self._server_opt: ServerOptSettings | None = None

@@ -280,12 +280,11 @@ class UAPDFL(DecentralizedAlgorithm):
             why = peer_state_mismatch(pulled[peer], own)
             if why is not None:  # as if its pull had failed
                 return {"merged_from": [], "rejected": {peer: why}}
-            # the defence's test of a single state (clip: its distance to the own model;
-            # centered_clip: the state pulled within it)
-            screened = self.ctx.defence.screen(self.model_state(), {peer: pulled[peer]})
-            if peer not in screened:
+            # the defence's test of a single state (clip, centered_clip: its distance to
+            # the own model)
+            if not self.ctx.defence.screen(self.model_state(), {peer: pulled[peer]}):
                 return {"merged_from": []}  # refused: named in the defence's rejections
-            self.model.load_state_dict(screened[peer])
+            self.model.load_state_dict(pulled[peer])
             return {"merged_from": [peer]}
         if not pulled:
             return {"merged_from": []}

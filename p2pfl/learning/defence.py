@@ -339,7 +339,9 @@ class Defence:
         radius = None  # centered_clip: the round's own radius, when it has enough states
         if self.rule == "centered_clip":
             radius = robust.median_radius(others, self.cfg.radius, MEDIAN_INPUTS)
-        widest = robust.spread_radius(0.0, others, self.cfg.spread)
+        widest = 0.0  # clip: its bound widened to defence.spread medians (0: not at all)
+        if radius is None and self.cfg.spread > 0:
+            widest = robust.median_radius(others, self.cfg.spread, 1) or 0.0
         kept: dict[int, State] = {}
         for i, (d, bound) in enumerate(pairs):
             bound = max(bound, widest) if radius is None else radius

@@ -11,7 +11,7 @@
   Federated Learning" (BALANCE), ACM CCS 2024.
 - **Centered clipping** ``v + clip_τ(x − v)``: Karimireddy, He, Jaggi, "Learning from
   History for Byzantine Robust Optimization", ICML 2021 (one clipping step, around the
-  node's own state ``v``, with BALANCE's bound as ``τ``).
+  node's own state ``v``; :mod:`p2pfl.learning.defence` chooses ``τ``).
 
 Conventions, shared with :func:`~p2pfl.learning.state.weighted_mean`:
 
@@ -262,21 +262,11 @@ def clip_bound(gamma: float, kappa: float, round_no: int, rounds: int) -> float:
     return float(gamma) * math.exp(-float(kappa) * round_no / rounds)
 
 
-def spread_radius(radius: float, distances: Sequence[float], spread: float) -> float:
-    """The acceptance radius widened to the round's own spread: ``max(radius, spread ·
-    median(d))`` over the finite ``distances`` of the round's peer states to the reference
-    (the lower median of an even count, so that one far state of two cannot widen the bound
-    to itself); ``radius`` when ``spread`` is 0 or no distance is finite."""
-    finite = sorted(d for d in distances if math.isfinite(d))
-    if spread <= 0 or not finite:
-        return radius
-    return max(radius, spread * finite[(len(finite) - 1) // 2])
-
-
 def median_radius(distances: Sequence[float], factor: float, min_inputs: int) -> float | None:
     """``factor`` times the lower median of the finite ``distances`` (the round's other
     states to the reference), or None when fewer than ``min_inputs`` are finite: a radius
-    learnt from the round's own spread, which one far state among several cannot widen."""
+    learnt from the round's own spread, which one far state among several cannot widen
+    (the lower median of an even count: one far state of two cannot set it to itself)."""
     finite = sorted(d for d in distances if math.isfinite(d))
     if len(finite) < max(1, min_inputs):
         return None
@@ -293,9 +283,8 @@ def centered_clip(
     """``state`` pulled to within ``radius`` of ``ref`` (Karimireddy et al. 2021's centered
     clipping, one step): ``ref + (state − ref)·radius/distance`` on the floating tensors of
     ``keys`` when ``distance`` (``‖state − ref‖``, as :func:`distances` measures it) exceeds
-    ``radius``; ``state`` itself (the same object) otherwise. ``within`` (key → boolean
-    mask): only the masked elements move, those the distance was measured on. Other
-    tensors are ``state``'s. Computed in float64, cast back to each tensor's dtype, on
+    ``radius``; ``state`` itself (the same object) otherwise. Other tensors are
+    ``state``'s. Computed in float64, cast back to each tensor's dtype, on
     ``state``'s device; ``ValueError`` for a non-finite ``distance`` (nothing finite lies
     on the segment) or a negative ``radius``."""
     if not math.isfinite(distance) or not math.isfinite(radius) or radius < 0:

@@ -162,12 +162,12 @@ class Robustness:
             "distrusted": {p: r for p, r in sorted(self.distrusted.items()) if r > round_no + 1},
         }
         if self.defence.clipped:  # centered_clip: pulled onto the bound, counted, not distrusted
-            facts["clipped"] = dict(sorted(self.defence.clipped.items()))
+            clipped = facts["clipped"] = dict(sorted(self.defence.clipped.items()))
             log.info(
                 "%s: round %d: pulled within the bound: %s",
                 self.id,
                 round_no,
-                ", ".join(f"{p} (x{r:.3g})" for p, r in sorted(self.defence.clipped.items())),
+                ", ".join(f"{p} (x{r:.3g})" for p, r in clipped.items()),
             )
         if self.defence.fallbacks:
             facts["defence_fallbacks"] = self.defence.fallbacks

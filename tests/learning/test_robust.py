@@ -546,11 +546,10 @@ def test_matches_flower_bulyan(f):
     assert out["n"].item() == 0
 
 
-def test_spread_radius_takes_the_lower_median_and_skips_non_finite():
-    assert robust.spread_radius(1.0, [3.0, 10.0], 2.0) == 6.0  # lower median of two: 3
-    assert robust.spread_radius(1.0, [3.0, math.inf, 4.0, 5.0], 2.0) == 8.0
-    assert robust.spread_radius(9.0, [3.0, 4.0], 2.0) == 9.0  # never below the radius
-    assert robust.spread_radius(1.0, [3.0], 0.0) == 1.0 and robust.spread_radius(1.0, [], 2) == 1.0
+def test_median_radius_takes_the_lower_median_and_skips_non_finite():
+    assert robust.median_radius([3.0, 10.0], 2.0, 1) == 6.0  # lower median of two: 3
+    assert robust.median_radius([3.0, math.inf, 4.0, 5.0], 2.0, 1) == 8.0
+    assert robust.median_radius([3.0], 0.0, 1) == 0.0 and robust.median_radius([], 2, 1) is None
 
 
 def test_median_radius_needs_enough_finite_distances():
