@@ -132,6 +132,12 @@ def one_run(
     data: Path, setting: str, method: str, seed: int, out: Path, more: list[str] = ()
 ) -> dict:
     algorithm, extra = METHODS[method]
+    flamby: list[str] = []  # FLamby's raw features, and its server optimizers' knobs
+    if setting == "flamby":
+        flamby.append(f"dataset.stats={data / 'raw-stats.json'}")
+        if method in SERVER_LR_FLAMBY:
+            server_lr = f"algorithm.params.server_lr={SERVER_LR_FLAMBY[method]}"
+            flamby += [*SERVER_OPT_FLAMBY, server_lr]
     overrides = [
         f"seed={seed}",
         f"algorithm.name={algorithm}",
@@ -140,16 +146,9 @@ def one_run(
         f"dataset.test_root={data}/{{id}}-test.csv",
         *SETTINGS[setting],
         *extra,
+        *flamby,
         *more,
     ]
-    if setting == "flamby":
-        overrides.append(f"dataset.stats={data / 'raw-stats.json'}")
-        if method in SERVER_LR_FLAMBY:
-            overrides += [
-                *SERVER_OPT_FLAMBY,
-                f"algorithm.params.server_lr={SERVER_LR_FLAMBY[method]}",
-                *more,
-            ]
     cfg = load_topology(EXAMPLE / "topology.yaml", overrides)
     t0 = time.monotonic()
     code, _ = run_swarm(cfg, out, nodes_per_process=6, progress=False, console=Console(quiet=True))
