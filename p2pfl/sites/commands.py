@@ -75,9 +75,11 @@ def _one_daemon(site, source: str) -> Iterator[None]:
     with StateLock(site.state_dir):
         record = process_guard.ChildRecord(site.state_dir)
         record.end_leftovers()
+        hosted = site.hosted_broker
         for field, listen in (
             ("observability.listen", site.observability.listen),
             ("serving.listen", site.serving.listen),
+            ("broker.embedded.listen", hosted.listen if hosted else None),
         ):
             if listen is not None:
                 check_listen(f"{source}: {field}", listen)
@@ -94,12 +96,11 @@ async def _serve(site) -> int:
 
     broker = None
     address = site.broker
-    if site.broker == "embedded":  # this daemon hosts the federation's broker
-        from p2pfl.launch.broker import make_broker
-
-        broker = make_broker("embedded", "127.0.0.1", 1883, workdir=Path(site.state_dir) / "broker")
+    hosted = site.hosted_broker
+    if hosted is not None:  # this daemon hosts the federation's broker
+        broker = _hosted_broker(site, hosted)
         broker.start(tied=True)  # a killed daemon leaves no broker holding its port
-        address = broker.address
+        address = hosted.connect
     elif site.broker == "mdns":
         from p2pfl.wire.discovery import find_broker
 
@@ -118,6 +119,28 @@ async def _serve(site) -> int:
     finally:
         if broker is not None:
             broker.stop()
+
+
+def _hosted_broker(site, hosted):
+    """The broker ``broker: embedded`` hosts, not started: Mosquitto with TLS, client
+    certificates and the swarm's ACL where the site has ``certs`` (the embedded broker has
+    no TLS), else the embedded pure-Python broker; on ``hosted.listen``. A broker that other
+    hosts reach without TLS is logged as a warning: anyone who reaches it may publish."""
+    from p2pfl.launch.broker import BrokerTLS, make_broker
+
+    host, _, port = hosted.listen.rpartition(":")
+    workdir = Path(site.state_dir) / "broker"
+    if site.certs is not None:
+        tls = BrokerTLS(Path(site.certs), site.swarm)
+        return make_broker("mosquitto", host, int(port), tls=tls, workdir=workdir)
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning(
+            "%s: the hosted broker listens on %s without TLS (the site file has no certs): "
+            "anyone who reaches it can connect and publish",
+            site.site,
+            hosted.listen,
+        )
+    return make_broker("embedded", host, int(port), workdir=workdir)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -313,16 +336,17 @@ async def _publish_once(site, topic: str, payload: bytes) -> None:
 
     from p2pfl.security.signing import tls_context
 
-    if site.broker in ("mdns", "embedded"):
-        raise SystemExit(f"p2pfl trust: broker {site.broker}: give the site's broker as host:port")
-    host, _, port = site.broker.rpartition(":")
+    address = site.hosted_broker.connect if site.hosted_broker else site.broker
+    if address == "mdns":
+        raise SystemExit("p2pfl trust: broker mdns: give the site's broker as host:port")
+    host, _, port = address.rpartition(":")
     try:
         async with aiomqtt.Client(
             host, int(port), tls_context=tls_context(site.certs, site.site), timeout=30
         ) as client:
             await client.publish(topic, payload, qos=1, retain=True)
     except aiomqtt.MqttError as exc:
-        raise SystemExit(f"p2pfl trust: broker {site.broker}: {exc}") from None
+        raise SystemExit(f"p2pfl trust: broker {address}: {exc}") from None
 
 
 def _run_facts(run_dir: Path) -> dict:

@@ -43,7 +43,7 @@ class SiteDaemon:
     workers too) when cancelled."""
 
     def __init__(self, site: SiteFile, *, broker: str | None = None):
-        self.ctx = ctx = SiteContext(site, broker or site.broker)
+        self.ctx = ctx = SiteContext(site, broker or _address(site))
         self.name = site.site
         self.series = SeriesCycles(ctx)
         self.trust = TrustUpdates(ctx)
@@ -164,3 +164,10 @@ def install_signal_handlers(task: asyncio.Task) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, task.cancel)
+
+
+def _address(site: SiteFile) -> str:
+    """Where the daemon connects when its caller named no broker: the site file's
+    ``host:port``, or the hosted broker's (``broker: embedded``)."""
+    hosted = site.hosted_broker
+    return hosted.connect if hosted is not None else str(site.broker)

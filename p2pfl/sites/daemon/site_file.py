@@ -17,6 +17,7 @@ from pydantic import (
     NonNegativeInt,
     PositiveInt,
     PrivateAttr,
+    ValidationError,
     field_validator,
     model_validator,
 )
@@ -172,6 +173,45 @@ class Serving(StrictModel):
         return _listen(value)
 
 
+LOOPBACK_BROKER = "127.0.0.1:1883"
+
+
+class HostedBroker(StrictModel):
+    """The federation's broker, hosted by this site's daemon (``broker: embedded``, or
+    ``broker: {embedded: {listen: HOST:PORT}}``): Mosquitto with TLS, client certificates
+    and the swarm's ACL when ``certs`` is set, else the embedded pure-Python broker. Other
+    hosts reach it only where ``listen`` is not a loopback address."""
+
+    listen: str = Field(
+        default=LOOPBACK_BROKER,
+        description="host:port the hosted broker listens on (0.0.0.0:1883: every interface)",
+    )
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        checked = _listen(value)
+        assert checked is not None
+        return checked
+
+    @property
+    def connect(self) -> str:
+        """``host:port`` this daemon itself connects to: the listen address, or loopback
+        where it listens on every interface."""
+        host, _, port = self.listen.rpartition(":")
+        return f"127.0.0.1:{port}" if host in ("0.0.0.0", "::", "[::]") else self.listen
+
+
+def _hosted_broker(value: Any) -> HostedBroker:
+    """``broker.embedded`` as a :class:`HostedBroker`; a ``ValueError`` naming its field."""
+    try:
+        return HostedBroker.model_validate(value)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in ("embedded", *first["loc"]))
+        raise ValueError(f"{where}: {first['msg']}") from None
+
+
 class SiteFile(PathNotes):
     """A site file, its relative paths resolved (:func:`load_site`)."""
 
@@ -180,8 +220,10 @@ class SiteFile(PathNotes):
         description="this site's node id in every run (its certificate's name under TLS)",
     )
     swarm: str = Field(pattern=ID_PATTERN, description="the federation this site belongs to")
-    broker: str = Field(
-        default="127.0.0.1:1883", description="host:port, mdns (discover it) or embedded"
+    broker: str | HostedBroker = Field(
+        default=LOOPBACK_BROKER,
+        description="host:port, mdns (discover it), or embedded (host it: "
+        "{embedded: {listen: HOST:PORT}}, loopback by default)",
     )
     certs: str | None = Field(default=None, description="the swarm's certificate folder")
     state_dir: str = Field(description="where the daemon keeps its ledger, runs and socket")
@@ -202,15 +244,31 @@ class SiteFile(PathNotes):
         daemon's helper processes (``p2pfl serve``, ``p2pfl models offer``) read it."""
         return self._source
 
-    @field_validator("broker")
+    @field_validator("broker", mode="before")
     @classmethod
-    def _broker(cls, value: str) -> str:
-        if value in ("mdns", "embedded"):
+    def _broker(cls, value: Any) -> Any:
+        if value == "embedded":
+            return HostedBroker()
+        if isinstance(value, dict):
+            if set(value) != {"embedded"}:
+                raise ValueError(
+                    f"broker as a mapping is {{embedded: {{listen: HOST:PORT}}}}, got keys "
+                    f"{sorted(map(str, value))}"
+                )
+            return _hosted_broker(value["embedded"] or {})
+        if value == "mdns" or isinstance(value, HostedBroker):
             return value
+        if not isinstance(value, str):
+            raise ValueError(f"broker must be 'host:port', 'mdns' or 'embedded', got {value!r}")
         host, sep, port = value.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"broker must be 'host:port', 'mdns' or 'embedded', got {value!r}")
         return value
+
+    @property
+    def hosted_broker(self) -> HostedBroker | None:
+        """The broker this site's daemon hosts (``broker: embedded``), None otherwise."""
+        return self.broker if isinstance(self.broker, HostedBroker) else None
 
     @field_validator("data")
     @classmethod
