@@ -373,7 +373,12 @@ def _site_commands(sub: Any) -> None:
     sp.add_argument("-v", "--verbose", action="store_true")
 
     sp = sub.add_parser("submit", help="propose a run to the federation through this site")
-    sp.add_argument("spec", help="the run spec (run.yaml)")
+    sp.add_argument("spec", nargs="?", help="the run spec (run.yaml)")
+    sp.add_argument(
+        "--retry",
+        metavar="RUN_ID",
+        help="propose a failed, aborted or cancelled run's spec again, as its next attempt",
+    )
     sp.add_argument("--site", required=True, help="the proposing site's file")
     sp.add_argument("--json", action="store_true")
     sp.add_argument("-v", "--verbose", action="store_true")

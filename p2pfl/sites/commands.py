@@ -147,15 +147,21 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from p2pfl.check.load import load_yaml
     from p2pfl.sites.consent.run_spec import load_run_spec
 
+    if (args.spec is None) == (args.retry is None):
+        raise SystemExit("p2pfl submit: give a run spec, or --retry RUN_ID (not both)")
     site = _site(args)
-    load_run_spec(args.spec)  # its errors name the file, before the daemon is asked
-    answer = call(site.state_dir, "submit", spec=load_yaml(args.spec), source=str(args.spec))
+    if args.retry is not None:
+        answer = call(site.state_dir, "retry", run_id=args.retry)
+    else:
+        load_run_spec(args.spec)  # its errors name the file, before the daemon is asked
+        answer = call(site.state_dir, "submit", spec=load_yaml(args.spec), source=str(args.spec))
     if args.json:
         print(json.dumps({k: v for k, v in answer.items() if k != "ok"}))
     else:
+        attempt = f", attempt {answer['attempt']} of {args.retry}" if args.retry else ""
         out.print(
-            f"{site.site}: proposed run {answer['run_id']} ({answer['name']}); the sites "
-            f"vote within {answer['vote_deadline_s']:g} s (p2pfl runs --site {args.site})"
+            f"{site.site}: proposed run {answer['run_id']} ({answer['name']}{attempt}); the "
+            f"sites vote within {answer['vote_deadline_s']:g} s (p2pfl runs --site {args.site})"
         )
     return 0
 
@@ -182,6 +188,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
         out.print(
             f"[bold]{r['run_id']}[/]  {escape(r['name'])}"
             + (f" cycle {r['cycle']}" if r.get("cycle") else "")
+            + (f" attempt {r['attempt']} (retries {r['retry_of']})" if r.get("retry_of") else "")
             + f"  proposed by {r['proposer']}  "
             f"[bold]{r['status']}[/]{why}  round {r['round']}/{r['rounds']}"
         )

@@ -85,6 +85,18 @@ class Series(StrictModel):
         return self
 
 
+RUN_ID_PATTERN = r"^[0-9a-f]{16}$"
+
+
+class Retry(StrictModel):
+    """What a retried run's spec says of the run it retries (``p2pfl submit --retry``): the
+    same spec as a new attempt, so its run id is new and its ledger entry names the one it
+    retries."""
+
+    of: str = Field(pattern=RUN_ID_PATTERN, description="the run this one retries")
+    attempt: int = Field(ge=2, le=1000, description="this attempt's number (the first run: 1)")
+
+
 class RunSpec(StrictModel):
     """What a proposer asks of the sites; every field but ``data``, ``members``, ``quorum``
     and ``vote_deadline_s`` means what it means in a topology."""
@@ -114,6 +126,7 @@ class RunSpec(StrictModel):
         60.0, ge=1.0, le=7 * 86400.0, description="how long the sites have to vote"
     )
     series: Series | None = Field(None, description="train again as data grows, or on a schedule")
+    retry: Retry | None = Field(None, description="the run this spec retries (submit --retry)")
 
     @model_validator(mode="after")
     def _no_device_fields(self) -> RunSpec:
@@ -144,11 +157,12 @@ class RunSpec(StrictModel):
 
 def canonical(spec: RunSpec) -> str:
     """The spec as canonical JSON (defaults filled in, keys sorted, no spaces). Fields
-    added since specs were first hashed (``series``, ``model.init``) are left out while
-    unset, so a spec keeps its ``run_id`` across versions."""
+    added since specs were first hashed (``series``, ``retry``, ``model.init``) are left
+    out while unset, so a spec keeps its ``run_id`` across versions."""
     data = spec.model_dump(mode="json")
-    if data.get("series") is None:
-        data.pop("series", None)
+    for added in ("series", "retry"):
+        if data.get(added) is None:
+            data.pop(added, None)
     if data["model"].get("init") is None:
         data["model"].pop("init", None)
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
@@ -165,6 +179,13 @@ def cycle_spec(spec: RunSpec, cycle: int) -> RunSpec:
     :func:`run_id` is the cycle's (derived from the series and the cycle alone)."""
     assert spec.series is not None
     return spec.model_copy(update={"series": spec.series.model_copy(update={"cycle": cycle})})
+
+
+def retry_spec(spec: RunSpec, of: str) -> RunSpec:
+    """``spec`` (the spec of run ``of``) proposed again as its next attempt: the same spec,
+    ``retry`` naming ``of`` and the attempt after ``spec``'s own."""
+    attempt = spec.retry.attempt + 1 if spec.retry is not None else 2
+    return spec.model_copy(update={"retry": Retry(of=of, attempt=attempt)})
 
 
 def series_id(spec: RunSpec) -> str | None:

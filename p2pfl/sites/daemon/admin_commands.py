@@ -12,8 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 from p2pfl.sites.consent.agreement import winning_commit
+from p2pfl.sites.consent.ledger import FINAL
 from p2pfl.sites.consent.run_agreement import RunAgreement
-from p2pfl.sites.consent.run_spec import cycle_rounds, run_id, spec_from_dict
+from p2pfl.sites.consent.run_spec import cycle_rounds, retry_spec, run_id, spec_from_dict
 from p2pfl.sites.consent.run_state import RunState
 from p2pfl.sites.daemon.context import SiteContext
 from p2pfl.sites.runs.slots import WorkerSlots
@@ -87,6 +88,8 @@ class AdminCommands:
             return {"cancelled": "left"}
         if cmd == "logs":
             return {"text": self._logs(st, req.get("node"), req.get("tail"))}
+        if cmd == "retry":
+            return await self._retry(st)
         raise ValueError(f"unknown command {cmd!r}")
 
     async def _submit(self, body: Any, source: str) -> dict[str, Any]:
@@ -102,6 +105,36 @@ class AdminCommands:
             )
         await self.ctx.publish("spec", rid, {"spec": spec.model_dump(mode="json")})
         return {"run_id": rid, "name": spec.name, "vote_deadline_s": spec.vote_deadline_s}
+
+    async def _retry(self, st: RunState) -> dict[str, Any]:
+        """Propose ``st``'s spec again as its next attempt (:func:`retry_spec`): for a run
+        that failed, was aborted or was cancelled here; its id is the attempt's, so two
+        sites retrying the same run propose one run."""
+        status = self.ctx.status_of(st)
+        if status not in FINAL - {"finished"}:
+            raise ValueError(
+                f"run {st.run_id} is {status}: only a failed, aborted or cancelled run is "
+                "retried (a finished one is submitted again with a changed spec)"
+            )
+        if st.spec.series is not None:
+            raise ValueError(f"run {st.run_id} is a series' cycle: its series proposes cycles")
+        if self.ctx.draining:
+            raise ValueError(f"site {self.ctx.name} is draining: it proposes no new runs")
+        spec = retry_spec(st.spec, st.run_id)
+        rid = run_id(spec)
+        if rid in self.ctx.runs:
+            raise ValueError(
+                f"run {st.run_id} was retried already: run {rid} "
+                f"({self.ctx.status_of(self.ctx.runs[rid])})"
+            )
+        await self.ctx.publish("spec", rid, {"spec": spec.model_dump(mode="json")})
+        assert spec.retry is not None
+        return {
+            "run_id": rid,
+            "name": spec.name,
+            "vote_deadline_s": spec.vote_deadline_s,
+            "attempt": spec.retry.attempt,
+        }
 
     def describe_runs(self) -> list[dict[str, Any]]:
         """Every run this site holds (``p2pfl runs``): its id, name, proposer, status at
@@ -131,6 +164,8 @@ class AdminCommands:
                     "round": st.worker.last_round if st and st.worker else 0,
                     "rounds": cycle_rounds(st.spec) if st else entry.spec.get("rounds"),
                     "cycle": st.spec.series.cycle if st and st.spec.series else None,
+                    "retry_of": st.spec.retry.of if st and st.spec.retry else None,
+                    "attempt": st.spec.retry.attempt if st and st.spec.retry else 1,
                     "proposed_at": dt.datetime.fromtimestamp(
                         entry.proposed_at, dt.timezone.utc
                     ).isoformat(timespec="seconds"),

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 SOCKET_NAME = "admin.sock"
 MAX_REQUEST_BYTES = 1 << 20  # a run spec is a few KiB
 MAX_ANSWER_BYTES = 16 << 20  # a run's log tail
-COMMANDS = ("runs", "submit", "vote", "cancel", "drain", "logs", "status")
+COMMANDS = ("runs", "submit", "retry", "vote", "cancel", "drain", "logs", "status")
 
 Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 

@@ -19,7 +19,7 @@ from typing import Any
 from p2pfl.config.dataset_schema import DatasetConfig
 from p2pfl.sites.consent.run_spec import RunSpec, cycle_rounds
 
-RUN_ONLY = ("data", "members", "quorum", "vote_deadline_s", "series")
+RUN_ONLY = ("data", "members", "quorum", "vote_deadline_s", "series", "retry")
 """A spec's fields that say how sites agree on a run, not how it trains."""
 
 
