@@ -23,10 +23,14 @@ its knobs: clients at lr 0.01, server lr 0.1, FedAdagrad 1.0, ``beta1`` 0.9, ``b
 FLamby's "Local i" trains on centre i and is scored on every centre, ours is each centre's
 own model on its own test patients (the personalised reading of "Local"); FedPer shares the
 risk score's weights and keeps its intercept (``model.personal: [bias]``; Cox's partial
-likelihood ignores the intercept, so FedPer is FedAvg here); UA-PDFL and DisPFL personalise
-the whole linear model. Each run reports every centre's final C-index on its own test
-patients; a method's figure is their unweighted mean (FLamby's figure: 6 centres) and the
-mean weighted by test patients (63, 40, 42, 33, 33, 11), each the mean ± std over seeds.
+likelihood ignores the intercept, so FedPer is FedAvg here); UA-PDFL takes the same split
+(the split is the model's, docs/algorithms.md "Split of every model into g and h": its ``g``,
+the weights, is pulled from every drawn peer, its ``h``, the intercept, through the
+divergence gate), and its row "UA-PDFL (all personal)" keeps the whole linear model in
+``h`` (``g`` empty: it shares only through the gate); DisPFL personalises the whole linear
+model. Each run reports every centre's final C-index on its own test patients; a method's
+figure is their unweighted mean (FLamby's figure: 6 centres) and the mean weighted by test
+patients (63, 40, 42, 33, 33, 11), each the mean ± std over seeds.
 
     python scripts/bench_cross_silo.py --seeds 0,1,2 --json results/bench_cross_silo.json
 
@@ -89,7 +93,8 @@ METHODS = {  # name in the table -> (algorithm, its overrides)
     "FedAdam": ("fedavg", ["algorithm.params.server_opt=adam"]),
     "FedYogi": ("fedavg", ["algorithm.params.server_opt=yogi"]),
     "FedAdagrad": ("fedavg", ["algorithm.params.server_opt=adagrad"]),
-    "UA-PDFL": ("uapdfl", []),
+    "UA-PDFL": ("uapdfl", ["model.personal=[bias]"]),
+    "UA-PDFL (all personal)": ("uapdfl", []),
     "DisPFL": ("dispfl", []),
 }
 SERVER_OPT_FLAMBY = [  # FLamby's server-optimizer rows (config_tcga_brca.json's strategies)
