@@ -487,10 +487,33 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    """Classify a CSV file or an image folder with a node's trained model."""
+    """Classify a CSV file or an image folder with a node's trained model, or with the
+    model a site serves (``--site``: its model store's served entry)."""
     from p2pfl.export import classify
 
-    result = classify(args.run_dir, args.node, args.input, args.out)
+    if args.site is not None:
+        from p2pfl.sites.daemon.site_file import load_site
+        from p2pfl.sites.models.store import ModelStore
+
+        given = [p for p in (args.run_dir, args.input) if p is not None]
+        if len(given) != 1 or args.node is not None:
+            raise SystemExit("p2pfl predict --site site.yaml INPUT: one input, no run or --node")
+        site = load_site(args.site)
+        store = ModelStore(site.state_dir, site.site)
+        entry = store.served()
+        if entry is None:
+            raise SystemExit(
+                f"p2pfl predict: site {site.site} serves no model yet (p2pfl models list)"
+            )
+        print(f"site {site.site}: model {entry.id} (run {entry.run_id})", flush=True)
+        run_dir, node, source = store.path(entry.id), site.site, given[0]
+    else:
+        if args.run_dir is None or args.input is None or args.node is None:
+            raise SystemExit(
+                "p2pfl predict: give RUN_DIR --node NODE INPUT, or --site site.yaml INPUT"
+            )
+        run_dir, node, source = args.run_dir, args.node, args.input
+    result = classify(run_dir, node, source, args.out)
     line = f"{result.rows} predictions written to {result.path}"
     if result.accuracy is not None:
         line += f"; accuracy {result.accuracy:.4f} on {result.labelled} labelled inputs"

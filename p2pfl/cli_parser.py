@@ -38,6 +38,23 @@ class Parser(argparse.ArgumentParser):
         super().error(message)
 
 
+class _IntermixedParser(Parser):
+    """A subcommand whose positionals may come on both sides of its options (``predict
+    RUN_DIR --node N INPUT``, or ``predict --site S INPUT``): parsed as argparse's
+    intermixed parsing does, so an optional positional is not taken empty before them."""
+
+    _inner = False  # parse_known_intermixed_args calls parse_known_args itself
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        if self._inner:
+            return super().parse_known_args(args, namespace)
+        self._inner = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._inner = False
+
+
 def _positive_int(text: str, expected: str) -> int:
     """``text`` as an int of at least 1; a usage error saying ``expected`` otherwise."""
     try:
@@ -336,10 +353,18 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     sp.add_argument("--out", help="directory to write to (default: <run_dir>/export)")
     sp.add_argument("-v", "--verbose", action="store_true")
 
-    sp = sub.add_parser("predict", help="classify a CSV file or image folder with a node's model")
-    sp.add_argument("run_dir")
-    sp.add_argument("--node", required=True, help="whose model")
-    sp.add_argument("input", help="a CSV / Parquet file, an image folder or image, a .npy array")
+    sp = sub.add_parser(
+        "predict",
+        help="classify a CSV file or image folder with a node's model (RUN_DIR --node N "
+        "INPUT), or with the model a site serves (--site site.yaml INPUT)",
+    )
+    sp.add_argument("run_dir", nargs="?", help="the run's folder (with --node)")
+    sp.add_argument("--node", help="whose model")
+    sp.add_argument("--site", help="the site file: its served model (p2pfl models list)")
+    sp.add_argument(
+        "input", nargs="?", help="a CSV / Parquet file, an image folder or image, a .npy array"
+    )
+    sp.__class__ = _IntermixedParser  # its positionals come on both sides of --node
     sp.add_argument("--out", help="predictions CSV (default: ./predictions-<node>.csv)")
     sp.add_argument("-v", "--verbose", action="store_true")
 

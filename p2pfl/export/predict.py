@@ -150,15 +150,16 @@ class Classifier:
             return np.zeros((0, len(self.classes)), dtype=np.float32)
         return np.concatenate(probs)
 
-    def table(self, df: Any, where: str) -> np.ndarray:
+    def table(self, df: Any, where: str, missing: str = "impute") -> np.ndarray:
         """The probabilities for the rows of DataFrame ``df`` (the model's feature columns,
-        named as in its data; other columns ignored); ``where`` names the rows in errors."""
+        named as in its data; other columns ignored); ``where`` names the rows in errors;
+        ``missing``: as :func:`table_inputs` takes it."""
         if self.kind != "tabular":
             raise ExportError(
                 f"{where}: the model was not trained on tabular data "
                 f"(input_spec kind {self.kind!r}); give {_wanted(self.kind)}"
             )
-        _, batches, _ = table_inputs(df, self.spec, self.info, where)
+        _, batches, _ = table_inputs(df, self.spec, self.info, where, missing)
         return self.probabilities(batches)
 
     def images(self, blobs: list[bytes], where: str) -> np.ndarray:
@@ -194,8 +195,13 @@ def _read_table(path: Path):
         raise ExportError(f"{path}: not a readable table: {exc}") from None
 
 
-def table_inputs(df: Any, spec: dict[str, Any], info: dict[str, Any], where: str):
-    """The model's inputs from DataFrame ``df``: (row names, input batches, labels or None)."""
+def table_inputs(
+    df: Any, spec: dict[str, Any], info: dict[str, Any], where: str, missing: str = "impute"
+):
+    """The model's inputs from DataFrame ``df``: (row names, input batches, labels or None).
+    A missing value (an empty cell, a ``null``) is the training mean of its column under
+    ``missing="impute"``; ``"refuse"`` raises an :class:`ExportError` naming its column and
+    row (0-based) instead."""
     import pandas as pd
 
     features = spec.get("features")
@@ -203,10 +209,10 @@ def table_inputs(df: Any, spec: dict[str, Any], info: dict[str, Any], where: str
         raise ExportError(f"node {info['node']}: input_spec has no feature columns")
     columns = [str(c) for c in df.columns]
     df.columns = columns
-    missing = [f for f in features if f not in columns]
-    if missing:
+    absent = [f for f in features if f not in columns]
+    if absent:
         raise ExportError(
-            f"{where}: missing feature column(s) {', '.join(map(repr, missing))} "
+            f"{where}: missing feature column(s) {', '.join(map(repr, absent))} "
             f"(the model reads {', '.join(features)})"
         )
     if all(pd.api.types.is_numeric_dtype(df[f]) for f in features):
@@ -217,6 +223,14 @@ def table_inputs(df: Any, spec: dict[str, Any], info: dict[str, Any], where: str
         if bad:
             raise ExportError(f"{where}: column(s) {', '.join(map(repr, bad))} hold non-numbers")
         arr = x.to_numpy(dtype=np.float64)
+    if missing == "refuse" and np.isnan(arr).any():
+        row, col = (int(i) for i in np.argwhere(np.isnan(arr))[0])
+        count = int(np.isnan(arr).sum())
+        raise ExportError(
+            f"{where}: column {features[col]!r} has no value at row {row} ({count} missing in "
+            "all); missing values are refused, not guessed (serving.missing: impute fills "
+            "them with the training mean)"
+        )
     n_feat = len(features)
     mean = _vector(spec.get("mean"), n_feat, 0.0, "mean", info)
     std = _vector(spec.get("std"), n_feat, 1.0, "std", info)

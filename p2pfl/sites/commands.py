@@ -306,7 +306,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         address = parse_listen(listen)
     except ValueError as exc:
         raise SystemExit(f"p2pfl serve: --listen: {exc}") from None
-    serve(ModelStore(site.state_dir, site.site), address, site.serving.max_request_bytes)
+    serve(
+        ModelStore(site.state_dir, site.site),
+        address,
+        site.serving.max_request_bytes,
+        site.serving.missing,
+    )
     return 0
 
 

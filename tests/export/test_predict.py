@@ -187,3 +187,31 @@ def test_predict_npy_of_uint8_is_scaled_as_the_dataset_did(tmp_path):
     with torch.no_grad():
         probs = torch.softmax(run.models["a"](torch.from_numpy(raw / np.float32(255))), 1)
     np.testing.assert_allclose(out[[f"p_{c}" for c in "0123"]].to_numpy(), probs, atol=1e-6)
+
+
+def test_predict_reads_the_model_a_site_serves(tmp_path):
+    """``p2pfl predict --site site.yaml INPUT``: the site's served model (its store's
+    ``current.json``), the same answers as naming its folder and node."""
+    import pandas as pd
+    from export_helpers import CLASSES, FEATURES, SPEC, two_tabular_runs
+
+    from p2pfl.sites.models.store import ModelStore
+
+    first, _ = two_tabular_runs(tmp_path, SPEC, CLASSES)
+    site = tmp_path / "site.yaml"
+    site.write_text("site: a\nswarm: f\nstate_dir: state\n")
+    rows = tmp_path / "rows.csv"
+    pd.DataFrame([[50, 25, 90], [40, 30, 70]], columns=FEATURES).to_csv(rows, index=False)
+    with pytest.raises(SystemExit, match="serves no model yet"):
+        main(["predict", "--site", str(site), str(rows)])
+    store = ModelStore(tmp_path / "state", "a")
+    entry = store.add(first.dir, "run1")
+    store.promote(entry.id)
+    out = tmp_path / "served.csv"
+    assert main(["predict", "--site", str(site), str(rows), "--out", str(out)]) == 0
+    want = tmp_path / "direct.csv"
+    assert (
+        main(["predict", str(store.path(entry.id)), "--node", "a", str(rows), "--out", str(want)])
+        == 0
+    )
+    assert out.read_text() == want.read_text()

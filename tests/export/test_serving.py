@@ -179,7 +179,18 @@ def test_bad_requests_are_refused_with_a_reason(tabular_store):
         status, answer = post(json.dumps([{"age": 1, "bmi": 2, "bp": 3}] * 200))
         assert status == 413 and "max_request_bytes 4096" in answer["error"]
         assert _request(server, "GET", "/v1/nothing")[0] == 404
-        assert _request(server, "POST", "/v1/model", "{}")[0] == 404
+        assert _request(server, "POST", "/v1/model", "{}")[0] == 405
+        status, answer = _request(server, "GET", "/v1/predict")
+        assert status == 405 and "takes POST" in answer["error"]
+        # a missing value is refused, naming its column and row; an unread column is named
+        status, answer = post(
+            json.dumps([{"age": 50, "bmi": 25, "bp": 9}, {"age": 1, "bmi": None, "bp": 2}])
+        )
+        assert status == 400 and "column 'bmi' has no value at row 1" in answer["error"]
+        status, answer = post(b"age,bmi,bp\n50,,90\n", "text/csv")
+        assert status == 400 and "column 'bmi' has no value at row 0" in answer["error"]
+        status, answer = post(json.dumps([{"age": 50, "bmi": 25, "bp": 9, "bpm": 60}]))
+        assert status == 200 and answer["ignored_columns"] == ["bpm"]
         # the server still answers after all of that
         status, answer = post(json.dumps([{"age": 50, "bmi": 25, "bp": 90}]))
         assert status == 200 and len(answer["predictions"]) == 1
@@ -228,3 +239,81 @@ def _serve_in_thread(server):
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     return thread
+
+
+def test_a_site_may_impute_missing_values_instead(tabular_store):
+    """``serving.missing: impute``: a missing value is the column's training mean, as
+    ``p2pfl predict`` reads an empty cell."""
+    store, first, _ = tabular_store
+    store.promote(store.add(first.dir, "run1").id)
+    with ModelServer(store, "127.0.0.1", 0, missing="impute") as server:
+        thread = _serve_in_thread(server)
+        status, answer = _request(
+            server, "POST", "/v1/predict", json.dumps([{"age": 50, "bmi": None, "bp": 90}])
+        )
+        assert status == 200 and len(answer["predictions"]) == 1
+        server.shutdown()
+        thread.join(10)
+
+
+def test_the_open_inference_protocol_answers_a_real_client(tabular_store, tmp_path):
+    """KServe's v2 protocol, through Triton's own client (``tritonclient[http]``): health,
+    readiness, metadata, and inference with one input tensor (sent in the binary extension)
+    or a tensor a column (JSON); the probabilities are ``p2pfl predict``'s to 1e-6."""
+    import tritonclient.http as triton
+    from tritonclient.utils import InferenceServerException
+
+    store, first, _ = tabular_store
+    entry = store.add(first.dir, "run1", round_no=4)
+    store.promote(entry.id)
+    df = _table(12)
+    rows = tmp_path / "rows.csv"
+    df.to_csv(rows, index=False)
+    want = pd.read_csv(classify(store.path(entry.id), "a", rows, tmp_path / "p.csv").path)
+    expected = want[[f"p_{c}" for c in CLASSES]].to_numpy(dtype=np.float32)
+    with ModelServer(store, "127.0.0.1", 0) as server:
+        thread = _serve_in_thread(server)
+        host, port = server.address
+        client = triton.InferenceServerClient(url=f"{host}:{port}")
+        assert client.is_server_live() and client.is_server_ready()
+        assert client.is_model_ready("a")
+        meta = client.get_model_metadata("a")
+        assert meta["versions"] == [entry.id] and meta["parameters"]["features"] == FEATURES
+        assert [o["name"] for o in meta["outputs"]] == ["predicted", "label", "probabilities"]
+
+        tensor = triton.InferInput("input", [len(df), len(FEATURES)], "FP32")
+        tensor.set_data_from_numpy(df[FEATURES].to_numpy(dtype=np.float32))  # binary
+        result = client.infer("a", [tensor])
+        assert np.allclose(result.as_numpy("probabilities"), expected, atol=1e-6)
+        assert result.as_numpy("predicted").tolist() == want["predicted"].tolist()
+        labels = [v.decode() if isinstance(v, bytes) else v for v in result.as_numpy("label")]
+        assert labels == want["label"].tolist()
+        answer = result.get_response()
+        assert answer["model_version"] == entry.id
+        assert answer["parameters"]["run_id"] == "run1" and answer["parameters"]["round"] == 4
+
+        columns = []
+        for f in FEATURES:  # a tensor a column, as JSON, float64
+            col = triton.InferInput(f, [len(df)], "FP64")
+            col.set_data_from_numpy(df[f].to_numpy(dtype=np.float64), binary_data=False)
+            columns.append(col)
+        wanted = [triton.InferRequestedOutput("probabilities", binary_data=False)]
+        result = client.infer("a", columns, outputs=wanted)
+        assert np.allclose(result.as_numpy("probabilities"), expected, atol=1e-6)
+        assert [o["name"] for o in result.get_response()["outputs"]] == ["probabilities"]
+
+        with pytest.raises(InferenceServerException, match="unknown input\\(s\\) 'bpm'"):
+            client.infer("a", [*columns[:2], triton.InferInput("bpm", [len(df)], "FP64")])
+        holes = df[FEATURES].to_numpy(dtype=np.float32).copy()
+        holes[5, 1] = np.nan
+        tensor.set_data_from_numpy(holes)
+        with pytest.raises(InferenceServerException, match="column 'bmi' has no value at row 5"):
+            client.infer("a", [tensor])
+        assert not client.is_model_ready("b")
+        status, answer = _request(server, "GET", "/v2/models/a/infer")
+        assert status == 405 and "takes POST" in answer["error"]
+        status, answer = _request(server, "POST", "/v2/models/b/infer", "{}")
+        assert status == 404 and "serves 'a'" in answer["error"]
+        client.close()
+        server.shutdown()
+        thread.join(10)

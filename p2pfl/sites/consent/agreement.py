@@ -5,6 +5,8 @@ rules of propose, vote, commit.
   the spec's ``members`` when it names them), or why it aborts (fewer than ``min_accept``);
 - :func:`out_of_reach`: why a run that names its members can no longer commit, whatever
   the votes still to come: its proposer aborts it then, before the deadline;
+- :func:`decided`: whether the votes heard let a run commit before its deadline (every
+  site it names voted, or its quorum accepted): its proposer commits it then;
 - :func:`committers`: who commits, in order: the proposer first, then the accepting sites
   ranked by a pure function of ``(run_id, site)``, so every site names the same fallback
   committer without a vote on it (the rotating aggregator's handover, applied to commits);
@@ -74,6 +76,20 @@ def out_of_reach(
         f"{len(rejected)} of the {len(named)} sites asked rejected it ({', '.join(rejected)}): "
         f"at most {left} may accept, {min_accept} needed"
     )
+
+
+def decided(votes: Mapping[str, VoteValue], min_accept: int, members: Iterable[str] | None) -> bool:
+    """Whether a run may commit before its deadline: every site it names (``members``) has
+    voted ``accept`` or ``reject`` (a ``pending`` vote waits for its operator), or, for a
+    run open to any site (``members`` None), ``min_accept`` sites have accepted (its
+    proposer then waits :data:`COMMIT_GRACE_S` for the others). The commit is
+    :func:`tally`'s, as at the deadline."""
+    if members is None:
+        return sum(v == "accept" for v in votes.values()) >= min_accept
+    return all(votes.get(s) in ("accept", "reject") for s in set(members))
+
+
+COMMIT_GRACE_S = 2.0  # a run open to any site commits this long after its quorum accepted
 
 
 def rank(run_id: str, site: str) -> str:

@@ -11,9 +11,12 @@ Agreement on retained messages (:mod:`p2pfl.sites.consent.messages`) under
    policy (:func:`~p2pfl.sites.policy.rules.decide`) and publishes ``accept``, ``reject`` or
    ``pending`` with the reasons and the digest of the policy it checked. ``p2pfl vote``
    decides a pending one.
-3. **commit**: at the deadline (the spec's time + ``vote_deadline_s``) the proposer
-   publishes the accepted sites (:func:`~p2pfl.sites.consent.agreement.tally`), or ``aborted`` with
-   the reason. Without a commit, the accepted sites commit in turn, one grace period apart
+3. **commit**: the proposer publishes the accepted sites
+   (:func:`~p2pfl.sites.consent.agreement.tally`), or ``aborted`` with the reason, as soon as
+   the votes decide the run (:func:`~p2pfl.sites.consent.agreement.decided`: every site the
+   spec names has voted; for ``members: any``, ``quorum.min_accept`` sites accepted
+   :data:`~p2pfl.sites.consent.agreement.COMMIT_GRACE_S` ago), else at the deadline (the
+   spec's time + ``vote_deadline_s``). Without a commit, the accepted sites commit in turn, one grace period apart
    (:func:`~p2pfl.sites.consent.agreement.committers`, :func:`~p2pfl.sites.consent.agreement.grace_s`). Of
    several commits, the first-ranked committer's stands
    (:func:`~p2pfl.sites.consent.agreement.winning_commit`): a member of another stops.
@@ -32,7 +35,8 @@ first.
 
 A commit is taken from the proposer or from a site whose ``accept`` this daemon heard, and
 only once every member it names has been heard accepting; one published before the deadline
-(by the signer's clock) is refused, but the proposer's ``aborted`` of a run out of reach.
+(by the signer's clock) is refused, but the proposer's: its ``aborted`` of a run out of
+reach, and its commit once the votes this daemon heard decide the run (held until then).
 Every message that fails these checks, or :func:`~p2pfl.sites.consent.messages.decode`, is dropped,
 logged and counted.
 
@@ -50,7 +54,14 @@ from collections import defaultdict
 from p2pfl.algorithms.cards.probe import OutsideCode
 from p2pfl.errors import ConfigError
 from p2pfl.sites.consent import messages as M
-from p2pfl.sites.consent.agreement import committers, grace_s, tally, winning_commit
+from p2pfl.sites.consent.agreement import (
+    COMMIT_GRACE_S,
+    committers,
+    decided,
+    grace_s,
+    tally,
+    winning_commit,
+)
 from p2pfl.sites.consent.ledger import FINAL, LedgerError, RunEntry
 from p2pfl.sites.consent.run_spec import RunSpec, run_id, spec_from_dict
 from p2pfl.sites.consent.run_state import RunState
@@ -209,6 +220,8 @@ class RunAgreement:
         if decision.vote == "reject":
             for reason in decision.reasons:
                 self.ctx.metrics.rejected(reason.code)
+        else:  # it may train this run soon: its worker starts warm
+            self.slots.warm_up()
         log.info(
             "%s: run %s (%s, proposed by %s): %s%s",
             self.ctx.name,
@@ -274,6 +287,7 @@ class RunAgreement:
         deadline (at once when its quorum is out of reach), the k-th ranked accepted site k
         grace periods later; a non-committer stops once every committer's turn is long past."""
         grace = grace_s(st.spec.vote_deadline_s)
+        quorum_at: float | None = None  # when a run open to any site reached its quorum
         while not st.commits and not self.ctx.final(st):
             accepted = st.accepted()
             if st.decision is not None and st.decision.vote == "accept":
@@ -281,15 +295,29 @@ class RunAgreement:
             order = committers(st.run_id, st.proposer, accepted)
             now = time.time()
             settled = time.monotonic() - st.heard_at >= SETTLE_S
+            ready = self.ctx.name == st.proposer and now < st.deadline and self._decided(st)
+            if ready and st.spec.members == "any":  # a short grace for the other sites
+                quorum_at = quorum_at if quorum_at is not None else time.monotonic()
+                ready = time.monotonic() - quorum_at >= COMMIT_GRACE_S
             if self.ctx.name in order and settled:
-                # the proposer aborts at once a run that can no longer commit
-                early = self.ctx.name == st.proposer and now < st.deadline and st.out_of_reach()
+                # the proposer commits once the votes decide the run, and aborts at once a
+                # run that can no longer commit
+                early = ready or (
+                    self.ctx.name == st.proposer and now < st.deadline and st.out_of_reach()
+                )
                 if early or now >= st.deadline + order.index(self.ctx.name) * grace:
                     await self._commit(st)
                     return
             elif now > st.deadline + (len(order) + 2) * grace:
                 return
             await asyncio.sleep(0.25)
+
+    def _decided(self, st: RunState) -> bool:
+        """Whether the votes this daemon heard decide ``st`` before its deadline
+        (:func:`~p2pfl.sites.consent.agreement.decided`)."""
+        votes = {s: v["vote"] for s, v in st.votes.items()}
+        named = None if st.spec.members == "any" else st.spec.members
+        return decided(votes, st.spec.quorum.min_accept, named)
 
     async def _commit(self, st: RunState) -> None:
         counted = tally(
@@ -312,12 +340,15 @@ class RunAgreement:
 
     def _commit_ok(self, st: RunState, committer: str, body: dict) -> str | None:
         """Why a commit cannot be taken yet (its votes may still be on their way): None
-        when it can."""
+        when it can. The proposer's commit before the deadline (``body["early"]``, set on
+        arrival) waits until the votes heard here decide the run."""
         if committer != st.proposer and committer not in st.accepted():
             return "the committer neither proposed the run nor accepted it"
         missing = [m for m in body["members"] if m not in st.accepted()]
         if missing:
             return f"no accept heard from {', '.join(missing)}"
+        if body.get("early") and not self._decided(st):
+            return "before the deadline, and the votes heard here do not decide the run yet"
         return None
 
     def _on_commit(self, st: RunState, msg: M.SiteMessage, payload: bytes) -> None:
@@ -330,10 +361,14 @@ class RunAgreement:
             raise ValueError("a commit's aborted is the reason or none")
         if aborted is None and len(members) < st.spec.quorum.min_accept:
             raise ValueError(f"{len(members)} members, fewer than quorum.min_accept")
-        # the proposer aborts early a run out of reach; it may withdraw it any time (cancel)
-        if msg.ts < st.deadline - EARLY_SLACK_S and not (aborted and msg.site == st.proposer):
-            self.ctx.drop(f"commit of {st.run_id} by {msg.site}", "early_commit")
-            return
+        # before the deadline only the proposer commits: an abort of a run out of reach
+        # (it may withdraw it any time: cancel), or the members once the votes decide it
+        if msg.ts < st.deadline - EARLY_SLACK_S:
+            if msg.site != st.proposer:
+                self.ctx.drop(f"commit of {st.run_id} by {msg.site}", "early_commit")
+                return
+            if aborted is None:
+                body = {**body, "early": True}
         why = self._commit_ok(st, msg.site, body)
         if why is not None:
             st.held[msg.site] = (body, payload)

@@ -96,6 +96,8 @@ class SiteDaemon:
             ]
             if self.serving is not None:
                 tasks.append(asyncio.create_task(self.serving.run()))
+            if ctx.site.limits.warm_worker is True:
+                self.slots.warm_up()
             try:
                 await ctx.link.connected.wait()
                 self.notifier.ready(f"site {self.name}: connected to {ctx.broker}")

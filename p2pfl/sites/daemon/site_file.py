@@ -77,6 +77,12 @@ class Limits(StrictModel):
         description="the finished runs whose files (state_dir/runs/<id>: worker log, records) "
         "stay; older ones are removed, their ledger entries and kept models stay",
     )
+    warm_worker: bool | Literal["auto"] = Field(
+        default="auto",
+        description="a process that has imported torch forks each run's worker: auto (from "
+        "this site's first vote for a run until 10 minutes without one), true (from the "
+        "start, kept), false (each worker imports torch itself)",
+    )
 
 
 class Promote(StrictModel):
@@ -160,11 +166,16 @@ class Observability(StrictModel):
 class Serving(StrictModel):
     listen: str | None = Field(
         default=None,
-        description="host:port of POST /v1/predict and GET /v1/model, the site's served "
-        "model (absent: not served)",
+        description="host:port of the site's served model: the Open Inference Protocol "
+        "(/v2/...) and POST /v1/predict, GET /v1/model (absent: not served)",
     )
     max_request_bytes: PositiveInt = Field(
         default=16 << 20, description="the largest predict request body taken (more: 413)"
+    )
+    missing: Literal["refuse", "impute"] = Field(
+        default="refuse",
+        description="a missing value in a request (null, an empty CSV cell): refuse (400 "
+        "naming its column and row) or impute (the column's training mean)",
     )
 
     @field_validator("listen")

@@ -45,6 +45,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from p2pfl.errors import P2PFLError
+from p2pfl.sites.models import oip
 from p2pfl.sites.models.store import CURRENT, ModelEntry, ModelStore, ModelStoreError
 
 log = logging.getLogger(__name__)
@@ -96,10 +97,17 @@ class ModelServer:
     :meth:`serve_forever` or :meth:`close`; ``with`` closes it."""
 
     def __init__(
-        self, store: ModelStore, host: str, port: int, *, max_request_bytes: int = 16 << 20
+        self,
+        store: ModelStore,
+        host: str,
+        port: int,
+        *,
+        max_request_bytes: int = 16 << 20,
+        missing: str = "refuse",
     ):
         self.store = store
         self.max_request_bytes = max_request_bytes
+        self.missing = missing  # serving.missing: refuse or impute a missing value
         self.served: Served | None = None
         self._seen: tuple[int, ...] | None = None  # current.json's (inode, mtime, size) loaded
         self._stop = threading.Event()
@@ -214,17 +222,20 @@ class ModelServer:
             )
         model = served.classifier
         kind = content_type.split(";", 1)[0].strip().lower()
+        frame = None  # the request's rows, for a tabular model
         try:
             if kind.startswith(IMAGE_TYPES):
                 probs = model.images([body], "the request's image")
             elif kind == "text/csv":
-                probs = model.table(_csv_frame(body), "the request's CSV")
+                frame = _csv_frame(body)
+                probs = model.table(frame, "the request's CSV", self.missing)
             elif kind in ("application/json", ""):
                 data = _json(body)
                 if isinstance(data, dict) and "images" in data:
                     probs = model.images(_images(data["images"]), "the request's images")
                 else:
-                    probs = model.table(_json_frame(data), "the request's rows")
+                    frame = _json_frame(data)
+                    probs = model.table(frame, "the request's rows", self.missing)
             else:
                 raise BadRequest(
                     HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
@@ -232,10 +243,17 @@ class ModelServer:
                 )
         except ExportError as exc:
             raise BadRequest(HTTPStatus.BAD_REQUEST, str(exc)) from None
+        ignored = {}
+        if frame is not None:
+            features = set(model.spec.get("features") or [])
+            extra = sorted(str(c) for c in frame.columns if str(c) not in features)
+            if extra:  # named, so a misspelt column is seen (the label may travel along)
+                ignored = {"ignored_columns": extra}
         if model.values:  # regression, a risk score: the model's outputs
             return {
                 "model": served.entry.id,
                 "run_id": served.entry.run_id,
+                **ignored,
                 "predictions": [
                     {"value": float(row[0])}
                     if len(row) == 1
@@ -248,6 +266,7 @@ class ModelServer:
         return {
             "model": served.entry.id,
             "run_id": served.entry.run_id,
+            **ignored,
             "classes": classes,
             "predictions": [
                 {
@@ -258,6 +277,49 @@ class ModelServer:
                 for k, row in zip(pred, probs, strict=True)
             ],
         }
+
+    # ------------------------------------------------------------------ the v2 protocol
+    def model_name(self) -> str:
+        """The Open Inference Protocol's name of the served model: the site's."""
+        return self.store.site
+
+    def v2_metadata(self) -> dict[str, Any]:
+        served = self._served_or_503()
+        extra = {"run_id": served.entry.run_id, "round": served.entry.round}
+        return oip.metadata(self.model_name(), served.entry.id, served.classifier, extra)
+
+    def v2_infer(self, body: bytes, header_length: str | None) -> dict[str, Any]:
+        """``POST /v2/models/{name}/infer``'s answer; :class:`BadRequest` otherwise."""
+        from p2pfl.export import ExportError
+
+        served = self._served_or_503()
+        model = served.classifier
+        try:
+            request = oip.read_request(body, header_length)
+            if model.kind == "image":
+                outputs = model.images(oip.image_blobs(request), "input 'images'")
+            else:
+                frame = oip.table_rows(request, list(model.spec.get("features") or []))
+                outputs = model.table(frame, "the request's inputs", self.missing)
+            parameters = {
+                "run_id": served.entry.run_id,
+                "round": served.entry.round,
+                **({} if model.values else {"classes": list(model.classes)}),
+            }
+            return oip.response(
+                request, self.model_name(), served.entry.id, model, outputs, parameters
+            )
+        except (oip.ProtocolError, ExportError) as exc:
+            raise BadRequest(HTTPStatus.BAD_REQUEST, str(exc)) from None
+
+    def _served_or_503(self) -> Served:
+        served = self.served
+        if served is None:
+            raise BadRequest(
+                HTTPStatus.SERVICE_UNAVAILABLE,
+                f"site {self.store.site} serves no model yet (p2pfl models list)",
+            )
+        return served
 
 
 def _json(body: bytes) -> Any:
@@ -327,39 +389,95 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = 30  # a client silent this long is dropped
 
     def do_GET(self) -> None:  # noqa: N802 - the http.server contract
-        if self.path != "/v1/model":
-            return self._reply(HTTPStatus.NOT_FOUND, {"error": f"no route {self.path}"})
-        served = self.server.app.served
-        if served is None:
-            return self._reply(
-                HTTPStatus.SERVICE_UNAVAILABLE,
-                {"error": f"site {self.server.app.store.site} serves no model yet"},
-            )
-        self._reply(HTTPStatus.OK, served.describe())
+        self._route("GET")
 
     def do_POST(self) -> None:  # noqa: N802 - the http.server contract
-        if self.path != "/v1/predict":
-            return self._reply(HTTPStatus.NOT_FOUND, {"error": f"no route {self.path}"})
+        self._route("POST")
+
+    def do_PUT(self) -> None:  # noqa: N802 - the http.server contract
+        self._route("PUT")
+
+    def do_DELETE(self) -> None:  # noqa: N802 - the http.server contract
+        self._route("DELETE")
+
+    def do_PATCH(self) -> None:  # noqa: N802 - the http.server contract
+        self._route("PATCH")
+
+    def _route(self, method: str) -> None:
+        """Answer by path (:func:`route`); a known path asked with another method: 405."""
+        app = self.server.app
+        path = self.path.split("?", 1)[0]
+        found = route(path, app.model_name())
+        if found is None:
+            if method == "POST":
+                self._discard_body()
+            return self._reply(HTTPStatus.NOT_FOUND, {"error": f"no route {path}"})
+        what, allowed = found
+        if method != allowed:
+            if method in ("POST", "PUT", "PATCH"):
+                self._discard_body()
+            self._allow = allowed
+            return self._reply(
+                HTTPStatus.METHOD_NOT_ALLOWED, {"error": f"{path} takes {allowed}, not {method}"}
+            )
+        try:
+            if what == "live":
+                return self._reply(HTTPStatus.OK, {"live": True})
+            if what in ("ready", "model_ready"):
+                ready = app.served is not None
+                body = (
+                    {"ready": ready}
+                    if what == "ready"
+                    else {"name": path.split("/")[3], "ready": ready}
+                )
+                return self._reply(HTTPStatus.OK if ready else HTTPStatus.SERVICE_UNAVAILABLE, body)
+            if what == "unknown_model":
+                return self._reply(
+                    HTTPStatus.NOT_FOUND,
+                    {
+                        "error": f"no model {path.split('/')[3]!r}: this site serves {app.model_name()!r}"
+                    },
+                )
+            if what == "v1_model":
+                return self._reply(HTTPStatus.OK, app._served_or_503().describe())
+            if what == "metadata":
+                return self._reply(HTTPStatus.OK, app.v2_metadata())
+            body = self._body()
+            if body is None:
+                return
+            if what == "v1_predict":
+                answer = app.predict(self.headers.get("Content-Type", ""), body)
+            else:
+                answer = app.v2_infer(body, self.headers.get(oip.HEADER_LENGTH))
+        except BadRequest as exc:
+            return self._reply(exc.status, {"error": str(exc)})
+        self._reply(HTTPStatus.OK, answer)
+
+    def _body(self) -> bytes | None:
+        """The request's body, or None once a 411 or a 413 went out."""
         app = self.server.app
         try:
             length = int(self.headers.get("Content-Length", ""))
         except ValueError:
             self.close_connection = True
-            return self._reply(HTTPStatus.LENGTH_REQUIRED, {"error": "Content-Length required"})
+            self._reply(HTTPStatus.LENGTH_REQUIRED, {"error": "Content-Length required"})
+            return None
         if length < 0 or length > app.max_request_bytes:
             self.close_connection = True  # the body is not read: the connection cannot go on
-            return self._reply(
+            self._reply(
                 HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                 {
                     "error": f"{length} bytes: more than serving.max_request_bytes {app.max_request_bytes}"
                 },
             )
-        body = self.rfile.read(length)
-        try:
-            answer = app.predict(self.headers.get("Content-Type", ""), body)
-        except BadRequest as exc:
-            return self._reply(exc.status, {"error": str(exc)})
-        self._reply(HTTPStatus.OK, answer)
+            return None
+        return self.rfile.read(length)
+
+    def _discard_body(self) -> None:
+        """A request answered without its body: the connection cannot serve another."""
+        self.close_connection = True
+
+    _allow: str | None = None
 
     def _reply(self, status: HTTPStatus, body: dict[str, Any]) -> None:
         data = json.dumps(body).encode()
@@ -367,6 +485,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.send_header("Cache-Control", "no-store")
+        if self._allow is not None:
+            self.send_header("Allow", self._allow)
+            self._allow = None
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(data)
 
@@ -374,11 +497,40 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("%s %s", self.address_string(), format % args)
 
 
-def serve(store: ModelStore, listen: tuple[str, int], max_request_bytes: int) -> None:
+def route(path: str, name: str) -> tuple[str, str] | None:
+    """What ``path`` asks and the one method it takes; None: no such path. ``name`` is the
+    served model's name in the v2 protocol (the site's)."""
+    fixed = {
+        "/v1/model": ("v1_model", "GET"),
+        "/v1/predict": ("v1_predict", "POST"),
+        "/v2/health/live": ("live", "GET"),
+        "/v2/health/ready": ("ready", "GET"),
+    }
+    if path in fixed:
+        return fixed[path]
+    parts = path.split("/")
+    if len(parts) < 4 or parts[:3] != ["", "v2", "models"] or not parts[3]:
+        return None
+    if len(parts) > 5 and parts[4] == "versions":  # /versions/{id}: the served one
+        parts = parts[:4] + parts[6:]
+    tail = "/".join(parts[4:])
+    kinds = {"": ("metadata", "GET"), "ready": ("model_ready", "GET"), "infer": ("infer", "POST")}
+    if tail not in kinds:
+        return None
+    if parts[3] != name:
+        return ("unknown_model", kinds[tail][1])
+    return kinds[tail]
+
+
+def serve(
+    store: ModelStore, listen: tuple[str, int], max_request_bytes: int, missing: str = "refuse"
+) -> None:
     """Serve until the process is told to stop (SIGTERM or Ctrl-C)."""
     import signal
 
-    server = ModelServer(store, *listen, max_request_bytes=max_request_bytes).start()
+    server = ModelServer(
+        store, *listen, max_request_bytes=max_request_bytes, missing=missing
+    ).start()
 
     def on_signal(*_: object) -> None:
         threading.Thread(target=server.shutdown, daemon=True).start()
@@ -386,7 +538,11 @@ def serve(store: ModelStore, listen: tuple[str, int], max_request_bytes: int) ->
     signal.signal(signal.SIGTERM, on_signal)
     host, port = server.address
     log.info(
-        "%s: serving on http://%s:%d (POST /v1/predict, GET /v1/model)", store.site, host, port
+        "%s: serving on http://%s:%d (/v2/models/%s/infer, POST /v1/predict, GET /v1/model)",
+        store.site,
+        host,
+        port,
+        store.site,
     )
     try:
         server.serve_forever()

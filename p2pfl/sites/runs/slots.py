@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 
 from p2pfl.sites.consent.ledger import FINAL, NEXT
 from p2pfl.sites.consent.run_state import RunState
@@ -20,11 +21,13 @@ from p2pfl.sites.runs.processes import offer_model
 from p2pfl.sites.runs.retention import prune_runs
 from p2pfl.sites.runs.series import SeriesCycles
 from p2pfl.sites.runs.topology import worker_topology
+from p2pfl.sites.runs.warm_worker import WarmWorkers
 from p2pfl.sites.runs.worker import RunWorker
 
 log = logging.getLogger("p2pfl.sites.daemon")
 
 RECORD_POLL_S = 1.0  # how often a running worker's new records are read
+WARM_IDLE_S = 600.0  # limits.warm_worker: auto stops the warm worker after this long idle
 
 
 class WorkerSlots:
@@ -36,6 +39,32 @@ class WorkerSlots:
         self.series = series
         self.drained = asyncio.Event()
         self._offering: set[str] = set()  # runs whose model a child is keeping and judging
+        self.warm = WarmWorkers(ctx.state_dir)
+        self._warm_used = time.monotonic()  # the last time a run wanted the warm worker
+        self._warm_idle: asyncio.Task | None = None
+
+    def warm_up(self) -> None:
+        """Have the warm worker start importing torch (``limits.warm_worker``: ``true``, or
+        ``auto`` once this site votes for a run, so it is ready by the commit); under
+        ``auto`` it stops after :data:`WARM_IDLE_S` without a run."""
+        mode = self.ctx.site.limits.warm_worker
+        if mode is False or self.ctx.draining:
+            return
+        self._warm_used = time.monotonic()
+        if not self.warm.started:
+            self.ctx.spawn(None, self.warm.start())
+        if mode == "auto" and (self._warm_idle is None or self._warm_idle.done()):
+            self._warm_idle = self.ctx.spawn(None, self._stop_warm_when_idle())
+
+    async def _stop_warm_when_idle(self) -> None:
+        while True:
+            await asyncio.sleep(min(WARM_IDLE_S, 30.0))
+            if self.active():
+                self._warm_used = time.monotonic()
+            elif time.monotonic() - self._warm_used >= WARM_IDLE_S:
+                log.info("%s: warm worker stopped (no run for %.0f s)", self.ctx.name, WARM_IDLE_S)
+                await self.warm.stop()
+                return
 
     def active(self) -> list[RunState]:
         """The runs holding a slot: a worker started or starting, not ended."""
@@ -94,7 +123,7 @@ class WorkerSlots:
             **cycle_facts,
         }
         try:
-            await worker.start(topology, facts)
+            await worker.start(topology, facts, self.warm)
         except OSError as exc:
             self.end(st, "failed", f"the worker did not start: {exc}")
             return
@@ -209,6 +238,9 @@ class WorkerSlots:
                 stopping.append(st.worker.stop())
                 self.end(st, "failed", why)
         await asyncio.gather(*stopping, return_exceptions=True)
+        if self._warm_idle is not None:
+            self._warm_idle.cancel()
+        await self.warm.stop()
 
     async def drain(self) -> None:
         """No new runs; each running worker finishes its current round and leaves; then the

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from p2pfl.sites.runs.processes import spawn_p2pfl, stop_process
+from p2pfl.sites.runs.warm_worker import WarmProcess, WarmWorkers
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ class RunWorker:
         self.run_dir = run_dir
         self.run_id = run_id
         self.site = site
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: asyncio.subprocess.Process | WarmProcess | None = None
         self.started_at: float | None = None
         self.last_round = 0
         self._offset = 0  # bytes of the record log already read
@@ -47,19 +48,28 @@ class RunWorker:
     def log_path(self) -> Path:
         return self.run_dir / "worker.log"
 
-    async def start(self, topology: dict[str, Any], facts: dict[str, Any]) -> None:
-        """Write the run's files and start its worker."""
+    async def start(
+        self, topology: dict[str, Any], facts: dict[str, Any], warm: WarmWorkers | None = None
+    ) -> None:
+        """Write the run's files and start its worker: forked by ``warm`` where it runs
+        (torch imported already; a server still importing is waited for), else a process
+        of its own."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         topo = self.run_dir / "topology.yaml"
         topo.write_text(yaml.safe_dump(topology, sort_keys=False))
         (self.run_dir / "run.json").write_text(json.dumps(facts, indent=1, sort_keys=True))
-        self.proc = await spawn_p2pfl(
-            ["node", str(topo), "--id", self.site, "--out", str(self.run_dir), "--no-rich"],
-            self.log_path,
-            cwd=self.run_dir,
-        )
+        argv = ["node", str(topo), "--id", self.site, "--out", str(self.run_dir), "--no-rich"]
+        how = "started"
+        if warm is not None and await warm.until_ready():
+            try:
+                self.proc = await warm.spawn(argv, self.log_path, self.run_dir)
+                how = "forked by the warm worker"
+            except (OSError, ValueError, asyncio.TimeoutError) as exc:
+                log.warning("run %s: the warm worker did not answer (%s)", self.run_id, exc)
+        if self.proc is None:
+            self.proc = await spawn_p2pfl(argv, self.log_path, cwd=self.run_dir)
         self.started_at = time.monotonic()
-        log.info("run %s: worker started (pid %d)", self.run_id, self.proc.pid)
+        log.info("run %s: worker %s (pid %d)", self.run_id, how, self.proc.pid)
 
     @property
     def running(self) -> bool:

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from p2pfl.sites.consent.agreement import committers, out_of_reach, rank, tally, winning_commit
+from p2pfl.sites.consent.agreement import (
+    committers,
+    decided,
+    out_of_reach,
+    rank,
+    tally,
+    winning_commit,
+)
 
 
 def test_a_run_commits_with_every_accepting_site():
@@ -54,3 +61,14 @@ def test_a_run_out_of_reach_is_known_before_its_deadline():
     assert out_of_reach({"b": "reject", "z": "reject"}, 2, named) is None
     # open to any site: one not heard yet may accept, however many rejected
     assert out_of_reach({"a": "reject", "b": "reject", "c": "reject"}, 2, None) is None
+
+
+def test_a_run_is_decided_before_its_deadline_once_every_site_it_names_has_voted():
+    named = ["a", "b", "c"]
+    assert not decided({"a": "accept", "b": "accept"}, 2, named)  # c may still accept
+    assert not decided({"a": "accept", "b": "accept", "c": "pending"}, 2, named)  # its operator
+    assert decided({"a": "accept", "b": "accept", "c": "reject"}, 2, named)
+    assert decided({"a": "accept", "b": "reject", "c": "reject", "x": "accept"}, 1, named)
+    # open to any site: its quorum of accepts decides it (the proposer then waits a grace)
+    assert not decided({"a": "accept", "b": "reject"}, 2, None)
+    assert decided({"a": "accept", "b": "accept"}, 2, None)
