@@ -82,14 +82,18 @@ def decided(votes: Mapping[str, VoteValue], min_accept: int, members: Iterable[s
     """Whether a run may commit before its deadline: every site it names (``members``) has
     voted ``accept`` or ``reject`` (a ``pending`` vote waits for its operator), or, for a
     run open to any site (``members`` None), ``min_accept`` sites have accepted (its
-    proposer then waits :data:`COMMIT_GRACE_S` for the others). The commit is
+    proposer then waits for the others: :func:`commit_grace_s`). The commit is
     :func:`tally`'s, as at the deadline."""
     if members is None:
         return sum(v == "accept" for v in votes.values()) >= min_accept
     return all(votes.get(s) in ("accept", "reject") for s in set(members))
 
 
-COMMIT_GRACE_S = 2.0  # a run open to any site commits this long after its quorum accepted
+def commit_grace_s(vote_deadline_s: float) -> float:
+    """How long the proposer of a run open to any site waits, once its quorum accepted, for
+    the sites it has heard from that have not voted yet: a quarter of the vote's deadline,
+    between 2 s and 10 s (it commits at once when every one of them has voted)."""
+    return min(10.0, max(2.0, vote_deadline_s / 4))
 
 
 def rank(run_id: str, site: str) -> str:

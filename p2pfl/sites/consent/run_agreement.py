@@ -14,9 +14,10 @@ Agreement on retained messages (:mod:`p2pfl.sites.consent.messages`) under
 3. **commit**: the proposer publishes the accepted sites
    (:func:`~p2pfl.sites.consent.agreement.tally`), or ``aborted`` with the reason, as soon as
    the votes decide the run (:func:`~p2pfl.sites.consent.agreement.decided`: every site the
-   spec names has voted; for ``members: any``, ``quorum.min_accept`` sites accepted
-   :data:`~p2pfl.sites.consent.agreement.COMMIT_GRACE_S` ago), else at the deadline (the
-   spec's time + ``vote_deadline_s``). Without a commit, the accepted sites commit in turn, one grace period apart
+   spec names has voted; for ``members: any``, ``quorum.min_accept`` sites accepted and
+   every site this daemon has heard from voted, or a grace has passed since the quorum:
+   :func:`~p2pfl.sites.consent.agreement.commit_grace_s`), else at the deadline (the spec's
+   time + ``vote_deadline_s``). Without a commit, the accepted sites commit in turn, one grace period apart
    (:func:`~p2pfl.sites.consent.agreement.committers`, :func:`~p2pfl.sites.consent.agreement.grace_s`). Of
    several commits, the first-ranked committer's stands
    (:func:`~p2pfl.sites.consent.agreement.winning_commit`): a member of another stops.
@@ -55,7 +56,7 @@ from p2pfl.algorithms.cards.probe import OutsideCode
 from p2pfl.errors import ConfigError
 from p2pfl.sites.consent import messages as M
 from p2pfl.sites.consent.agreement import (
-    COMMIT_GRACE_S,
+    commit_grace_s,
     committers,
     decided,
     grace_s,
@@ -296,9 +297,11 @@ class RunAgreement:
             now = time.time()
             settled = time.monotonic() - st.heard_at >= SETTLE_S
             ready = self.ctx.name == st.proposer and now < st.deadline and self._decided(st)
-            if ready and st.spec.members == "any":  # a short grace for the other sites
+            if ready and st.spec.members == "any" and not self._all_heard_voted(st):
+                # a grace for the sites this daemon knows that have not voted yet
                 quorum_at = quorum_at if quorum_at is not None else time.monotonic()
-                ready = time.monotonic() - quorum_at >= COMMIT_GRACE_S
+                waited = time.monotonic() - quorum_at
+                ready = waited >= commit_grace_s(st.spec.vote_deadline_s)
             if self.ctx.name in order and settled:
                 # the proposer commits once the votes decide the run, and aborts at once a
                 # run that can no longer commit
@@ -318,6 +321,12 @@ class RunAgreement:
         votes = {s: v["vote"] for s, v in st.votes.items()}
         named = None if st.spec.members == "any" else st.spec.members
         return decided(votes, st.spec.quorum.min_accept, named)
+
+    def _all_heard_voted(self, st: RunState) -> bool:
+        """Whether every site this daemon has heard from has voted on ``st`` (not pending)."""
+        return all(
+            st.votes.get(s, {}).get("vote") in ("accept", "reject") for s in self.sites_heard
+        )
 
     async def _commit(self, st: RunState) -> None:
         counted = tally(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from p2pfl.sites.consent.agreement import (
+    commit_grace_s,
     committers,
     decided,
     out_of_reach,
@@ -72,3 +73,5 @@ def test_a_run_is_decided_before_its_deadline_once_every_site_it_names_has_voted
     # open to any site: its quorum of accepts decides it (the proposer then waits a grace)
     assert not decided({"a": "accept", "b": "reject"}, 2, None)
     assert decided({"a": "accept", "b": "accept"}, 2, None)
+    # its proposer waits a grace for the sites it heard from that have not voted
+    assert (commit_grace_s(3), commit_grace_s(20), commit_grace_s(600)) == (2.0, 5.0, 10.0)
