@@ -284,7 +284,7 @@ class ModelServer:
         return self.store.site
 
     def v2_metadata(self) -> dict[str, Any]:
-        served = self._served_or_503()
+        served = self.served_or_503()
         extra = {"run_id": served.entry.run_id, "round": served.entry.round}
         return oip.metadata(self.model_name(), served.entry.id, served.classifier, extra)
 
@@ -292,7 +292,7 @@ class ModelServer:
         """``POST /v2/models/{name}/infer``'s answer; :class:`BadRequest` otherwise."""
         from p2pfl.export import ExportError
 
-        served = self._served_or_503()
+        served = self.served_or_503()
         model = served.classifier
         try:
             request = oip.read_request(body, header_length)
@@ -312,7 +312,8 @@ class ModelServer:
         except (oip.ProtocolError, ExportError) as exc:
             raise BadRequest(HTTPStatus.BAD_REQUEST, str(exc)) from None
 
-    def _served_or_503(self) -> Served:
+    def served_or_503(self) -> Served:
+        """The model answering now; a 503 :class:`BadRequest` before any is served."""
         served = self.served
         if served is None:
             raise BadRequest(
@@ -432,6 +433,8 @@ class _Handler(BaseHTTPRequestHandler):
                 )
                 return self._reply(HTTPStatus.OK if ready else HTTPStatus.SERVICE_UNAVAILABLE, body)
             if what == "unknown_model":
+                if method == "POST":
+                    self._discard_body()
                 return self._reply(
                     HTTPStatus.NOT_FOUND,
                     {
@@ -439,7 +442,7 @@ class _Handler(BaseHTTPRequestHandler):
                     },
                 )
             if what == "v1_model":
-                return self._reply(HTTPStatus.OK, app._served_or_503().describe())
+                return self._reply(HTTPStatus.OK, app.served_or_503().describe())
             if what == "metadata":
                 return self._reply(HTTPStatus.OK, app.v2_metadata())
             body = self._body()
