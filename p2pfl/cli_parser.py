@@ -355,8 +355,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
 
     sp = sub.add_parser(
         "predict",
-        help="classify a CSV file or image folder with a node's model (RUN_DIR --node N "
-        "INPUT), or with the model a site serves (--site site.yaml INPUT)",
+        help="classify a CSV file or images with a node's or a site's model",
     )
     sp.add_argument("run_dir", nargs="?", help="the run's folder (with --node)")
     sp.add_argument("--node", help="whose model")
