@@ -174,11 +174,23 @@ def cmd_vote(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
+    from p2pfl.sites.daemon.admin_socket import DaemonDown
+
     site = _site(args)
-    runs = call(site.state_dir, "runs")["runs"]
+    offline = False
+    try:
+        runs = call(site.state_dir, "runs")["runs"]
+    except DaemonDown:  # its ledger, as it last wrote it
+        from p2pfl.sites.daemon.admin_commands import ledger_rows
+
+        runs, offline = ledger_rows(Path(site.state_dir), site.site), True
     if args.json:
         print(json.dumps(runs, indent=1))
         return 0
+    if offline:
+        out.print(
+            f"{site.site}: the daemon is not running; its ledger, read-only, as it last wrote it"
+        )
     if not runs:
         out.print(f"{site.site}: no runs yet")
         return 0

@@ -74,6 +74,15 @@ class ConsentLedger:
         self._db.executescript(SCHEMA)
         self._clock = clock
 
+    @classmethod
+    def read_only(cls, path: str | Path) -> ConsentLedger:
+        """The ledger at ``path`` opened for reading only (``p2pfl runs`` while its daemon
+        is down): nothing is created, and a write is an error of SQLite's."""
+        ledger = cls.__new__(cls)
+        ledger._db = sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True)
+        ledger._clock = time.time
+        return ledger
+
     def __enter__(self) -> ConsentLedger:
         return self
 

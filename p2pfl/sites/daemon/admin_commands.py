@@ -8,13 +8,15 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from p2pfl.sites.consent.agreement import winning_commit
-from p2pfl.sites.consent.ledger import FINAL
+from p2pfl.sites.consent.ledger import FINAL, RunEntry
 from p2pfl.sites.consent.run_agreement import RunAgreement
-from p2pfl.sites.consent.run_spec import cycle_rounds, retry_spec, run_id, spec_from_dict
+from p2pfl.sites.consent.run_spec import retry_spec, run_id, spec_from_dict
 from p2pfl.sites.consent.run_state import RunState
 from p2pfl.sites.daemon.context import SiteContext
 from p2pfl.sites.runs.slots import WorkerSlots
@@ -137,41 +139,16 @@ class AdminCommands:
         }
 
     def describe_runs(self) -> list[dict[str, Any]]:
-        """Every run this site holds (``p2pfl runs``): its id, name, proposer, status at
-        this site (``pending`` for a committed run that waits for a slot) and why, the votes
-        heard with their reasons, the members, and the last round its node finished."""
+        """Every run this site holds (``p2pfl runs``, :func:`run_row`), with the status it
+        shows (``pending`` for a committed run that waits for a slot) and the last round
+        its worker finished."""
         assert self.ctx.ledger is not None
         out = []
         for entry in self.ctx.ledger.runs():
             st = self.ctx.runs.get(entry.run_id)
             status, why = self.ctx.shown_status(entry)
-            winner = None
-            if entry.commits:
-                winner = winning_commit(
-                    entry.run_id,
-                    entry.proposer,
-                    {c: tuple(m) for c, m in entry.commits.items()},
-                )
-            out.append(
-                {
-                    "run_id": entry.run_id,
-                    "name": entry.name,
-                    "proposer": entry.proposer,
-                    "status": status,
-                    "why": why,
-                    "votes": entry.votes,
-                    "members": entry.commits.get(winner, []) if winner else [],
-                    "round": st.worker.last_round if st and st.worker else 0,
-                    "rounds": cycle_rounds(st.spec) if st else entry.spec.get("rounds"),
-                    "cycle": st.spec.series.cycle if st and st.spec.series else None,
-                    "retry_of": st.spec.retry.of if st and st.spec.retry else None,
-                    "attempt": st.spec.retry.attempt if st and st.spec.retry else 1,
-                    "proposed_at": dt.datetime.fromtimestamp(
-                        entry.proposed_at, dt.timezone.utc
-                    ).isoformat(timespec="seconds"),
-                    "run_dir": str(self.ctx.state_dir / "runs" / entry.run_id),
-                }
-            )
+            last = st.worker.last_round if st and st.worker else 0
+            out.append(run_row(entry, self.ctx.state_dir, status, why, last))
         return out
 
     def _logs(self, st: RunState, node: Any, tail: Any) -> str:
@@ -193,3 +170,75 @@ class AdminCommands:
         if isinstance(tail, int) and tail > 0:
             text = "\n".join(text.splitlines()[-tail:]) + "\n"
         return text[-LOG_ANSWER_BYTES:]
+
+
+def run_row(
+    entry: RunEntry, state_dir: Path, status: str, why: str, last_round: int
+) -> dict[str, Any]:
+    """One run as ``p2pfl runs`` shows it, from this site's ledger entry: its id, name,
+    proposer, ``status`` at this site and ``why``, the votes heard with their reasons, the
+    members of the commit that stands, ``last_round`` its node finished of the rounds it
+    trains, its series cycle, the run it retries, and its folder."""
+    winner = None
+    if entry.commits:
+        winner = winning_commit(
+            entry.run_id, entry.proposer, {c: tuple(m) for c, m in entry.commits.items()}
+        )
+    spec = entry.spec
+    series = spec.get("series") or {}
+    retry = spec.get("retry") or {}
+    rounds = spec.get("rounds")
+    if series.get("cycle", 1) > 1 and series.get("rounds") is not None:
+        rounds = series["rounds"]  # a later cycle trains the series' rounds
+    return {
+        "run_id": entry.run_id,
+        "name": entry.name,
+        "proposer": entry.proposer,
+        "status": status,
+        "why": why,
+        "votes": entry.votes,
+        "members": entry.commits.get(winner, []) if winner else [],
+        "round": last_round,
+        "rounds": rounds,
+        "cycle": series.get("cycle") if series else None,
+        "retry_of": retry.get("of"),
+        "attempt": retry.get("attempt", 1),
+        "proposed_at": dt.datetime.fromtimestamp(entry.proposed_at, dt.timezone.utc).isoformat(
+            timespec="seconds"
+        ),
+        "run_dir": str(state_dir / "runs" / entry.run_id),
+    }
+
+
+def ledger_rows(state_dir: Path, site: str) -> list[dict[str, Any]]:
+    """``p2pfl runs`` while the daemon is down: every run of the ledger in ``state_dir``,
+    opened read-only, each at its ledger status, and the last round this site's node
+    recorded (its records file)."""
+    from p2pfl.sites.consent.ledger import ConsentLedger
+
+    path = state_dir / "ledger.sqlite"
+    if not path.is_file():
+        return []
+    rows = []
+    with ConsentLedger.read_only(path) as ledger:
+        for entry in ledger.runs():
+            last = _last_round(state_dir / "runs" / entry.run_id / "nodes" / f"{site}.jsonl")
+            rows.append(run_row(entry, state_dir, entry.status, entry.why, last))
+    return rows
+
+
+def _last_round(records: Path) -> int:
+    """The largest ``round`` among a node's whole records (0: none)."""
+    last = 0
+    try:
+        lines = records.read_bytes().splitlines()
+    except OSError:
+        return 0
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("round"), int):
+            last = max(last, rec["round"])
+    return last

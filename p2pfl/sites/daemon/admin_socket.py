@@ -34,6 +34,10 @@ class AdminError(P2PFLError):
     """The daemon could not be reached, or refused the request (its words)."""
 
 
+class DaemonDown(AdminError):
+    """No daemon answers on the admin socket (it is not running, or not yet)."""
+
+
 def socket_path(state_dir: str | Path) -> Path:
     return Path(state_dir) / SOCKET_NAME
 
@@ -108,7 +112,7 @@ async def request(state_dir: str | Path, cmd: str, timeout: float = 30.0, **fiel
             asyncio.open_unix_connection(str(path), limit=MAX_ANSWER_BYTES), timeout
         )
     except (OSError, asyncio.TimeoutError) as exc:
-        raise AdminError(
+        raise DaemonDown(
             f"no site daemon answers at {path} ({exc.__class__.__name__}: {exc}); "
             "is `p2pfl daemon --site ...` running?"
         ) from None

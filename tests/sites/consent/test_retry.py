@@ -1,6 +1,7 @@
 """``p2pfl submit --retry RUN_ID``: a failed, aborted or cancelled run's spec proposed again
 as its next attempt, with a run id of its own and a ledger entry that names the run it
-retries; the spec's id is unchanged by the new field while it is unset."""
+retries; the spec's id is unchanged by the new field while it is unset. With the daemon
+down, ``p2pfl runs`` reads the ledger."""
 
 from __future__ import annotations
 
@@ -63,3 +64,16 @@ def test_a_run_aborted_for_a_missing_site_is_retried_when_it_is_back(tmp_path, b
     finally:
         s2.stop()
         s1.stop()
+    # with its daemon down, `p2pfl runs` reads the site's ledger read-only
+    ledger = s1.state_dir / "ledger.sqlite"
+    before = ledger.stat().st_mtime_ns
+    shown = p2pfl_cli("runs", "--site", str(s1.path), env={"COLUMNS": "300"})
+    assert shown.returncode == 0, shown.stderr
+    assert "the daemon is not running" in shown.stdout and f"{second}" in shown.stdout
+    rows = {
+        r["run_id"]: r
+        for r in json.loads(p2pfl_cli("runs", "--site", str(s1.path), "--json").stdout)
+    }
+    assert rows[first]["status"] == "aborted" and rows[second]["status"] == "finished"
+    assert (rows[second]["round"], rows[second]["attempt"]) == (1, 2)
+    assert ledger.stat().st_mtime_ns == before
