@@ -95,13 +95,12 @@ async def _serve(site) -> int:
     from p2pfl.sites.daemon.site_daemon import SiteDaemon, install_signal_handlers
 
     broker = None
-    address = site.broker
+    address = site.broker_address
     hosted = site.hosted_broker
     if hosted is not None:  # this daemon hosts the federation's broker
         broker = _hosted_broker(site, hosted)
         broker.start(tied=True)  # a killed daemon leaves no broker holding its port
-        address = hosted.connect
-    elif site.broker == "mdns":
+    elif address == "mdns":
         from p2pfl.wire.discovery import find_broker
 
         address = str(await find_broker(site.swarm, 60.0))
@@ -360,7 +359,7 @@ async def _publish_once(site, topic: str, payload: bytes) -> None:
 
     from p2pfl.security.signing import tls_context
 
-    address = site.hosted_broker.connect if site.hosted_broker else site.broker
+    address = site.broker_address
     if address == "mdns":
         raise SystemExit("p2pfl trust: broker mdns: give the site's broker as host:port")
     host, _, port = address.rpartition(":")

@@ -20,6 +20,9 @@ from typing import Any
 
 from p2pfl.errors import P2PFLError
 
+LEDGER_FILE = "ledger.sqlite"
+"""The ledger's file in a site's ``state_dir``."""
+
 STATUSES = ("proposed", "committed", "running", "finished", "failed", "aborted", "cancelled")
 FINAL = frozenset({"finished", "failed", "aborted", "cancelled"})
 NEXT = {
@@ -65,23 +68,18 @@ class RunEntry:
 
 
 class ConsentLedger:
-    """The ledger at ``path`` (created with its folder when missing). Use it as a context
-    manager, or call :meth:`close`."""
+    """The ledger at ``path`` (created with its folder when missing; ``read_only``: an
+    existing one opened for reading only, ``p2pfl runs`` while its daemon is down, where a
+    write is an error of SQLite's). Use it as a context manager, or call :meth:`close`."""
 
-    def __init__(self, path: str | Path, clock: Any = time.time):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(path))
-        self._db.executescript(SCHEMA)
+    def __init__(self, path: str | Path, clock: Any = time.time, *, read_only: bool = False):
+        if read_only:
+            self._db = sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True)
+        else:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(str(path))
+            self._db.executescript(SCHEMA)
         self._clock = clock
-
-    @classmethod
-    def read_only(cls, path: str | Path) -> ConsentLedger:
-        """The ledger at ``path`` opened for reading only (``p2pfl runs`` while its daemon
-        is down): nothing is created, and a write is an error of SQLite's."""
-        ledger = cls.__new__(cls)
-        ledger._db = sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True)
-        ledger._clock = time.time
-        return ledger
 
     def __enter__(self) -> ConsentLedger:
         return self

@@ -58,7 +58,6 @@ from p2pfl.sites.consent import messages as M
 from p2pfl.sites.consent.agreement import (
     commit_grace_s,
     committers,
-    decided,
     grace_s,
     tally,
     winning_commit,
@@ -296,7 +295,8 @@ class RunAgreement:
             order = committers(st.run_id, st.proposer, accepted)
             now = time.time()
             settled = time.monotonic() - st.heard_at >= SETTLE_S
-            ready = self.ctx.name == st.proposer and now < st.deadline and self._decided(st)
+            before = self.ctx.name == st.proposer and now < st.deadline
+            ready = before and st.decided()
             if ready and st.spec.members == "any" and not self._all_heard_voted(st):
                 # a grace for the sites this daemon knows that have not voted yet
                 quorum_at = quorum_at if quorum_at is not None else time.monotonic()
@@ -305,22 +305,13 @@ class RunAgreement:
             if self.ctx.name in order and settled:
                 # the proposer commits once the votes decide the run, and aborts at once a
                 # run that can no longer commit
-                early = ready or (
-                    self.ctx.name == st.proposer and now < st.deadline and st.out_of_reach()
-                )
+                early = ready or (before and st.out_of_reach() is not None)
                 if early or now >= st.deadline + order.index(self.ctx.name) * grace:
                     await self._commit(st)
                     return
             elif now > st.deadline + (len(order) + 2) * grace:
                 return
             await asyncio.sleep(0.25)
-
-    def _decided(self, st: RunState) -> bool:
-        """Whether the votes this daemon heard decide ``st`` before its deadline
-        (:func:`~p2pfl.sites.consent.agreement.decided`)."""
-        votes = {s: v["vote"] for s, v in st.votes.items()}
-        named = None if st.spec.members == "any" else st.spec.members
-        return decided(votes, st.spec.quorum.min_accept, named)
 
     def _all_heard_voted(self, st: RunState) -> bool:
         """Whether every site this daemon has heard from has voted on ``st`` (not pending)."""
@@ -330,10 +321,7 @@ class RunAgreement:
 
     async def _commit(self, st: RunState) -> None:
         counted = tally(
-            {s: v["vote"] for s, v in st.votes.items()},
-            st.spec.quorum.min_accept,
-            None if st.spec.members == "any" else st.spec.members,
-            expected=self.sites_heard,
+            st.vote_values(), st.spec.quorum.min_accept, st.named(), expected=self.sites_heard
         )
         body = {"members": list(counted.members), "aborted": counted.aborted}
         early = st.out_of_reach() if time.time() < st.deadline else None
@@ -356,7 +344,7 @@ class RunAgreement:
         missing = [m for m in body["members"] if m not in st.accepted()]
         if missing:
             return f"no accept heard from {', '.join(missing)}"
-        if body.get("early") and not self._decided(st):
+        if body.get("early") and not st.decided():
             return "before the deadline, and the votes heard here do not decide the run yet"
         return None
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from p2pfl.algorithms.cards.probe import OutsideCode
-from p2pfl.sites.consent.agreement import out_of_reach
+from p2pfl.sites.consent.agreement import decided, out_of_reach
 from p2pfl.sites.consent.run_spec import RunSpec
 from p2pfl.sites.policy.rules import Decision
 from p2pfl.sites.runs.worker import RunWorker
@@ -47,6 +47,17 @@ class RunState:
     def out_of_reach(self) -> str | None:
         """Why the run can no longer commit, whatever votes are still to come, by the votes
         heard (:func:`~p2pfl.sites.consent.agreement.out_of_reach`); None while it may."""
-        named = None if self.spec.members == "any" else self.spec.members
-        votes = {s: v["vote"] for s, v in self.votes.items()}
-        return out_of_reach(votes, self.spec.quorum.min_accept, named)
+        return out_of_reach(self.vote_values(), self.spec.quorum.min_accept, self.named())
+
+    def decided(self) -> bool:
+        """Whether the votes heard decide the run before its deadline
+        (:func:`~p2pfl.sites.consent.agreement.decided`): its proposer may commit it."""
+        return decided(self.vote_values(), self.spec.quorum.min_accept, self.named())
+
+    def vote_values(self) -> dict[str, str]:
+        """Each site's vote heard: ``accept``, ``reject`` or ``pending``."""
+        return {s: v["vote"] for s, v in self.votes.items()}
+
+    def named(self) -> list[str] | None:
+        """The sites the spec names; None for a run open to any site."""
+        return None if self.spec.members == "any" else self.spec.members

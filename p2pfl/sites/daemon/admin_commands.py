@@ -8,18 +8,18 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from p2pfl.sites.consent.agreement import winning_commit
-from p2pfl.sites.consent.ledger import FINAL, RunEntry
+from p2pfl.sites.consent.ledger import FINAL, LEDGER_FILE, ConsentLedger, RunEntry
 from p2pfl.sites.consent.run_agreement import RunAgreement
 from p2pfl.sites.consent.run_spec import retry_spec, run_id, spec_from_dict
 from p2pfl.sites.consent.run_state import RunState
 from p2pfl.sites.daemon.context import SiteContext
 from p2pfl.sites.runs.slots import WorkerSlots
+from p2pfl.sites.runs.worker import RunWorker
 from p2pfl.sites.trust.crl_updates import TrustUpdates
 
 LOG_ANSWER_BYTES = 8 << 20  # the end of a worker log an answer carries
@@ -214,31 +214,13 @@ def ledger_rows(state_dir: Path, site: str) -> list[dict[str, Any]]:
     """``p2pfl runs`` while the daemon is down: every run of the ledger in ``state_dir``,
     opened read-only, each at its ledger status, and the last round this site's node
     recorded (its records file)."""
-    from p2pfl.sites.consent.ledger import ConsentLedger
-
-    path = state_dir / "ledger.sqlite"
+    path = state_dir / LEDGER_FILE
     if not path.is_file():
         return []
     rows = []
-    with ConsentLedger.read_only(path) as ledger:
+    with ConsentLedger(path, read_only=True) as ledger:
         for entry in ledger.runs():
-            last = _last_round(state_dir / "runs" / entry.run_id / "nodes" / f"{site}.jsonl")
-            rows.append(run_row(entry, state_dir, entry.status, entry.why, last))
+            records = RunWorker(state_dir / "runs" / entry.run_id, entry.run_id, site)
+            records.new_records()  # the sites' one reader of a node's records
+            rows.append(run_row(entry, state_dir, entry.status, entry.why, records.last_round))
     return rows
-
-
-def _last_round(records: Path) -> int:
-    """The largest ``round`` among a node's whole records (0: none)."""
-    last = 0
-    try:
-        lines = records.read_bytes().splitlines()
-    except OSError:
-        return 0
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and isinstance(rec.get("round"), int):
-            last = max(last, rec["round"])
-    return last

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import signal
 
-from p2pfl.sites.consent.ledger import FINAL, ConsentLedger, RunEntry
+from p2pfl.sites.consent.ledger import FINAL, LEDGER_FILE, ConsentLedger, RunEntry
 from p2pfl.sites.consent.run_agreement import RunAgreement
 from p2pfl.sites.daemon.admin_commands import AdminCommands
 from p2pfl.sites.daemon.admin_socket import AdminServer
@@ -43,7 +43,7 @@ class SiteDaemon:
     workers too) when cancelled."""
 
     def __init__(self, site: SiteFile, *, broker: str | None = None):
-        self.ctx = ctx = SiteContext(site, broker or _address(site))
+        self.ctx = ctx = SiteContext(site, broker or site.broker_address)
         self.name = site.site
         self.series = SeriesCycles(ctx)
         self.trust = TrustUpdates(ctx)
@@ -65,7 +65,7 @@ class SiteDaemon:
         """Serve until drained (0) or cancelled; workers still running are stopped."""
         ctx = self.ctx
         ctx.state_dir.mkdir(parents=True, exist_ok=True)
-        ctx.ledger = ConsentLedger(ctx.state_dir / "ledger.sqlite")
+        ctx.ledger = ConsentLedger(ctx.state_dir / LEDGER_FILE)
         await ctx.bindings.start()
         reopened = self._recover()
         self.slots.prune()  # what a predecessor finished beyond limits.keep_runs
@@ -166,10 +166,3 @@ def install_signal_handlers(task: asyncio.Task) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, task.cancel)
-
-
-def _address(site: SiteFile) -> str:
-    """Where the daemon connects when its caller named no broker: the site file's
-    ``host:port``, or the hosted broker's (``broker: embedded``)."""
-    hosted = site.hosted_broker
-    return hosted.connect if hosted is not None else str(site.broker)

@@ -281,6 +281,13 @@ class SiteFile(PathNotes):
         """The broker this site's daemon hosts (``broker: embedded``), None otherwise."""
         return self.broker if isinstance(self.broker, HostedBroker) else None
 
+    @property
+    def broker_address(self) -> str:
+        """Where this site connects: the site file's ``host:port`` (or ``mdns``), or its
+        hosted broker's address (:attr:`HostedBroker.connect`)."""
+        hosted = self.hosted_broker
+        return hosted.connect if hosted is not None else str(self.broker)
+
     @field_validator("data")
     @classmethod
     def _binding_names(cls, value: dict[str, SiteBinding]) -> dict[str, SiteBinding]:

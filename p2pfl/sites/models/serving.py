@@ -214,12 +214,7 @@ class ModelServer:
         """``POST /v1/predict``'s answer for ``body``; :class:`BadRequest` otherwise."""
         from p2pfl.export import ExportError
 
-        served = self.served
-        if served is None:
-            raise BadRequest(
-                HTTPStatus.SERVICE_UNAVAILABLE,
-                f"site {self.store.site} serves no model yet (p2pfl models list)",
-            )
+        served = self.served_or_503()
         model = served.classifier
         kind = content_type.split(";", 1)[0].strip().lower()
         frame = None  # the request's rows, for a tabular model

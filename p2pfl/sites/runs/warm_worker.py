@@ -77,7 +77,7 @@ class WarmProcess:
 
 
 class WarmWorkers:
-    """The daemon's warm worker server (:func:`serve`) in ``state_dir``: :meth:`start` it
+    """The daemon's warm worker server (:func:`p2pfl.warm_server.serve`) in ``state_dir``: :meth:`start` it
     (it is ready once its imports are done), :meth:`spawn` workers through it, :meth:`stop`
     it. :attr:`ready` is False until it answered, and again once it died: a worker is
     then started cold by the caller."""
