@@ -35,19 +35,26 @@ STEADY_S = 60.0
 async def spawn_p2pfl(
     args: list[str], log_path: Path, cwd: Path | None = None
 ) -> asyncio.subprocess.Process:
-    """``python -m p2pfl ARGS``, its stdout and stderr appended to ``log_path``. It stays in
-    the daemon's process group and gets SIGTERM when the daemon dies, however it dies
-    (:func:`~p2pfl.lifeline.die_with_parent`); the daemon's record of its
-    children lists it until it exits (:func:`~p2pfl.sites.daemon.process_guard.track`)."""
+    """``python -m p2pfl ARGS`` (:func:`spawn_child`)."""
+    return await spawn_child([sys.executable, "-m", "p2pfl", *args], log_path, cwd)
+
+
+async def spawn_child(
+    cmdline: list[str], log_path: Path, cwd: Path | None = None, *, pipe_stdout: bool = False
+) -> asyncio.subprocess.Process:
+    """``cmdline``, its stdout and stderr appended to ``log_path`` (``pipe_stdout``: its
+    stdout a pipe the caller reads, its stderr to the log). It stays in the daemon's
+    process group and gets SIGTERM when the daemon dies, however it dies
+    (:func:`~p2pfl.lifeline.die_with_parent`); the daemon's record of its children lists
+    it until it exits (:func:`~p2pfl.sites.daemon.process_guard.track`)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    cmdline = [sys.executable, "-m", "p2pfl", *args]
     out = open(log_path, "ab")  # noqa: SIM115 - the child holds it
     try:
         proc = await asyncio.create_subprocess_exec(
             *cmdline,
             stdin=asyncio.subprocess.DEVNULL,
-            stdout=out,
-            stderr=asyncio.subprocess.STDOUT,
+            stdout=asyncio.subprocess.PIPE if pipe_stdout else out,
+            stderr=out if pipe_stdout else asyncio.subprocess.STDOUT,
             cwd=str(cwd) if cwd is not None else None,
             preexec_fn=die_with_parent(),
             env={**os.environ, "PYTHONUNBUFFERED": "1"},

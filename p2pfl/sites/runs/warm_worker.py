@@ -29,6 +29,9 @@ import signal
 import sys
 from pathlib import Path
 
+from p2pfl.sites.daemon.process_guard import track
+from p2pfl.sites.runs.processes import spawn_child, stop_process
+
 log = logging.getLogger("p2pfl.sites.daemon")
 
 READY = "warm worker ready"
@@ -110,24 +113,11 @@ class WarmWorkers:
         imports are done."""
         if self.started or self._starting:
             return
-        from p2pfl.lifeline import die_with_parent
-        from p2pfl.sites.daemon.process_guard import track
-
         self._starting = True
-        out = open(self.log_path, "ab")  # noqa: SIM115 - the child holds it
         try:
-            self.proc = await asyncio.create_subprocess_exec(
-                *self.cmdline,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=out,
-                preexec_fn=die_with_parent(),
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
+            self.proc = await spawn_child(self.cmdline, self.log_path, pipe_stdout=True)
         finally:
-            out.close()
             self._starting = False
-        track(self.proc, self.cmdline)
         self._ready = asyncio.get_running_loop().create_task(self._until_ready(self.proc))
 
     async def _until_ready(self, proc: asyncio.subprocess.Process) -> None:
@@ -153,8 +143,6 @@ class WarmWorkers:
     async def spawn(self, argv: list[str], log_path: Path, cwd: Path) -> WarmProcess:
         """``p2pfl ARGV`` forked by the server in ``cwd``, its output appended to
         ``log_path``; an ``OSError`` or ``ValueError`` when the server does not answer."""
-        from p2pfl.sites.daemon.process_guard import track
-
         log_path.parent.mkdir(parents=True, exist_ok=True)
         reader, writer = await asyncio.open_unix_connection(str(self.socket_path))
         request = {"argv": argv, "cwd": str(cwd), "log": str(log_path)}
@@ -175,8 +163,6 @@ class WarmWorkers:
             self._ready.cancel()
             self._ready = None
         if self.proc is not None:
-            from p2pfl.sites.runs.processes import stop_process
-
             await stop_process(self.proc, 5.0)  # type: ignore[arg-type]
             self.proc = None
         with contextlib.suppress(FileNotFoundError):
