@@ -26,8 +26,12 @@ risk score's weights and keeps its intercept (``model.personal: [bias]``; Cox's 
 likelihood ignores the intercept, so FedPer is FedAvg here); UA-PDFL takes the same split
 (the split is the model's, docs/algorithms.md "Split of every model into g and h": its ``g``,
 the weights, is pulled from every drawn peer, its ``h``, the intercept, through the
-divergence gate), and its row "UA-PDFL (all personal)" keeps the whole linear model in
-``h`` (``g`` empty: it shares only through the gate); DisPFL personalises the whole linear
+divergence gate); the row "UA-PDFL (train first)" takes ``order: train_first`` (each round
+trains, then merges, and is scored on the merged model, as FedAvg's and FedPer's rounds are
+on their aggregate: docs/algorithms.md, "UA-PDFL", the round's cut), the row "UA-PDFL" the
+default ``merge_first`` (scored on the model just trained), and the row "UA-PDFL (all
+personal)" keeps the whole linear model in ``h`` (``g`` empty: it shares only through the
+gate); DisPFL personalises the whole linear
 model. Each run reports every centre's final C-index on its own test patients; a method's
 figure is their unweighted mean (FLamby's figure: 6 centres) and the mean weighted by test
 patients (63, 40, 42, 33, 33, 11), each the mean ± std over seeds.
@@ -93,6 +97,10 @@ METHODS = {  # name in the table -> (algorithm, its overrides)
     "FedAdam": ("fedavg", ["algorithm.params.server_opt=adam"]),
     "FedYogi": ("fedavg", ["algorithm.params.server_opt=yogi"]),
     "FedAdagrad": ("fedavg", ["algorithm.params.server_opt=adagrad"]),
+    "UA-PDFL (train first)": (
+        "uapdfl",
+        ["model.personal=[bias]", "algorithm.params.order=train_first"],
+    ),
     "UA-PDFL": ("uapdfl", ["model.personal=[bias]"]),
     "UA-PDFL (all personal)": ("uapdfl", []),
     "DisPFL": ("dispfl", []),

@@ -108,8 +108,9 @@ def last_round(run: Path, node: str) -> int | None:
     return None
 
 
-def site_file(work: Path, name: str, run: Path) -> Path:
-    """A site whose store serves ``run``'s model of the example's node."""
+def site_file(work: Path, name: str, run: Path, serving: dict) -> Path:
+    """A site whose store serves ``run``'s model of the example's node, with ``serving``'s
+    fields (``runtime``, ``workers``)."""
     from p2pfl.sites.models.store import ModelStore
 
     site = SITE_OF[name]
@@ -118,7 +119,12 @@ def site_file(work: Path, name: str, run: Path) -> Path:
     entry = store.add(run, f"bench-{name}", round_no=last_round(run, site))
     store.promote(entry.id, "bench_serving")
     path = root / "site.yaml"
-    body = {"site": site, "swarm": "bench-serving", "state_dir": str(root / "state")}
+    body = {
+        "site": site,
+        "swarm": "bench-serving",
+        "state_dir": str(root / "state"),
+        "serving": serving,
+    }
     path.write_text(yaml.safe_dump(body))
     return path
 
@@ -189,9 +195,19 @@ class Server:
         raise SystemExit(f"p2pfl serve did not answer GET /v1/model: see {self.log}")
 
     def cpu_s(self) -> float:
-        """The server process's user + system CPU seconds so far."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """The server's user + system CPU seconds so far: its process and its workers'
+        (``serving.workers``: forked children; the ones that ended count in the
+        parent's children fields)."""
+        pids = [self.proc.pid]
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        with contextlib.suppress(OSError):
+            pids += [int(p) for p in children.read_text().split()]
+        ticks = 0
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                ticks += sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+        return ticks / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
@@ -376,19 +392,28 @@ def breakdown(site: Path, content_type: str, bodies: list[bytes], n: int = 300) 
     """In this process, no HTTP: the median ms of the server's predict path
     (``ModelServer.predict``: parse, normalise, forward, answer) and of the forward pass
     alone (``Classifier.probabilities`` on the prepared input)."""
-    from p2pfl.export.predict import image_batches, table_inputs
-    from p2pfl.sites.models.serving import ModelServer, _json_frame
+    from p2pfl.export.predict import image_batches, model_inputs, records_array
+    from p2pfl.sites.models.serving import ModelServer
     from p2pfl.sites.models.store import ModelStore
 
     body = yaml.safe_load(site.read_text())
-    server = ModelServer(ModelStore(body["state_dir"], body["site"]), "127.0.0.1", 0).start()
+    store = ModelStore(body["state_dir"], body["site"])
+    runtime = body["serving"].get("runtime", "onnx")
+    server = ModelServer(store, "127.0.0.1", 0, runtime=runtime).start()
     try:
         model = server.served.classifier
         if content_type == "image/png":
             prepared = [next(image_batches([b], model.spec, model.info, "x")) for b in bodies]
         else:
+            features = model.spec["features"]
             prepared = [
-                next(iter(table_inputs(_json_frame(json.loads(b)), model.spec, model.info, "x")[1]))
+                model_inputs(
+                    records_array(json.loads(b), features, "x")[0],
+                    model.spec,
+                    model.info,
+                    "x",
+                    "impute",
+                )
                 for b in bodies
             ]
 
@@ -481,6 +506,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-training", action="store_true", help="skip the under-training runs")
     ap.add_argument("--train-example", choices=MODELS, default="digits-cnn")
     ap.add_argument("--train-rounds", type=int, default=2000, help="rounds of the training swarm")
+    ap.add_argument(
+        "--runtime", choices=("onnx", "torch"), default="onnx", help="the site's serving.runtime"
+    )
+    ap.add_argument(
+        "--workers", default="auto", help="the site's serving.workers (auto: one a core)"
+    )
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args(argv)
@@ -505,7 +536,8 @@ def main(argv: list[str] | None = None) -> int:
                 run = args.models_dir / name
             else:
                 run = train(example, args.model_rounds, work / "models" / name)
-            site = site_file(work, name, run)
+            workers = args.workers if args.workers == "auto" else int(args.workers)
+            site = site_file(work, name, run, {"runtime": args.runtime, "workers": workers})
             load[name] = requests_of(name, example)
             result["breakdown"][name] = breakdown(site, *load[name])
             servers[name] = Server(site, work / f"serve-{name}.log")

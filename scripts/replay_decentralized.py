@@ -48,15 +48,16 @@ from p2pfl.metrics import METHOD_KEY, write_json  # noqa: E402
 def _build_nodes(cfg: TopologyConfig) -> dict[str, dict[str, Any]]:
     """Each node's data and method, built as the daemon builds them (``node_method``)."""
     cls = get_algorithm(cfg.algorithm.name)
-    if cls.kind != "decentralized" or getattr(cls, "exchange_after_training", False):
-        raise SystemExit(
-            f"{cfg.algorithm.name}: only decentralized merge-then-train methods are replayed"
-        )
+    refused = f"{cfg.algorithm.name}: only decentralized merge-then-train methods are replayed"
+    if cls.kind != "decentralized":
+        raise SystemExit(refused)
     nodes = {}
     for nid in cfg.node_ids:
         data = load_node_data(cfg.dataset, cfg.node_ids, nid, cfg.seed)
         rng = np.random.default_rng(node_seed(cfg.seed, nid))
         alg = node_method(cls, cfg, nid, data, rng, torch.device("cpu"))
+        if alg.exchange_after_training:  # the class's order, or its params' (UA-PDFL)
+            raise SystemExit(refused)
         nodes[nid] = {"alg": alg, "data": data, "rng": rng, "neighbours": neighbours(cfg, nid)}
     return nodes
 

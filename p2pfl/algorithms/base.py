@@ -274,7 +274,9 @@ class DecentralizedAlgorithm(Method):
 
     ``exchange_after_training`` picks the round's order: False (default) is merge-then-train
     as listed above (UA-PDFL, DisPFL); True trains first, then takes the snapshot peers pull
-    and merges what they sent (DFedAvgM mixes the models its neighbours just trained).
+    and merges what they sent (DFedAvgM mixes the models its neighbours just trained). A
+    class sets it, or an instance from its params before its first round (UA-PDFL's
+    ``order``); the driver reads the instance's.
 
     ``keeps_in_step`` says whether the node keeps in step with its neighbours (docs/wire.md,
     "Rounds and catch-up"): True (default) joins a swarm under way at its round and skips
@@ -283,7 +285,7 @@ class DecentralizedAlgorithm(Method):
     one of its rounds, from round 1 (or its checkpoint) to the last, whatever its neighbours'
     rounds, so its training budget never depends on the machine's load."""
 
-    exchange_after_training: ClassVar[bool] = False
+    exchange_after_training: bool = False
     keeps_in_step: ClassVar[bool] = True
 
     def gossip(self) -> dict[str, Any] | None:

@@ -55,6 +55,17 @@ of that output at ``X_unit``, the class probabilities of ``bce`` and, for a risk
 monotone map of it into (0, 1), so ``Div`` and the drift compare the same thing. A model of
 several values (regression of k > 1 columns) is refused: no distribution is read off it.
 
+**Reading** (the round's cut, ``order``): the paper's loop is gossip, merge, train, and it
+names no point at which a node's model is scored. ``merge_first`` (default) cuts the loop
+there, so each round ends on the model the node just trained, its personalized model;
+``train_first`` cuts it after the merge (train, gossip, merge: the same loop from round 2
+on, as DFedAvgM orders its round), so each round ends on, and is scored on, the model the
+merge made, as FedAvg's and FedPer's rounds end on their aggregate. Round 1 then merges
+after training and has no common-initial-model dropout. Where a round's last local steps
+move a model far (FLamby's Fed-TCGA-BRCA at its settings: 100 steps at lr 0.1 on raw
+features) the merged model is the better score; on Fashion-MNIST Dir(0.1) the trained one
+is (README.md, "UA-PDFL's divergence rule").
+
 **Reading** (scale of ``μ``): Eq. (12) is the squared L2 norm summed over the feature vector,
 so the strength of a given ``μ`` grows with the feature dimension ``F``. Measured on the CNN
 with Fashion-MNIST (``F`` = 3136, SGD lr 0.05): ``μ`` = 0.1 diverges within one epoch
@@ -181,6 +192,8 @@ class UAPDFL(DecentralizedAlgorithm):
 
     def __init__(self, params: dict[str, Any], ctx: AlgorithmContext):
         super().__init__(params, ctx)
+        # the round's cut (module docstring): train_first trains, then gossips and merges
+        self.exchange_after_training = self.params.order == "train_first"
         self.x_unit = unit_tensor(ctx.input_shape, self.params.unit_value).to(ctx.device)
         self.A_avg: torch.Tensor | None = None
         self._dropout_peer: str | None = None

@@ -170,28 +170,43 @@ def _copy_safetensors(run: Path, node_id: str, out: Path) -> Path:
 
 
 def _export_onnx(module: nn.Module, info: dict[str, Any], path: Path) -> None:
+    path.write_bytes(onnx_bytes(module, info, str(path)))
+
+
+def onnx_bytes(module: nn.Module, info: dict[str, Any], where: str) -> bytes:
+    """``module`` as an ONNX model (``export --format onnx``'s: opset 17, input ``input``,
+    output ``logits``, a dynamic batch axis), checked with ``onnx.checker``; ``where``
+    names it in an :class:`ExportError`, raised also when the exporter cannot trace it."""
+    import io
+
     import onnx
 
     kwargs: dict[str, Any] = {}
     if "dynamo" in inspect.signature(torch.onnx.export).parameters:
         kwargs["dynamo"] = False  # the TorchScript-based exporter: no onnxscript needed
+    buffer = io.BytesIO()
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
-        torch.onnx.export(
-            module,
-            (dummy_input(info),),
-            str(path),
-            input_names=["input"],
-            output_names=["logits"],
-            dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}},
-            opset_version=ONNX_OPSET,
-            **kwargs,
-        )
+        try:
+            torch.onnx.export(
+                module,
+                (dummy_input(info),),
+                buffer,
+                input_names=["input"],
+                output_names=["logits"],
+                dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}},
+                opset_version=ONNX_OPSET,
+                **kwargs,
+            )
+        except (RuntimeError, TypeError, ValueError, torch.onnx.errors.OnnxExporterError) as exc:
+            raise ExportError(f"{where}: the model cannot be exported to ONNX: {exc}") from None
+    data = buffer.getvalue()
     try:
-        onnx.checker.check_model(str(path))
+        onnx.checker.check_model(onnx.load_from_string(data))
     except onnx.checker.ValidationError as exc:
-        raise ExportError(f"{path}: the exported ONNX model does not check: {exc}") from None
+        raise ExportError(f"{where}: the exported ONNX model does not check: {exc}") from None
+    return data
 
 
 def _export_torchscript(module: nn.Module, info: dict[str, Any], path: Path) -> None:

@@ -129,10 +129,23 @@ class Classifier:
         self.spec: dict[str, Any] = info.get("input_spec") or {}
         self.kind: str | None = self.spec.get("kind")
         self.values = info.get("targets") == "values"  # outputs are values, not classes
+        self.runtime = "torch"
+        self._forward: Any = None  # onnxruntime's (use_onnx); None: the torch module's
 
     @classmethod
     def load(cls, run_dir: str | Path, node_id: str) -> Classifier:
         return cls(*load_model_with_info(run_dir, node_id))
+
+    def use_onnx(self, where: str) -> None:
+        """Answer through the model exported to ONNX and run by onnxruntime
+        (:class:`~p2pfl.export.onnx_forward.OnnxForward`) instead of the torch module; the
+        same logits to float32 rounding, read as classes the same way. ``where`` names the
+        model in the :class:`ExportError` of a model the exporter cannot trace."""
+        from p2pfl.export.model import onnx_bytes
+        from p2pfl.export.onnx_forward import OnnxForward
+
+        self._forward = OnnxForward(onnx_bytes(self.module, self.info, where))
+        self.runtime = "onnxruntime"
 
     def probabilities(self, x_batches: Iterable[np.ndarray]) -> np.ndarray:
         """The probability of each class for each input (float32, one row each): the
@@ -141,7 +154,10 @@ class Classifier:
         probs: list[np.ndarray] = []
         with torch.no_grad():
             for x in x_batches:
-                out = self.module(torch.as_tensor(x, dtype=torch.float32)).float()
+                if self._forward is not None:
+                    out = torch.from_numpy(self._forward(x))
+                else:
+                    out = self.module(torch.as_tensor(x, dtype=torch.float32)).float()
                 if self.values:
                     probs.append(out.reshape(len(out), -1).numpy())
                 else:
@@ -154,22 +170,36 @@ class Classifier:
         """The probabilities for the rows of DataFrame ``df`` (the model's feature columns,
         named as in its data; other columns ignored); ``where`` names the rows in errors;
         ``missing``: as :func:`table_inputs` takes it."""
-        if self.kind != "tabular":
-            raise ExportError(
-                f"{where}: the model was not trained on tabular data "
-                f"(input_spec kind {self.kind!r}); give {_wanted(self.kind)}"
-            )
+        self._check_kind("tabular", where)
         _, batches, _ = table_inputs(df, self.spec, self.info, where, missing)
         return self.probabilities(batches)
 
+    def records(
+        self, records: list[dict[str, Any]], where: str, missing: str = "impute"
+    ) -> tuple[np.ndarray, list[str]]:
+        """:meth:`table` for JSON records (:func:`records_array`: the same inputs, without a
+        DataFrame): (the probabilities, the record keys that are not feature columns)."""
+        self._check_kind("tabular", where)
+        features = self.spec.get("features")
+        if not isinstance(features, list) or not features:
+            raise ExportError(f"node {self.info['node']}: input_spec has no feature columns")
+        arr, ignored = records_array(records, features, where)
+        x = model_inputs(arr, self.spec, self.info, where, missing)
+        return self.probabilities(_chunks(x)), ignored
+
     def images(self, blobs: list[bytes], where: str) -> np.ndarray:
         """The probabilities for images given as their files' bytes (PNG, JPEG, ...)."""
-        if self.kind != "image":
+        self._check_kind("image", where)
+        return self.probabilities(image_batches(blobs, self.spec, self.info, where))
+
+    def _check_kind(self, kind: str, where: str) -> None:
+        """An :class:`ExportError` unless the model was trained on ``kind`` inputs."""
+        if self.kind != kind:
+            data = {"tabular": "tabular data", "image": "images"}[kind]
             raise ExportError(
-                f"{where}: the model was not trained on images "
+                f"{where}: the model was not trained on {data} "
                 f"(input_spec kind {self.kind!r}); give {_wanted(self.kind)}"
             )
-        return self.probabilities(image_batches(blobs, self.spec, self.info, where))
 
 
 def _wanted(kind: str | None) -> str:
@@ -223,6 +253,21 @@ def table_inputs(
         if bad:
             raise ExportError(f"{where}: column(s) {', '.join(map(repr, bad))} hold non-numbers")
         arr = x.to_numpy(dtype=np.float64)
+    arr = model_inputs(arr, spec, info, where, missing)
+    label = spec.get("label")
+    labels = df[label].tolist() if isinstance(label, str) and label in columns else None
+    names = {"row": list(range(len(arr)))}
+    return names, _chunks(arr), labels
+
+
+def model_inputs(
+    arr: np.ndarray, spec: dict[str, Any], info: dict[str, Any], where: str, missing: str
+) -> np.ndarray:
+    """The model's input array from ``arr`` (float64, one row an input, one column a feature
+    in ``spec["features"]``'s order, NaN where a value is missing): each column normalised
+    with its training ``mean``/``std``, shaped as the model takes it. ``missing``: as
+    :func:`table_inputs` takes it."""
+    features = spec["features"]
     if missing == "refuse" and np.isnan(arr).any():
         row, col = (int(i) for i in np.argwhere(np.isnan(arr))[0])
         count = int(np.isnan(arr).sum())
@@ -241,11 +286,46 @@ def table_inputs(
         raise ExportError(
             f"node {info['node']}: {n_feat} features do not fit input shape {list(shape)}"
         )
-    arr = arr.reshape(len(arr), *shape)
-    label = spec.get("label")
-    labels = df[label].tolist() if isinstance(label, str) and label in columns else None
-    names = {"row": list(range(len(arr)))}
-    return names, _chunks(arr), labels
+    return arr.reshape(len(arr), *shape)
+
+
+def records_array(
+    records: list[dict[str, Any]], features: list[str], where: str
+) -> tuple[np.ndarray, list[str]]:
+    """JSON records (``{column: value}``) as :func:`table_inputs` reads a DataFrame of them,
+    without building one (a served request is often one record): (float64 ``[rows,
+    features]``, NaN for a ``null`` or a key a record lacks; the other keys, sorted). A value
+    that is no number (a list, a word, the string ``"nan"``) is an :class:`ExportError`
+    naming its column, as is a feature no record has."""
+    present: set[str] = set()
+    for record in records:
+        present.update(record)
+    absent = [f for f in features if f not in present]
+    if absent:
+        raise ExportError(
+            f"{where}: missing feature column(s) {', '.join(map(repr, absent))} "
+            f"(the model reads {', '.join(features)})"
+        )
+    arr = np.empty((len(records), len(features)))
+    bad: set[int] = set()
+    for i, record in enumerate(records):
+        for j, feature in enumerate(features):
+            value = record.get(feature)
+            if value is None:
+                arr[i, j] = math.nan
+                continue
+            try:
+                number = float(value)
+            except (TypeError, ValueError, OverflowError):
+                bad.add(j)
+                continue
+            if isinstance(value, str) and math.isnan(number):
+                bad.add(j)  # a word that reads as NaN is not a missing value
+            arr[i, j] = number
+    if bad:
+        names = [features[j] for j in sorted(bad)]
+        raise ExportError(f"{where}: column(s) {', '.join(map(repr, names))} hold non-numbers")
+    return arr, sorted(str(k) for k in present if k not in set(features))
 
 
 def _vector(values: Any, n: int, default: float, field: str, info: dict[str, Any]) -> np.ndarray:

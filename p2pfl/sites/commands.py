@@ -208,7 +208,37 @@ def cmd_runs(args: argparse.Namespace) -> int:
         for voter, v in sorted(r["votes"].items()):
             reasons = "; ".join(f"{x['code']}: {x['detail']}" for x in v["reasons"])
             out.print(f"  {voter}: {v['vote']}" + (f" ({escape(reasons)})" if reasons else ""))
+        for line in _site_lines(r):
+            out.print(line)
     return 0
+
+
+LEFT = {"failed", "cancelled", "aborted"}
+"""A member's statuses that mean it did not see the run through."""
+
+
+def _site_lines(row: dict) -> list[str]:
+    """Each site's status of a run as it last told it (``p2pfl runs``): status, round and
+    metrics; a member that left or failed is marked."""
+    sites = row.get("sites") or {}
+    if not sites:
+        return []
+    lines = ["  as each site tells it:"]
+    for name, told in sorted(sites.items()):
+        figures = ", ".join(
+            f"{k.removeprefix('test_')} {v:.4g}" for k, v in sorted(told["metrics"].items())
+        )
+        mark = (
+            " [bold red]left[/]"
+            if told["status"] in LEFT and name in row["members"] and row["status"] not in LEFT
+            else ""
+        )
+        why = f" ({escape(told['why'])})" if told["why"] else ""
+        lines.append(
+            f"    {name}: [bold]{told['status']}[/]{mark}{why}  round {told['round']}"
+            + (f"  {figures}" if figures else "")
+        )
+    return lines
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
@@ -302,7 +332,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """``p2pfl serve --site``: the site's served model over HTTP (:mod:`p2pfl.sites.models.serving`)
     until SIGTERM or Ctrl-C; the site daemon runs it when ``serving.listen`` is set."""
     from p2pfl.sites.daemon.observe import parse_listen
-    from p2pfl.sites.models.serving import serve
+    from p2pfl.sites.models.serving_pool import serve, usable_cores
     from p2pfl.sites.models.store import ModelStore
 
     site = _site(args)
@@ -317,11 +347,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         address = parse_listen(listen)
     except ValueError as exc:
         raise SystemExit(f"p2pfl serve: --listen: {exc}") from None
+    workers = site.serving.workers
     serve(
         ModelStore(site.state_dir, site.site),
         address,
         site.serving.max_request_bytes,
         site.serving.missing,
+        site.serving.runtime,
+        usable_cores() if workers == "auto" else workers,
     )
     return 0
 

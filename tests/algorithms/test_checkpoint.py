@@ -32,7 +32,12 @@ SETUP_ROUNDS = 2
 
 # knob sets per method, so that the state each knob puts in play is exercised ({} otherwise)
 VARIANTS: dict[str, list[dict[str, Any]]] = {
-    "uapdfl": [{}, {"divergence_rule": "fixed", "th_I": 100.0}, {"aux_reduction": "mean"}],
+    "uapdfl": [
+        {},
+        {"divergence_rule": "fixed", "th_I": 100.0},
+        {"aux_reduction": "mean"},
+        {"order": "train_first"},
+    ],
     "dfedavgm": [{}, {"mixing": "deltas"}, {"mixing": "deltas", "fp16_deltas": True}],
     "dispfl": [{}, {"regrow": "random", "weighted": True}],
     "diversifed": [{}, {"lam": 0.0}],

@@ -209,6 +209,28 @@ def test_drift_is_measured_and_gossiped(make_alg):
     assert alg.gossip()["d"] == alg.drift
 
 
+def test_order_train_first_merges_after_training(make_alg):
+    """``order: train_first`` (docs/algorithms.md, "UA-PDFL"): the driver trains first; the
+    drift is then measured from the merge of the round before, none in round 1."""
+    assert make_alg({}).exchange_after_training is False  # the paper's loop: merge first
+    alg = make_alg({"order": "train_first"})
+    assert alg.exchange_after_training is True
+    with torch.no_grad():  # round 1's training, from the common initial model
+        alg.model.h.bias.add_(torch.tensor([0.5, 0.0, -0.5]))
+    alg.after_train()
+    assert alg.drift is None and "d" not in alg.gossip()
+    # round 1's merge: a peer that trained elsewhere is no twin (no drift known yet)
+    peer = {"p": {"n": 2, "I": _near(alg.I, 0.5), "A": alg.A}}
+    plan, facts = alg.plan(peer)
+    assert facts["dropout"] is False and plan == {"p": "g"}
+    alg.merge(peer, {})
+    I_pre = alg.I.clone()
+    with torch.no_grad():  # round 2's training
+        alg.model.h.bias.add_(torch.tensor([-0.2, 0.1, 0.1]))
+    alg.after_train()
+    assert alg.drift == pytest.approx(symmetric_kl(I_pre, alg.I), rel=1e-9)
+
+
 def test_relative_rule_compares_div_with_the_pairs_drift(make_alg):
     alg = make_alg({})
     assert (alg.params.divergence_rule, alg.params.kappa) == ("relative", 2.0)  # the defaults

@@ -64,18 +64,22 @@ def tabular_store(tmp_path):
     return store, first, second
 
 
-def _same_as_predict(answer, want: pd.DataFrame) -> None:
-    """The server's answer is ``p2pfl predict``'s CSV, class for class and, as float32,
-    probability for probability."""
+def _same_as_predict(answer, want: pd.DataFrame, exact: bool = False) -> None:
+    """The server's answer is ``p2pfl predict``'s CSV, class for class and probability for
+    probability: the same float32 from torch, within 1e-6 from onnxruntime."""
     preds = answer["predictions"]
     assert [p["predicted"] for p in preds] == want["predicted"].tolist()
     assert [p["label"] for p in preds] == want["label"].tolist()
     got = np.array([p["probabilities"] for p in preds], dtype=np.float32)
     expected = want[[f"p_{c}" for c in answer["classes"]]].to_numpy(dtype=np.float32)
-    assert np.array_equal(got, expected)
+    if exact:
+        assert np.array_equal(got, expected)
+    else:
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
 
 
-def test_predict_answers_what_p2pfl_predict_answers(tabular_store, tmp_path):
+@pytest.mark.parametrize("runtime", ["onnx", "torch"])
+def test_predict_answers_what_p2pfl_predict_answers(tabular_store, tmp_path, runtime):
     store, first, _ = tabular_store
     entry = store.add(first.dir, "run1", round_no=4)
     store.promote(entry.id, "the first model")
@@ -84,12 +88,13 @@ def test_predict_answers_what_p2pfl_predict_answers(tabular_store, tmp_path):
     df.to_csv(rows_csv, index=False)
     want = pd.read_csv(classify(store.path(entry.id), "a", rows_csv, tmp_path / "p.csv").path)
 
-    with ModelServer(store, "127.0.0.1", 0) as server:
+    exact = runtime == "torch"
+    with ModelServer(store, "127.0.0.1", 0, runtime=runtime) as server:
         server_thread = _serve_in_thread(server)
         records = df.to_dict(orient="records")
         status, answer = _request(server, "POST", "/v1/predict", json.dumps(records))
         assert status == 200 and answer["model"] == entry.id and answer["classes"] == CLASSES
-        _same_as_predict(answer, want)
+        _same_as_predict(answer, want, exact)
         # {"records": [...]}, JSON rows, and a CSV batch give the same answer
         for body, kind in (
             (json.dumps({"records": records}), "application/json"),
@@ -101,7 +106,7 @@ def test_predict_answers_what_p2pfl_predict_answers(tabular_store, tmp_path):
         ):
             status, again = _request(server, "POST", "/v1/predict", body, kind)
             assert status == 200, again
-            _same_as_predict(again, want)
+            _same_as_predict(again, want, exact)
 
         status, model = _request(server, "GET", "/v1/model")
         assert status == 200
@@ -109,6 +114,7 @@ def test_predict_answers_what_p2pfl_predict_answers(tabular_store, tmp_path):
         assert model["model"]["round"] == 4
         assert model["lineage"] == [] and model["served_before"] == []
         assert model["input"]["features"] == FEATURES and model["classes"] == CLASSES
+        assert model["runtime"] == {"onnx": "onnxruntime", "torch": "torch"}[runtime]
         server.shutdown()
         server_thread.join(10)
 

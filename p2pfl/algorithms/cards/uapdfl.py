@@ -27,6 +27,11 @@ class UAPDFLParams(Params):
     )
     unit_value: float = Field(1.0, description="value of every element of X_unit")
     eps: float = Field(1e-8, gt=0, description="guard against log(0) in KL")
+    order: Literal["merge_first", "train_first"] = Field(
+        "merge_first",
+        description="merge then train, scored trained (paper's loop); or train then merge, "
+        "scored merged",
+    )
 
 
 CARD = MethodCard(

@@ -45,6 +45,11 @@ CREATE TABLE IF NOT EXISTS commits (
     run_id TEXT NOT NULL, committer TEXT NOT NULL, members TEXT NOT NULL, at REAL NOT NULL,
     signed BLOB, PRIMARY KEY (run_id, committer)
 );
+CREATE TABLE IF NOT EXISTS site_status (
+    run_id TEXT NOT NULL, site TEXT NOT NULL, status TEXT NOT NULL, why TEXT NOT NULL,
+    round INTEGER NOT NULL, metrics TEXT NOT NULL, at REAL NOT NULL, signed BLOB,
+    PRIMARY KEY (run_id, site)
+);
 """
 
 
@@ -65,6 +70,9 @@ class RunEntry:
     why: str
     votes: dict[str, dict[str, Any]] = field(default_factory=dict)
     commits: dict[str, list[str]] = field(default_factory=dict)
+    # each site's status of the run as it last told it (its own included): status, why,
+    # round, metrics, at (the teller's clock)
+    sites: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 class ConsentLedger:
@@ -142,6 +150,34 @@ class ConsentLedger:
                 (run_id, committer, json.dumps(sorted(members)), self._clock(), signed),
             )
 
+    def site_status(
+        self, run_id: str, site: str, record: dict[str, Any], at: float, signed: bytes = b""
+    ) -> bool:
+        """Keep ``site``'s status of a known run (``record``: as
+        :func:`~p2pfl.sites.consent.site_status.read_status` gives it), told at ``at`` by
+        its clock; an older one than the status kept is ignored (False)."""
+        self._known(run_id)
+        row = self._db.execute(
+            "SELECT at FROM site_status WHERE run_id = ? AND site = ?", (run_id, site)
+        ).fetchone()
+        if row is not None and row[0] > at:
+            return False
+        with self._db:
+            self._db.execute(
+                "INSERT OR REPLACE INTO site_status VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    run_id,
+                    site,
+                    record["status"],
+                    record["why"],
+                    record["round"],
+                    json.dumps(record["metrics"], sort_keys=True),
+                    at,
+                    signed,
+                ),
+            )
+        return True
+
     def set_status(self, run_id: str, status: str, why: str = "") -> None:
         """Move a run to ``status`` at this site (with ``why``); a move the lifecycle does
         not allow is a :class:`LedgerError`."""
@@ -183,7 +219,38 @@ class ConsentLedger:
             )
         }
         rid, name, proposer, spec, at, status, why = row
-        return RunEntry(rid, name, proposer, json.loads(spec), at, status, why, votes, commits)
+        return RunEntry(
+            rid,
+            name,
+            proposer,
+            json.loads(spec),
+            at,
+            status,
+            why,
+            votes,
+            commits,
+            self._site_statuses(run_id),
+        )
+
+    def _site_statuses(self, run_id: str) -> dict[str, dict[str, Any]]:
+        try:
+            rows = self._db.execute(
+                "SELECT site, status, why, round, metrics, at FROM site_status "
+                "WHERE run_id = ? ORDER BY site",
+                (run_id,),
+            ).fetchall()
+        except sqlite3.OperationalError:  # a ledger older than the table, opened read-only
+            return {}
+        return {
+            site: {
+                "status": status,
+                "why": why,
+                "round": round_no,
+                "metrics": json.loads(metrics),
+                "at": at,
+            }
+            for site, status, why, round_no, metrics, at in rows
+        }
 
     def runs(self) -> list[RunEntry]:
         """Every run this site holds, oldest proposal first."""

@@ -1,6 +1,7 @@
 """The signed, retained messages site daemons agree on a run with, without a server
 (docs/design.md, "Site policy" and "The site daemon"): a proposal (``spec``), the sites'
-``vote``, the ``commit`` and a ``cancel``.
+``vote``, the ``commit`` and a ``cancel``; and what they tell each other beside (a series'
+``data``, the swarm's ``trust``, each site's ``status`` of a run).
 
 Each is retained by the broker on its own topic, ``p2pfl/<swarm>/sites/<kind>/<run_id>/
 <site>``, where ``site`` is its signer: the proposer of a spec, the voter of a vote, the
@@ -80,8 +81,9 @@ __all__ = [
     "topic",
 ]
 
-KINDS = ("spec", "vote", "commit", "cancel", "data", "trust")
-"""data: a series' data report (on the series' id); trust: the swarm's CRL (on TRUST_RUN)."""
+KINDS = ("spec", "vote", "commit", "cancel", "data", "trust", "status")
+"""data: a series' data report (on the series' id); trust: the swarm's CRL (on TRUST_RUN);
+status: the signer's status of a run (:mod:`~p2pfl.sites.consent.site_status`)."""
 TRUST_RUN = "0" * 16
 """The run slot of trust messages: they belong to the swarm, not to a run."""
 MAX_SITE_MESSAGE_BYTES = 256 * 1024  # a run spec with its knobs is a few KiB

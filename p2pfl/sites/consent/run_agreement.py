@@ -65,6 +65,7 @@ from p2pfl.sites.consent.agreement import (
 from p2pfl.sites.consent.ledger import FINAL, LedgerError, RunEntry
 from p2pfl.sites.consent.run_spec import RunSpec, run_id, spec_from_dict
 from p2pfl.sites.consent.run_state import RunState
+from p2pfl.sites.consent.site_status import read_status
 from p2pfl.sites.daemon.context import SiteContext
 from p2pfl.sites.policy.rules import Decision, Reason
 from p2pfl.sites.runs.series import SeriesCycles
@@ -137,9 +138,12 @@ class RunAgreement:
             if sum(len(v) for v in self._early.values()) < MAX_EARLY:
                 self._early[msg.run_id].append((msg, payload))
             return
-        {"vote": self._on_vote, "commit": self._on_commit, "cancel": self._on_cancel}[msg.kind](
-            st, msg, payload
-        )
+        {
+            "vote": self._on_vote,
+            "commit": self._on_commit,
+            "cancel": self._on_cancel,
+            "status": self._on_status,
+        }[msg.kind](st, msg, payload)
 
     def _on_spec(self, msg: M.SiteMessage, payload: bytes, topic: str) -> None:
         if msg.run_id in self.ctx.runs or msg.run_id in self._checking:
@@ -189,7 +193,11 @@ class RunAgreement:
         st = RunState(msg.run_id, spec, msg.site, msg.ts, outside=outside)
         self.ctx.runs[msg.run_id] = st
         for early, raw in self._early.pop(msg.run_id, []):
-            self._apply(early, raw, "")
+            try:  # one bad early message must not stop this spec's own handling
+                self._apply(early, raw, "")
+            except (LedgerError, ValueError, KeyError, TypeError) as exc:
+                where = M.topic(self.ctx.swarm, early.kind, early.run_id, early.site)
+                self.ctx.drop(where, "bad_body", str(exc))
         entry = self.ctx.ledger.run(st.run_id)
         assert entry is not None
         if entry.status in FINAL:
@@ -419,6 +427,13 @@ class RunAgreement:
         self.slots.start_waiting()
 
     # ------------------------------------------------------------------ cancel
+    def _on_status(self, st: RunState, msg: M.SiteMessage, payload: bytes) -> None:
+        """A site's status of the run (its own included): kept in the ledger for ``p2pfl
+        runs``, nothing else (information, never a decision); a malformed body is a
+        ``ValueError`` (dropped, counted)."""
+        assert self.ctx.ledger is not None
+        self.ctx.ledger.site_status(st.run_id, msg.site, read_status(msg.body), msg.ts, payload)
+
     def _on_cancel(self, st: RunState, msg: M.SiteMessage, payload: bytes) -> None:
         scope = msg.body.get("scope")
         if scope not in ("run", "leave"):

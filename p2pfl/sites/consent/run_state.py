@@ -36,6 +36,7 @@ class RunState:
     waiting: str = ""  # why a committed run waits for a slot
     tasks: list[asyncio.Task] = field(default_factory=list)
     outside: OutsideCode | None = None  # what a child process learned of its outside code
+    metrics: dict[str, float] = field(default_factory=dict)  # its node's latest test_* figures
 
     @property
     def deadline(self) -> float:

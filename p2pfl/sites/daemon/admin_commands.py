@@ -176,8 +176,9 @@ def run_row(
     entry: RunEntry, state_dir: Path, status: str, why: str, last_round: int
 ) -> dict[str, Any]:
     """One run as ``p2pfl runs`` shows it, from this site's ledger entry: its id, name,
-    proposer, ``status`` at this site and ``why``, the votes heard with their reasons, the
-    members of the commit that stands, ``last_round`` its node finished of the rounds it
+    proposer, ``status`` at this site and ``why``, the votes heard with their reasons, each
+    site's status of the run as it last told it (``sites``), the members of the commit that
+    stands, ``last_round`` its node finished of the rounds it
     trains, its series cycle, the run it retries, and its folder."""
     winner = None
     if entry.commits:
@@ -197,6 +198,7 @@ def run_row(
         "status": status,
         "why": why,
         "votes": entry.votes,
+        "sites": entry.sites,
         "members": entry.commits.get(winner, []) if winner else [],
         "round": last_round,
         "rounds": rounds,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 from collections import Counter
 from collections.abc import Coroutine
 from pathlib import Path
@@ -22,13 +23,16 @@ from typing import Any
 from p2pfl.sites.consent import messages as M
 from p2pfl.sites.consent.ledger import FINAL, ConsentLedger, RunEntry
 from p2pfl.sites.consent.run_state import RunState
+from p2pfl.sites.consent.site_status import status_body
 from p2pfl.sites.daemon.broker_link import BrokerLink
 from p2pfl.sites.daemon.json_log import run_context
-from p2pfl.sites.daemon.observe import SiteMetrics
+from p2pfl.sites.daemon.observe import ServedModel, SiteMetrics
 from p2pfl.sites.daemon.site_file import SiteFile
+from p2pfl.sites.models.store import ModelStore, ModelStoreError
 from p2pfl.sites.policy.binding_watch import BindingWatch
 from p2pfl.sites.policy.rules import Decision, Stage
 from p2pfl.sites.policy.verdict import OutsideCodeChecks, judge
+from p2pfl.sites.runs.processes import SERVING_METRICS
 
 log = logging.getLogger("p2pfl.sites.daemon")
 
@@ -48,7 +52,16 @@ class SiteContext:
         if site.certs is not None:
             self.identity = M.SiteIdentity.from_certs(site.certs, site.site)
             self.verifier = M.SiteVerifier.from_certs(site.certs)
-        self.metrics = SiteMetrics(site.site)
+        # what the serving processes answered (counted in files of their own, emptied
+        # now: the daemon holds its state_dir), and the model the site serves
+        self.serving_metrics: Path | None = None
+        if site.serving.listen is not None:
+            self.serving_metrics = self.state_dir / SERVING_METRICS
+            shutil.rmtree(self.serving_metrics, ignore_errors=True)
+            self.serving_metrics.mkdir(parents=True)
+        self.metrics = SiteMetrics(
+            site.site, serving_dir=self.serving_metrics, served=self._served_model
+        )
         self.runs: dict[str, RunState] = {}
         self.ledger: ConsentLedger | None = None
         self.link = BrokerLink(self.swarm, self.name, broker, site.certs, self.identity)
@@ -56,6 +69,17 @@ class SiteContext:
         self.outside_checks = OutsideCodeChecks(site.policy, self.state_dir)
         self.draining = False
         self.dropped: Counter[str] = Counter()  # peer messages dropped, by reason
+
+    def _served_model(self) -> ServedModel | None:
+        """The model the site serves now (its model store: read, no torch), for
+        ``/metrics``; None when none is, or the store cannot be read."""
+        try:
+            entry = ModelStore(self.state_dir, self.name).served()
+        except (OSError, ModelStoreError):
+            return None
+        if entry is None:
+            return None
+        return ServedModel(entry.id, entry.run_id, entry.metric, entry.accuracy)
 
     # ------------------------------------------------------------------ services
     async def publish(self, kind: str, run: str, body: dict[str, Any]) -> None:
@@ -116,11 +140,26 @@ class SiteContext:
         return self.status_of(st) in FINAL
 
     def set_status(self, st: RunState, status: str, why: str = "") -> None:
-        """Move ``st`` to ``status`` in the ledger (the ledger refuses a step back)."""
+        """Move ``st`` to ``status`` in the ledger (the ledger refuses a step back), and tell
+        the federation (:meth:`tell_status`)."""
         assert self.ledger is not None
         self.ledger.set_status(st.run_id, status, why)
         log.info("%s: run %s %s%s", self.name, st.run_id, status, f": {why}" if why else "")
         self.count_runs()
+        self.tell_status(st)
+
+    def tell_status(self, st: RunState) -> None:
+        """Publish this site's status of ``st`` (its signed, retained ``status`` message:
+        :mod:`~p2pfl.sites.consent.site_status`): the status as ``p2pfl runs`` shows it,
+        why, the last round its node finished and that round's metrics."""
+        assert self.ledger is not None
+        entry = self.ledger.run(st.run_id)
+        if entry is None:
+            return
+        status, why = self.shown_status(entry)
+        last_round = st.worker.last_round if st.worker is not None else 0
+        body = status_body(status, why, last_round, st.metrics)
+        self.spawn(st, self.publish("status", st.run_id, body))
 
     def shown_status(self, entry: RunEntry) -> tuple[str, str]:
         """A ledger entry's status at this site as ``p2pfl runs`` and the metrics show it,

@@ -20,6 +20,8 @@ import http
 import logging
 import socket
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -55,6 +57,23 @@ ROUND_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
 """Upper bounds (s) of ``p2pfl_round_duration_seconds``: a round of a small model on one
 machine takes well under a second, one of a CNN over slow links tens of minutes."""
 
+GATE_DECISIONS = ("promoted", "refused", "failed")
+"""What became of a finished run's model at the gate (``failed``: not kept at all)."""
+
+MAX_METRIC_RUNS = 8
+"""How many runs ``p2pfl_run_metric`` shows (the newest this site measured)."""
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What ``/metrics`` says of the served model: its id, run, and held-out score."""
+
+    id: str
+    run_id: str
+    metric: str
+    score: float | None
+
+
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 """The content type of :meth:`SiteMetrics.render`'s text (Prometheus exposition format)."""
 
@@ -74,11 +93,52 @@ class SiteMetrics:
     Only a lane outside :data:`LANES` raises (``ValueError``): the callers name lanes in code.
     """
 
-    def __init__(self, site: str = ""):
+    def __init__(
+        self,
+        site: str = "",
+        *,
+        serving_dir: Path | None = None,
+        served: Callable[[], ServedModel | None] | None = None,
+    ):
         """``site``: the site's name, a label of ``p2pfl_build_info`` beside ``version`` (one
-        value per daemon, so still bounded)."""
+        value per daemon, so still bounded). ``serving_dir``: the folder the serving
+        processes count into (:mod:`~p2pfl.sites.models.serving_meter`), read back at each
+        scrape; ``served``: what the site serves now, asked at each scrape."""
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        if serving_dir is not None:
+            from prometheus_client.multiprocess import MultiProcessCollector
+
+            MultiProcessCollector(r, path=str(serving_dir))
+        self._served = served
+        self.served_model = Gauge(
+            "p2pfl_served_model_info",
+            "1, labelled with the served model's id and the run it came from",
+            ["model", "run_id"],
+            registry=r,
+        )
+        self.served_metric = Gauge(
+            "p2pfl_served_model_metric",
+            "the served model's held-out promote.metric when it was judged",
+            ["metric"],
+            registry=r,
+        )
+        self._served_labels: tuple[tuple[str, str], tuple[str, ...]] | None = None
+        self.gate_decisions = Counter(
+            "p2pfl_gate_decisions_total",
+            "finished runs' models judged at the gate",
+            ["decision"],
+            registry=r,
+        )
+        for decision in GATE_DECISIONS:
+            self.gate_decisions.labels(decision)
+        self.run_metric = Gauge(
+            "p2pfl_run_metric",
+            "this site's latest test_* figures of its newest runs",
+            ["run_id", "metric"],
+            registry=r,
+        )
+        self._metric_runs: dict[str, set[str]] = {}  # run id -> its metric names, oldest first
         build = Gauge(
             "p2pfl_build_info", "1, labelled with p2pfl's version", ["version", "site"], registry=r
         )
@@ -158,8 +218,42 @@ class SiteMetrics:
         """The DP ε the last run's records show spent."""
         self.dp_epsilon.set(epsilon)
 
+    def judged(self, decision: str) -> None:
+        """One finished run's model judged at the gate: ``decision`` one of
+        :data:`GATE_DECISIONS` (another counts as ``failed``)."""
+        self.gate_decisions.labels(decision if decision in GATE_DECISIONS else "failed").inc()
+
+    def set_run_metrics(self, run_id: str, metrics: Mapping[str, float]) -> None:
+        """This site's latest ``metrics`` of run ``run_id``; the runs beyond the newest
+        :data:`MAX_METRIC_RUNS` leave the series (a bounded label set)."""
+        names = self._metric_runs.pop(run_id, set())
+        for gone in names - set(metrics):
+            self.run_metric.remove(run_id, gone)
+        for name, value in metrics.items():
+            self.run_metric.labels(run_id, name).set(value)
+        self._metric_runs[run_id] = set(metrics)
+        while len(self._metric_runs) > MAX_METRIC_RUNS:
+            old = next(iter(self._metric_runs))
+            for name in self._metric_runs.pop(old):
+                self.run_metric.remove(old, name)
+
+    def _refresh_served(self) -> None:
+        """The served model's series, as ``served()`` says now."""
+        served = self._served() if self._served is not None else None
+        labels = None if served is None else ((served.id, served.run_id), (served.metric,))
+        if labels != self._served_labels:  # another model: the old one's series go
+            if self._served_labels is not None:
+                self.served_model.remove(*self._served_labels[0])
+                self.served_metric.remove(*self._served_labels[1])
+            self._served_labels = labels
+        if served is not None:
+            self.served_model.labels(served.id, served.run_id).set(1)
+            if served.score is not None:
+                self.served_metric.labels(served.metric).set(served.score)
+
     def render(self) -> bytes:
         """Every metric in the Prometheus text format (:data:`CONTENT_TYPE`)."""
+        self._refresh_served()
         return generate_latest(self.registry)
 
 

@@ -59,7 +59,9 @@ class SiteDaemon:
         if site.serving.listen is not None:
             if site.source is None:
                 raise ValueError(f"site {site.site}: serving needs a site loaded from its file")
-            self.serving = ServingProcess(site.source, ctx.state_dir / "serving.log")
+            self.serving = ServingProcess(
+                site.source, ctx.state_dir / "serving.log", ctx.serving_metrics
+            )
 
     async def run(self) -> int:
         """Serve until drained (0) or cancelled; workers still running are stopped."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     Field,
@@ -176,6 +176,15 @@ class Serving(StrictModel):
         default="refuse",
         description="a missing value in a request (null, an empty CSV cell): refuse (400 "
         "naming its column and row) or impute (the column's training mean)",
+    )
+    runtime: Literal["onnx", "torch"] = Field(
+        default="onnx",
+        description="what computes an answer: the model exported to ONNX, run by "
+        "onnxruntime (a model it cannot export: torch), or the torch module",
+    )
+    workers: Literal["auto"] | Annotated[int, Field(ge=1, le=256)] = Field(
+        default="auto",
+        description="processes answering requests on the one port (auto: one a usable core)",
     )
 
     @field_validator("listen")

@@ -39,13 +39,14 @@ import json
 import logging
 import os
 import threading
+import time
 from dataclasses import asdict, dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from p2pfl.errors import P2PFLError
-from p2pfl.sites.models import oip
+from p2pfl.sites.models import oip, serving_meter
 from p2pfl.sites.models.store import CURRENT, ModelEntry, ModelStore, ModelStoreError
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,7 @@ class Served:
             "lineage": self.lineage,
             "served_before": self.served_before,
             "classes": self.classifier.classes,
+            "runtime": self.classifier.runtime,
             "input": {k: spec[k] for k in ("kind", "features", "channels", "size") if k in spec},
         }
 
@@ -104,10 +106,12 @@ class ModelServer:
         *,
         max_request_bytes: int = 16 << 20,
         missing: str = "refuse",
+        runtime: str = "onnx",
     ):
         self.store = store
         self.max_request_bytes = max_request_bytes
         self.missing = missing  # serving.missing: refuse or impute a missing value
+        self.runtime = runtime  # serving.runtime: onnx (onnxruntime) or torch
         self.served: Served | None = None
         self._seen: tuple[int, ...] | None = None  # current.json's (inode, mtime, size) loaded
         self._stop = threading.Event()
@@ -185,6 +189,7 @@ class ModelServer:
         return False
 
     def _load(self) -> Served | None:
+        from p2pfl.export import ExportError
         from p2pfl.export.predict import Classifier  # torch: only in the serving process
 
         entry = self.store.served()
@@ -200,6 +205,11 @@ class ModelServer:
             with contextlib.suppress(ModelStoreError):
                 served_before.append(brief(self.store.entry(before)))
         classifier = Classifier.load(self.store.path(entry.id), self.store.site)
+        if self.runtime == "onnx":
+            try:
+                classifier.use_onnx(f"model {entry.id}")
+            except ExportError as exc:  # served all the same, by the module itself
+                log.warning("%s: %s; answering with torch", self.store.site, exc)
         return Served(entry, lineage, served_before, classifier)
 
     def _watch(self) -> None:
@@ -217,20 +227,23 @@ class ModelServer:
         served = self.served_or_503()
         model = served.classifier
         kind = content_type.split(";", 1)[0].strip().lower()
-        frame = None  # the request's rows, for a tabular model
+        extra: list[str] = []  # the request's columns that are no feature of the model
         try:
             if kind.startswith(IMAGE_TYPES):
                 probs = model.images([body], "the request's image")
             elif kind == "text/csv":
                 frame = _csv_frame(body)
                 probs = model.table(frame, "the request's CSV", self.missing)
+                features = set(model.spec.get("features") or [])
+                extra = sorted(str(c) for c in frame.columns if str(c) not in features)
             elif kind in ("application/json", ""):
                 data = _json(body)
                 if isinstance(data, dict) and "images" in data:
                     probs = model.images(_images(data["images"]), "the request's images")
                 else:
-                    frame = _json_frame(data)
-                    probs = model.table(frame, "the request's rows", self.missing)
+                    probs, extra = model.records(
+                        _json_records(data), "the request's rows", self.missing
+                    )
             else:
                 raise BadRequest(
                     HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
@@ -238,12 +251,8 @@ class ModelServer:
                 )
         except ExportError as exc:
             raise BadRequest(HTTPStatus.BAD_REQUEST, str(exc)) from None
-        ignored = {}
-        if frame is not None:
-            features = set(model.spec.get("features") or [])
-            extra = sorted(str(c) for c in frame.columns if str(c) not in features)
-            if extra:  # named, so a misspelt column is seen (the label may travel along)
-                ignored = {"ignored_columns": extra}
+        # named, so a misspelt column is seen (the label may travel along)
+        ignored = {"ignored_columns": extra} if extra else {}
         if model.values:  # regression, a risk score: the model's outputs
             return {
                 "model": served.entry.id,
@@ -325,10 +334,9 @@ def _json(body: bytes) -> Any:
         raise BadRequest(HTTPStatus.BAD_REQUEST, f"the body is not JSON: {exc}") from None
 
 
-def _json_frame(data: Any):
-    """A DataFrame from JSON records, ``{"records": [...]}`` or ``{"columns", "rows"}``."""
-    import pandas as pd
-
+def _json_records(data: Any) -> list[dict[str, Any]]:
+    """The records of a JSON body: a list of records, ``{"records": [...]}``, or
+    ``{"columns", "rows"}`` (each row made a record)."""
     if isinstance(data, dict) and "rows" in data:
         columns, rows = data.get("columns"), data["rows"]
         if not isinstance(columns, list) or not all(isinstance(c, str) for c in columns):
@@ -339,8 +347,9 @@ def _json_frame(data: Any):
             raise BadRequest(
                 HTTPStatus.BAD_REQUEST, f"'rows' must be lists of {len(columns)} values each"
             )
-        return pd.DataFrame(rows, columns=columns)
-    records = data.get("records") if isinstance(data, dict) else data
+        records = [dict(zip(columns, r, strict=True)) for r in rows]
+    else:
+        records = data.get("records") if isinstance(data, dict) else data
     if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
         raise BadRequest(
             HTTPStatus.BAD_REQUEST,
@@ -349,7 +358,7 @@ def _json_frame(data: Any):
         )
     if not records:
         raise BadRequest(HTTPStatus.BAD_REQUEST, "no records to classify")
-    return pd.DataFrame.from_records(records)
+    return records
 
 
 def _csv_frame(body: bytes):
@@ -400,10 +409,20 @@ class _Handler(BaseHTTPRequestHandler):
         self._route("PATCH")
 
     def _route(self, method: str) -> None:
+        """Answer (:meth:`_answer`), metered by route and status (:mod:`.serving_meter`)."""
+        started = time.perf_counter()
+        self._status = HTTPStatus.INTERNAL_SERVER_ERROR  # unless an answer went out
+        found = route(self.path.split("?", 1)[0], self.server.app.model_name())
+        try:
+            self._answer(method, found)
+        finally:
+            what = found[0] if found is not None else "none"
+            serving_meter.answered(what, int(self._status), time.perf_counter() - started)
+
+    def _answer(self, method: str, found: tuple[str, str] | None) -> None:
         """Answer by path (:func:`route`); a known path asked with another method: 405."""
         app = self.server.app
         path = self.path.split("?", 1)[0]
-        found = route(path, app.model_name())
         if found is None:
             if method == "POST":
                 self._discard_body()
@@ -476,8 +495,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
 
     _allow: str | None = None
+    _status: HTTPStatus = HTTPStatus.OK  # the status of the answer sent (metered)
 
     def _reply(self, status: HTTPStatus, body: dict[str, Any]) -> None:
+        self._status = status
         data = json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -518,33 +539,3 @@ def route(path: str, name: str) -> tuple[str, str] | None:
     if parts[3] != name:
         return ("unknown_model", kinds[tail][1])
     return kinds[tail]
-
-
-def serve(
-    store: ModelStore, listen: tuple[str, int], max_request_bytes: int, missing: str = "refuse"
-) -> None:
-    """Serve until the process is told to stop (SIGTERM or Ctrl-C)."""
-    import signal
-
-    server = ModelServer(
-        store, *listen, max_request_bytes=max_request_bytes, missing=missing
-    ).start()
-
-    def on_signal(*_: object) -> None:
-        threading.Thread(target=server.shutdown, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    host, port = server.address
-    log.info(
-        "%s: serving on http://%s:%d (/v2/models/%s/infer, POST /v1/predict, GET /v1/model)",
-        store.site,
-        host,
-        port,
-        store.site,
-    )
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.close()

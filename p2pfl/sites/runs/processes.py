@@ -25,6 +25,12 @@ from p2pfl.sites.daemon.process_guard import track
 
 log = logging.getLogger("p2pfl.sites.daemon")
 
+METRICS_ENV = "PROMETHEUS_MULTIPROC_DIR"
+"""``prometheus_client``'s multiprocess folder: where ``p2pfl serve`` counts its answers
+(:mod:`~p2pfl.sites.models.serving_meter`, whose ``ENV`` it is)."""
+SERVING_METRICS = "serving-metrics"
+"""That folder, in ``state_dir``: emptied when the daemon starts."""
+
 RESTART_S = (1.0, 60.0)
 """The serving process's first and longest wait before it is started again."""
 
@@ -33,17 +39,23 @@ STEADY_S = 60.0
 
 
 async def spawn_p2pfl(
-    args: list[str], log_path: Path, cwd: Path | None = None
+    args: list[str], log_path: Path, cwd: Path | None = None, env: dict[str, str] | None = None
 ) -> asyncio.subprocess.Process:
     """``python -m p2pfl ARGS`` (:func:`spawn_child`)."""
-    return await spawn_child([sys.executable, "-m", "p2pfl", *args], log_path, cwd)
+    return await spawn_child([sys.executable, "-m", "p2pfl", *args], log_path, cwd, env=env)
 
 
 async def spawn_child(
-    cmdline: list[str], log_path: Path, cwd: Path | None = None, *, pipe_stdout: bool = False
+    cmdline: list[str],
+    log_path: Path,
+    cwd: Path | None = None,
+    *,
+    pipe_stdout: bool = False,
+    env: dict[str, str] | None = None,
 ) -> asyncio.subprocess.Process:
     """``cmdline``, its stdout and stderr appended to ``log_path`` (``pipe_stdout``: its
-    stdout a pipe the caller reads, its stderr to the log). It stays in the daemon's
+    stdout a pipe the caller reads, its stderr to the log), with the daemon's environment
+    and ``env``. It stays in the daemon's
     process group and gets SIGTERM when the daemon dies, however it dies
     (:func:`~p2pfl.lifeline.die_with_parent`); the daemon's record of its children lists
     it until it exits (:func:`~p2pfl.sites.daemon.process_guard.track`)."""
@@ -57,7 +69,7 @@ async def spawn_child(
             stderr=out if pipe_stdout else asyncio.subprocess.STDOUT,
             cwd=str(cwd) if cwd is not None else None,
             preexec_fn=die_with_parent(),
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
     finally:
         out.close()
@@ -83,9 +95,12 @@ class ServingProcess:
     """``p2pfl serve --site SITE_FILE`` kept running: :meth:`run` until cancelled (the
     process is stopped then). :attr:`problem` says why it is not running, for ``/readyz``."""
 
-    def __init__(self, site_file: Path, log_path: Path):
+    def __init__(self, site_file: Path, log_path: Path, metrics_dir: Path | None = None):
+        """``metrics_dir``: the folder it counts its answers into
+        (:mod:`~p2pfl.sites.models.serving_meter`), which the daemon's ``/metrics`` reads."""
         self.site_file = site_file
         self.log_path = log_path
+        self.env = {} if metrics_dir is None else {METRICS_ENV: str(metrics_dir)}
         self.proc: asyncio.subprocess.Process | None = None
         self.problem = "serving: not started yet"
 
@@ -95,7 +110,7 @@ class ServingProcess:
             while True:
                 started = time.monotonic()
                 self.proc = await spawn_p2pfl(
-                    ["serve", "--site", str(self.site_file)], self.log_path
+                    ["serve", "--site", str(self.site_file)], self.log_path, env=self.env
                 )
                 self.problem = ""
                 log.info("serving: started (pid %d, log %s)", self.proc.pid, self.log_path)

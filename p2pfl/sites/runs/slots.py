@@ -15,7 +15,9 @@ import time
 
 from p2pfl.sites.consent.ledger import FINAL, NEXT
 from p2pfl.sites.consent.run_state import RunState
+from p2pfl.sites.consent.site_status import round_metrics
 from p2pfl.sites.daemon.context import SiteContext
+from p2pfl.sites.models.store import PROMOTED, REFUSED, ModelStore, ModelStoreError
 from p2pfl.sites.policy.rules import policy_digest
 from p2pfl.sites.runs.processes import offer_model
 from p2pfl.sites.runs.retention import prune_runs
@@ -172,6 +174,7 @@ class WorkerSlots:
         finally:
             self._offering.discard(st.run_id)
             self.prune()
+        self.ctx.metrics.judged(self._gate_decision(st.run_id) if code == 0 else "failed")
         if code == 0:
             log.info("%s: run %s: model %s", self.ctx.name, st.run_id, said)
         else:
@@ -182,6 +185,16 @@ class WorkerSlots:
                 said,
                 log_path,
             )
+
+    def _gate_decision(self, run_id: str) -> str:
+        """What the gate decided of run ``run_id``'s model, as the model store holds it:
+        ``promoted``, ``refused`` (or ``failed``: no judged entry of it)."""
+        try:
+            entries = ModelStore(self.ctx.state_dir, self.ctx.name).entries()
+        except (OSError, ModelStoreError):
+            return "failed"
+        judged = [e for e in entries if e.run_id == run_id and e.status in (PROMOTED, REFUSED)]
+        return max(judged, key=lambda e: e.added).status if judged else "failed"
 
     async def _watch_records(self, st: RunState) -> None:
         while True:
@@ -206,6 +219,12 @@ class WorkerSlots:
             eps = rec.get("epsilon")
             if isinstance(eps, (int, float)) and math.isfinite(eps):
                 self.ctx.metrics.set_epsilon(float(eps))
+            measured = round_metrics(rec)
+            if measured:
+                st.metrics = measured
+                self.ctx.metrics.set_run_metrics(st.run_id, measured)
+        if records and self.ctx.status_of(st) == "running":
+            self.ctx.tell_status(st)  # the round it reached, and what it measured
         if records and worker.running and self.ctx.status_of(st) == "running":
             decision = self.ctx.decide(st, "round", st.members)
             if decision.vote == "reject":

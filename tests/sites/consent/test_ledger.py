@@ -56,3 +56,30 @@ def test_a_status_follows_the_lifecycle_and_never_goes_back(tmp_path):
             ledger.set_status("r2", "lost")
         with pytest.raises(LedgerError, match="not known"):
             ledger.vote("r9", "b", {"vote": "accept"})
+
+
+def test_each_sites_told_status_is_kept_newest_first_and_read_offline(tmp_path):
+    path = tmp_path / "l.sqlite"
+    told = {"status": "running", "why": "", "round": 2, "metrics": {"test_acc": 0.8}}
+    with ConsentLedger(path) as ledger:
+        ledger.propose("r1", "ward", "a", SPEC)
+        assert ledger.site_status("r1", "b", told, at=10.0)
+        final = {**told, "status": "finished", "why": "3 rounds", "round": 3}
+        assert ledger.site_status("r1", "b", final, at=12.0)
+        assert not ledger.site_status("r1", "b", told, at=11.0)  # an older one, heard late
+        with pytest.raises(LedgerError, match="not known"):
+            ledger.site_status("r9", "b", told, at=1.0)
+    with ConsentLedger(path, read_only=True) as ledger:
+        assert ledger.run("r1").sites == {"b": {**final, "at": 12.0}}
+
+
+def test_a_ledger_older_than_site_statuses_reads_offline(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "l.sqlite"
+    with ConsentLedger(path) as ledger:
+        ledger.propose("r1", "ward", "a", SPEC)
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TABLE site_status")
+    with ConsentLedger(path, read_only=True) as ledger:
+        assert ledger.run("r1").sites == {}

@@ -247,6 +247,24 @@ def test_drain_leaves_after_the_current_round_and_a_centralized_run_goes_on(site
     for site in (s1, s2):
         assert site.wait_status(rid, {"finished"}, 240)["round"] == 30
 
+    # every site's status as it told it (signed, retained): s1 sees s2 finish and s3 leave
+    def told_statuses() -> dict:
+        return {n: t["status"] for n, t in (s1.run(rid) or {}).get("sites", {}).items()}
+
+    final = {"s1": "finished", "s2": "finished", "s3": "cancelled"}
+    wait(lambda: told_statuses() == final, 60, "each site's final status at s1", told_statuses)
+    told = s1.run(rid)["sites"]
+    assert told["s3"]["why"] == run[1] and told["s3"]["round"] == left_at
+    assert told["s1"]["metrics"]["test_acc"] == s1.records(rid)[-1]["test_acc"]
+    for name in ("s1", "s2"):
+        assert told[name]["round"] == 30 and told[name]["why"] == "30 rounds"
+        assert 0 <= told[name]["metrics"]["test_acc"] <= 1
+    shown = p2pfl_cli("runs", "--site", str(s1.path))
+    assert shown.returncode == 0, shown.stderr
+    lines = {ln.split(":")[0].strip(): ln for ln in shown.stdout.splitlines() if ":" in ln}
+    assert "cancelled left (drained after round" in lines["s3"], shown.stdout
+    assert "finished (30 rounds)  round 30  acc " in lines["s2"], shown.stdout
+
 
 def test_a_signed_federation_refuses_unsigned_messages(tmp_path):
     """With certs: TLS to the broker, every spec, vote and commit signed, and the run trains
@@ -278,15 +296,25 @@ def test_a_signed_federation_refuses_unsigned_messages(tmp_path):
             assert "sign: true" in topo and "tls: true" in topo
 
             async def forge() -> None:  # s3 holds a certificate, and publishes unsigned
-                topic, payload = M.encode("fed", "spec", "f" * 16, "s3", {"spec": {}}, None)
+                s3 = M.SiteIdentity.from_certs(certs, "s3")
+                bad = {"status": "finished", "why": "", "round": -1, "metrics": {}}
                 async with aiomqtt.Client(
                     "127.0.0.1", broker.port, tls_context=tls_context(certs, "s3")
                 ) as client:
-                    await client.publish(topic, payload, qos=1, retain=True)
+                    for kind, run, body, identity in (
+                        ("spec", "f" * 16, {"spec": {}}, None),
+                        ("status", rid, bad, s3),  # signed, of a real run, malformed
+                    ):
+                        topic, payload = M.encode("fed", kind, run, "s3", body, identity)
+                        await client.publish(topic, payload, qos=1, retain=True)
 
             asyncio.run(forge())
             wait(lambda: s2.ask("status")["dropped"].get("unsigned", 0) >= 1, 30, "the drop")
+            wait(lambda: s2.ask("status")["dropped"].get("bad_body", 0) >= 1, 30, "bad status")
             assert "f" * 16 not in s2.runs()
+            told = lambda: {n: t["status"] for n, t in s2.run(rid)["sites"].items()}  # noqa: E731
+            finished = {"s1": "finished", "s2": "finished"}  # s3's malformed one is not kept
+            wait(lambda: told() == finished, 30, "s1's and s2's statuses, signed", told)
         finally:
             for site in made:
                 site.stop()

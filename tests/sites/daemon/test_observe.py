@@ -271,3 +271,69 @@ def test_parse_listen():
     for bad in ("9464", ":9464", "host:", "host:port", "host:65536", "host:-1", "host:²"):
         with pytest.raises(ValueError):
             parse_listen(bad)
+
+
+def test_run_metrics_keep_the_newest_runs_and_the_served_model_follows_the_store():
+    from p2pfl.sites.daemon.observe import MAX_METRIC_RUNS, ServedModel
+
+    served: list[ServedModel | None] = [None]
+    m = SiteMetrics("s1", served=lambda: served[0])
+    for i in range(MAX_METRIC_RUNS + 2):
+        m.set_run_metrics(f"run{i}", {"test_acc": i / 10, "test_loss": 1.0})
+    m.set_run_metrics(f"run{MAX_METRIC_RUNS + 1}", {"test_acc": 0.99})  # loss left out
+    m.judged("promoted")
+    m.judged("made_up")
+    samples = _samples(m.render().decode())
+    runs = {dict(lb)["run_id"] for name, lb in samples if name == "p2pfl_run_metric"}
+    assert runs == {f"run{i}" for i in range(2, MAX_METRIC_RUNS + 2)}
+    last = f"run{MAX_METRIC_RUNS + 1}"
+    assert samples[("p2pfl_run_metric", (("metric", "test_acc"), ("run_id", last)))] == 0.99
+    assert ("p2pfl_run_metric", (("metric", "test_loss"), ("run_id", last))) not in samples
+    assert samples[("p2pfl_gate_decisions_total", (("decision", "promoted"),))] == 1
+    assert samples[("p2pfl_gate_decisions_total", (("decision", "failed"),))] == 1
+    assert samples[("p2pfl_gate_decisions_total", (("decision", "refused"),))] == 0
+    assert not any(name == "p2pfl_served_model_info" for name, _ in samples)
+    served[0] = ServedModel("m1", "run1", "accuracy", 0.91)
+    samples = _samples(m.render().decode())
+    assert samples[("p2pfl_served_model_info", (("model", "m1"), ("run_id", "run1")))] == 1
+    assert samples[("p2pfl_served_model_metric", (("metric", "accuracy"),))] == 0.91
+    served[0] = ServedModel("m2", "run2", "mae", None)  # a rollback to an unjudged model
+    samples = _samples(m.render().decode())
+    assert [lb for name, lb in samples if name == "p2pfl_served_model_info"] == [
+        (("model", "m2"), ("run_id", "run2"))
+    ]
+    assert not any(name == "p2pfl_served_model_metric" for name, _ in samples)
+
+
+def test_the_serving_processes_answers_reach_the_daemons_metrics(tmp_path):
+    """``p2pfl serve``'s processes count into the folder the daemon names (prometheus'
+    multiprocess mode); the daemon's registry sums them at each scrape."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "serving-metrics"
+    folder.mkdir()
+    m = SiteMetrics("s1", serving_dir=folder)
+    code = (
+        "from p2pfl.sites.models import serving_meter as s\n"
+        "s.answered('v1_predict', 200, 0.0012)\n"
+        "s.answered('v1_predict', 400, 0.3)\n"
+        "s.answered('/etc/passwd', 404, 0.001)\n"
+    )
+    for _ in range(2):  # two processes, as two workers
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            env={"PROMETHEUS_MULTIPROC_DIR": str(folder), "PATH": ""},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+    samples = _samples(m.render().decode())
+    ok = ("p2pfl_serving_requests_total", (("code", "200"), ("route", "v1_predict")))
+    assert samples[ok] == 2
+    assert samples[("p2pfl_serving_requests_total", (("code", "404"), ("route", "none")))] == 2
+    count = ("p2pfl_serving_request_seconds_count", (("route", "v1_predict"),))
+    assert samples[count] == 4
+    bucket = ("p2pfl_serving_request_seconds_bucket", (("le", "0.002"), ("route", "v1_predict")))
+    assert samples[bucket] == 2
