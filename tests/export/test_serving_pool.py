@@ -90,7 +90,8 @@ def test_serving_workers_share_one_port_and_outlive_a_killed_worker(tmp_path):
     rng = np.random.default_rng(5)
     df = pd.DataFrame({f: rng.normal(50, 10, 12) for f in FEATURES})
     df.to_csv(tmp_path / "rows.csv", index=False)
-    want = pd.read_csv(classify(store.path(entry.id), "a", tmp_path / "rows.csv").path)
+    rows, out = tmp_path / "rows.csv", tmp_path / "predicted.csv"
+    want = pd.read_csv(classify(store.path(entry.id), "a", rows, out).path)
     records = df.to_dict(orient="records")
 
     port = free_port()
