@@ -8,7 +8,7 @@ import ctypes
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -45,3 +45,16 @@ def die_with_parent() -> Callable[[], None] | None:
             os.kill(os.getpid(), signal.SIGTERM)
 
     return preexec
+
+
+def ended_children() -> Iterator[tuple[int, int]]:
+    """``(pid, wait status)`` of each child of this process that has ended, collected
+    without waiting for any still running (``waitpid(-1, WNOHANG)`` until none is left)."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        yield pid, status

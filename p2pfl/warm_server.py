@@ -47,6 +47,7 @@ def _run_child(
         os.close(wake_r)
         if preexec is not None:
             preexec()
+        os.nice(request.get("nice", 0))
         out = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
@@ -75,7 +76,7 @@ def _run_child(
 
 def _read_request(conn: socket.socket) -> dict[str, Any] | None:
     """One JSON line of at most :data:`MAX_REQUEST_BYTES`: ``argv`` (strings), ``cwd``,
-    ``log``; None for anything else."""
+    ``log``, ``nice`` (0 to 19; absent: 0); None for anything else."""
     data = b""
     while not data.endswith(b"\n") and len(data) < MAX_REQUEST_BYTES:
         chunk = conn.recv(4096)
@@ -92,6 +93,8 @@ def _read_request(conn: socket.socket) -> dict[str, Any] | None:
         or not all(isinstance(a, str) for a in argv)
         or not isinstance(request.get("cwd"), str)
         or not isinstance(request.get("log"), str)
+        or type(request.get("nice", 0)) is not int
+        or not 0 <= request.get("nice", 0) <= 19
     ):
         return None
     return request
@@ -102,7 +105,7 @@ def serve(path: Path) -> None:
     SIGTERM (its workers get SIGTERM then: their parent died)."""
     import selectors
 
-    from p2pfl.lifeline import die_with_parent
+    from p2pfl.lifeline import die_with_parent, ended_children
 
     _preload()
     preexec = die_with_parent()  # taken here: it names this process as the parent
@@ -150,13 +153,7 @@ def serve(path: Path) -> None:
             else:
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_r, 512)
-        while children:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
+        for pid, status in ended_children():
             conn = children.pop(pid, None)
             if conn is not None:
                 with contextlib.suppress(OSError):

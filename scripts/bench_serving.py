@@ -11,7 +11,8 @@ and 16: threads, each with its own keep-alive ``http.client.HTTPConnection``):
    (answers/s over ``--duration`` s, after ``--warmup`` s not counted) and errors (non-200
    or a failed connection: must be 0);
 2. **while a training cycle runs**: the same while ``p2pfl swarm`` of an example topology
-   (``--train-example``, default digits-cnn: 4 nodes) trains on the same machine, one swarm
+   (``--train-example``, default digits-cnn: 4 nodes) trains on the same machine at
+   ``--train-nice`` (default: ``limits.worker_nice``, as a site daemon's workers train), one swarm
    per repeat for all its under-training windows (``--train-rounds``, default 2000, more
    than the windows need: a digits round takes about 0.1 s here, so a 5-round swarm would
    be mostly start-up and linger, not training; it is stopped after the last window, and
@@ -58,6 +59,8 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from p2pfl.sites.daemon.site_file import WORKER_NICE  # noqa: E402
 
 HERE = Path(__file__).resolve().parents[1]
 SITE_OF = {"hospitals": "hospital-a", "digits-cnn": "n0"}
@@ -316,10 +319,11 @@ def measure(
 
 class TrainingLoad:
     """``p2pfl swarm`` of ``example``, ``rounds`` rounds a cycle, restarted whenever one
-    ends, from :meth:`start` until :meth:`stop`; each cycle's run goes under ``root``."""
+    ends, from :meth:`start` until :meth:`stop`; each cycle's run goes under ``root``, at
+    ``nice`` (a site daemon's workers train at ``limits.worker_nice``)."""
 
-    def __init__(self, example: Path, rounds: int, root: Path):
-        self.example, self.rounds, self.root = example, rounds, root
+    def __init__(self, example: Path, rounds: int, root: Path, nice: int = 0):
+        self.example, self.rounds, self.root, self.nice = example, rounds, root, nice
         self.runs: list[Path] = []
         self.proc: subprocess.Popen | None = None
         self._stop = threading.Event()
@@ -350,6 +354,7 @@ class TrainingLoad:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # its own process group: stop() ends its nodes too
+                preexec_fn=(lambda: os.nice(self.nice)) if self.nice else None,
             )
 
     def _keep_running(self) -> None:
@@ -512,6 +517,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--workers", default="auto", help="the site's serving.workers (auto: one a core)"
     )
+    ap.add_argument(
+        "--train-nice",
+        type=int,
+        default=WORKER_NICE,
+        help="the training swarm's niceness (default: a site's limits.worker_nice)",
+    )
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args(argv)
@@ -572,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
                 cycle = None
                 if training:
                     cycle = TrainingLoad(
-                        train_example, args.train_rounds, work / f"training{rep}"
+                        train_example, args.train_rounds, work / f"training{rep}", args.train_nice
                     ).start()
                 try:
                     for name in args.models:

@@ -67,6 +67,10 @@ class SiteBinding(DatasetConfig):
         return data
 
 
+WORKER_NICE = 10
+"""``limits.worker_nice``'s default: under load, serving's answers come before training."""
+
+
 class Limits(StrictModel):
     max_concurrent_runs: PositiveInt = Field(
         default=1, description="the runs this site trains at once; more wait as pending"
@@ -82,6 +86,13 @@ class Limits(StrictModel):
         description="a process that has imported torch forks each run's worker: auto (from "
         "this site's first vote for a run until 10 minutes without one), true (from the "
         "start, kept), false (each worker imports torch itself)",
+    )
+    worker_nice: int = Field(
+        default=WORKER_NICE,
+        ge=0,
+        le=19,
+        description="the niceness a run's worker trains at: the daemon and the served model "
+        "answer first, training takes the CPU left (0: as the daemon)",
     )
 
 

@@ -24,7 +24,7 @@ import signal
 import threading
 import time
 
-from p2pfl.lifeline import die_with_parent
+from p2pfl.lifeline import die_with_parent, ended_children
 from p2pfl.sites.models.serving import ModelServer
 from p2pfl.sites.models.store import ModelStore
 
@@ -151,13 +151,7 @@ class _Pool:
     def _reap(self) -> int:
         """Collect the workers that ended; how many to fork again."""
         respawn = 0
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
+        for pid, status in ended_children():
             started = self.started.pop(pid, None)
             if started is None:
                 continue
@@ -178,14 +172,10 @@ class _Pool:
                 os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + STOP_S
         while self.started and time.monotonic() < deadline:
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
+            for pid, _ in ended_children():
+                self.started.pop(pid, None)
+            if self.started:
                 time.sleep(0.05)
-                continue
-            self.started.pop(pid, None)
         for pid in self.started:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

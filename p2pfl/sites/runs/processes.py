@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from p2pfl.lifeline import die_with_parent
@@ -39,10 +40,15 @@ STEADY_S = 60.0
 
 
 async def spawn_p2pfl(
-    args: list[str], log_path: Path, cwd: Path | None = None, env: dict[str, str] | None = None
+    args: list[str],
+    log_path: Path,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    nice: int = 0,
 ) -> asyncio.subprocess.Process:
     """``python -m p2pfl ARGS`` (:func:`spawn_child`)."""
-    return await spawn_child([sys.executable, "-m", "p2pfl", *args], log_path, cwd, env=env)
+    cmdline = [sys.executable, "-m", "p2pfl", *args]
+    return await spawn_child(cmdline, log_path, cwd, env=env, nice=nice)
 
 
 async def spawn_child(
@@ -52,10 +58,11 @@ async def spawn_child(
     *,
     pipe_stdout: bool = False,
     env: dict[str, str] | None = None,
+    nice: int = 0,
 ) -> asyncio.subprocess.Process:
     """``cmdline``, its stdout and stderr appended to ``log_path`` (``pipe_stdout``: its
     stdout a pipe the caller reads, its stderr to the log), with the daemon's environment
-    and ``env``. It stays in the daemon's
+    and ``env``, ``nice`` steps below the daemon's priority. It stays in the daemon's
     process group and gets SIGTERM when the daemon dies, however it dies
     (:func:`~p2pfl.lifeline.die_with_parent`); the daemon's record of its children lists
     it until it exits (:func:`~p2pfl.sites.daemon.process_guard.track`)."""
@@ -68,13 +75,28 @@ async def spawn_child(
             stdout=asyncio.subprocess.PIPE if pipe_stdout else out,
             stderr=out if pipe_stdout else asyncio.subprocess.STDOUT,
             cwd=str(cwd) if cwd is not None else None,
-            preexec_fn=die_with_parent(),
+            preexec_fn=child_setup(nice),
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
     finally:
         out.close()
     track(proc, cmdline)
     return proc
+
+
+def child_setup(nice: int = 0) -> Callable[[], None] | None:
+    """The ``preexec_fn`` of the daemon's children: they die with it
+    (:func:`~p2pfl.lifeline.die_with_parent`) and run ``nice`` steps below its priority."""
+    lifeline = die_with_parent()
+    if not nice:
+        return lifeline
+
+    def preexec() -> None:
+        if lifeline is not None:
+            lifeline()
+        os.nice(nice)
+
+    return preexec
 
 
 async def stop_process(proc: asyncio.subprocess.Process, grace: float = 10.0) -> int:

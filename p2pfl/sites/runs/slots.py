@@ -125,7 +125,7 @@ class WorkerSlots:
             **cycle_facts,
         }
         try:
-            await worker.start(topology, facts, self.warm)
+            await worker.start(topology, facts, self.warm, self.ctx.site.limits.worker_nice)
         except OSError as exc:
             self.end(st, "failed", f"the worker did not start: {exc}")
             return

@@ -140,12 +140,13 @@ class WarmWorkers:
             await asyncio.shield(self._ready)
         return self.ready
 
-    async def spawn(self, argv: list[str], log_path: Path, cwd: Path) -> WarmProcess:
+    async def spawn(self, argv: list[str], log_path: Path, cwd: Path, nice: int = 0) -> WarmProcess:
         """``p2pfl ARGV`` forked by the server in ``cwd``, its output appended to
-        ``log_path``; an ``OSError`` or ``ValueError`` when the server does not answer."""
+        ``log_path``, ``nice`` steps below the server's priority; an ``OSError`` or
+        ``ValueError`` when the server does not answer."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
         reader, writer = await asyncio.open_unix_connection(str(self.socket_path))
-        request = {"argv": argv, "cwd": str(cwd), "log": str(log_path)}
+        request = {"argv": argv, "cwd": str(cwd), "log": str(log_path), "nice": nice}
         writer.write(json.dumps(request).encode() + b"\n")
         await writer.drain()
         line = await asyncio.wait_for(reader.readline(), 10)

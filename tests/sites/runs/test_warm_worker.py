@@ -5,12 +5,15 @@ daemons (the run trains and finishes; the server ends with its daemon)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import sys
 from pathlib import Path
 
 import pytest
 from daemon_helpers import Site, spec, wait
 
+from p2pfl.sites.runs.processes import spawn_child
 from p2pfl.sites.runs.warm_worker import WarmWorkers
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -23,6 +26,26 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _niceness(pid: int) -> int:
+    """A process's nice value (``/proc/PID/stat``, field 19)."""
+    fields = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[16])
+
+
+def test_a_daemon_child_runs_its_niceness_below_the_daemon():
+    async def main() -> None:
+        proc = await spawn_child(
+            [sys.executable, "-c", "import time; time.sleep(30)"], Path(os.devnull), nice=5
+        )
+        try:
+            assert _niceness(proc.pid) == os.nice(0) + 5
+        finally:
+            proc.kill()
+            await proc.wait()
+
+    asyncio.run(main())
 
 
 def test_the_warm_worker_forks_p2pfl_and_reports_how_each_ended(tmp_path):
@@ -38,8 +61,16 @@ def test_the_warm_worker_forks_p2pfl_and_reports_how_each_ended(tmp_path):
         assert "no-such.yaml" in log.read_text()
         server = warm.proc.pid
         long = await warm.spawn(
-            ["swarm", "topologies/ring-8.yaml", "--out", str(tmp_path)], log, ROOT
+            ["swarm", "topologies/ring-8.yaml", "--out", str(tmp_path)], log, ROOT, nice=7
         )
+        # limits.worker_nice: the worker trains 7 steps below the server's priority (set
+        # by the child after the fork, which the server's answer may precede)
+        want = _niceness(server) + 7
+        for _ in range(200):
+            if _niceness(long.pid) == want:
+                break
+            await asyncio.sleep(0.05)
+        assert _niceness(long.pid) == want
         long.send_signal(signal.SIGTERM)
         assert await long.wait() != 0
         await warm.stop()
