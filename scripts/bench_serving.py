@@ -353,7 +353,11 @@ class TrainingLoad:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                start_new_session=True,  # its own process group: stop() ends its nodes too
+                # its own process group (stop() ends its nodes too) in this session, as a
+                # site daemon's workers are in the daemon's: with the kernel's autogroups a
+                # new session would be a group of its own, whose niceness the server's
+                # scheduling never sees
+                process_group=0,
                 preexec_fn=(lambda: os.nice(self.nice)) if self.nice else None,
             )
 

@@ -144,7 +144,11 @@ class Classifier:
         from p2pfl.export.model import onnx_bytes
         from p2pfl.export.onnx_forward import OnnxForward
 
-        self._forward = OnnxForward(onnx_bytes(self.module, self.info, where))
+        forward = OnnxForward(onnx_bytes(self.module, self.info, where))
+        # onnxruntime's first run prepares its kernels (half a second here): before the
+        # model answers, not on its first request
+        forward(np.zeros((1, *self.info["input_shape"]), dtype=np.float32))
+        self._forward = forward
         self.runtime = "onnxruntime"
 
     def probabilities(self, x_batches: Iterable[np.ndarray]) -> np.ndarray:

@@ -147,7 +147,10 @@ class AdminCommands:
         for entry in self.ctx.ledger.runs():
             st = self.ctx.runs.get(entry.run_id)
             status, why = self.ctx.shown_status(entry)
-            last = st.worker.last_round if st and st.worker else 0
+            if st and st.worker:
+                last = st.worker.last_round
+            else:  # trained before this daemon started, or not here: its records say
+                last = recorded_round(self.ctx.state_dir, entry.run_id, self.ctx.name)
             out.append(run_row(entry, self.ctx.state_dir, status, why, last))
         return out
 
@@ -222,7 +225,14 @@ def ledger_rows(state_dir: Path, site: str) -> list[dict[str, Any]]:
     rows = []
     with ConsentLedger(path, read_only=True) as ledger:
         for entry in ledger.runs():
-            records = RunWorker(state_dir / "runs" / entry.run_id, entry.run_id, site)
-            records.new_records()  # the sites' one reader of a node's records
-            rows.append(run_row(entry, state_dir, entry.status, entry.why, records.last_round))
+            last = recorded_round(state_dir, entry.run_id, site)
+            rows.append(run_row(entry, state_dir, entry.status, entry.why, last))
     return rows
+
+
+def recorded_round(state_dir: Path, run_id: str, site: str) -> int:
+    """The last round ``site``'s node recorded in run ``run_id`` (0: none, or its files
+    were pruned), read by :meth:`RunWorker.new_records`, the sites' one reader of them."""
+    records = RunWorker(state_dir / "runs" / run_id, run_id, site)
+    records.new_records()
+    return records.last_round
