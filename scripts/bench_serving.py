@@ -12,7 +12,7 @@ and 16: threads, each with its own keep-alive ``http.client.HTTPConnection``):
    or a failed connection: must be 0);
 2. **while a training cycle runs**: the same while ``p2pfl swarm`` of an example topology
    (``--train-example``, default digits-cnn: 4 nodes) trains on the same machine at
-   ``--train-nice`` (default: ``limits.worker_nice``, as a site daemon's workers train), one swarm
+   ``--train-nice`` (default: ``limits.worker_nice``'s, as a site daemon's workers train), one swarm
    per repeat for all its under-training windows (``--train-rounds``, default 2000, more
    than the windows need: a digits round takes about 0.1 s here, so a 5-round swarm would
    be mostly start-up and linger, not training; it is stopped after the last window, and

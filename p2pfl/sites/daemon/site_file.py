@@ -67,8 +67,10 @@ class SiteBinding(DatasetConfig):
         return data
 
 
-WORKER_NICE = 10
-"""``limits.worker_nice``'s default: under load, serving's answers come before training."""
+WORKER_NICE = 0
+"""``limits.worker_nice``'s default: workers at the daemon's priority. A site that serves
+and trains on one machine may set it higher, so answers come before training steps (on
+the 2-core machine here it moved no serving figure: results/serving/README.md)."""
 
 
 class Limits(StrictModel):
@@ -91,8 +93,8 @@ class Limits(StrictModel):
         default=WORKER_NICE,
         ge=0,
         le=19,
-        description="the niceness a run's worker trains at: the daemon and the served model "
-        "answer first, training takes the CPU left (0: as the daemon)",
+        description="steps below the daemon's priority a run's worker trains at (higher: "
+        "the daemon and the served model take the CPU first)",
     )
 
 

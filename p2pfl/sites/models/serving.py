@@ -189,6 +189,8 @@ class ModelServer:
         return False
 
     def _load(self) -> Served | None:
+        import pandas  # noqa: F401  (CSV and v2 requests read it: imported before the first)
+
         from p2pfl.export import ExportError
         from p2pfl.export.predict import Classifier  # torch: only in the serving process
 

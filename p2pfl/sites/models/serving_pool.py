@@ -75,6 +75,7 @@ def serve(
         return
     # what every worker imports, imported once before the fork
     import onnxruntime  # noqa: F401
+    import pandas  # noqa: F401
 
     import p2pfl.export.predict  # noqa: F401  (torch)
 
