@@ -12,7 +12,11 @@ ModelStore`, ``models/current.json``), the personalized model its node trained. 
 re-reads ``current.json`` every :data:`POLL_S` and swaps in a newly promoted (or rolled
 back) model once it is loaded: a request is answered wholly by the old model or wholly by
 the new one. Answers come from :class:`~p2pfl.export.predict.Classifier`, as ``p2pfl
-predict``'s do, so the same rows and model give the same classes and probabilities.
+predict``'s do, so the same rows and model give the same classes and probabilities: to
+1e-6 through the ONNX export and onnxruntime (``serving.runtime: onnx``, the default),
+exactly with ``runtime: torch``. Each answer is counted by route and status, with its
+latency (:mod:`~p2pfl.sites.models.serving_meter`); the processes that run this server
+are :mod:`~p2pfl.sites.models.serving_pool`'s.
 
 A predict request's body, by its ``Content-Type``:
 
