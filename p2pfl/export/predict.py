@@ -184,10 +184,7 @@ class Classifier:
         """:meth:`table` for JSON records (:func:`records_array`: the same inputs, without a
         DataFrame): (the probabilities, the record keys that are not feature columns)."""
         self._check_kind("tabular", where)
-        features = self.spec.get("features")
-        if not isinstance(features, list) or not features:
-            raise ExportError(f"node {self.info['node']}: input_spec has no feature columns")
-        arr, ignored = records_array(records, features, where)
+        arr, ignored = records_array(records, feature_columns(self.spec, self.info), where)
         x = model_inputs(arr, self.spec, self.info, where, missing)
         return self.probabilities(_chunks(x)), ignored
 
@@ -238,17 +235,10 @@ def table_inputs(
     row (0-based) instead."""
     import pandas as pd
 
-    features = spec.get("features")
-    if not isinstance(features, list) or not features:
-        raise ExportError(f"node {info['node']}: input_spec has no feature columns")
+    features = feature_columns(spec, info)
     columns = [str(c) for c in df.columns]
     df.columns = columns
-    absent = [f for f in features if f not in columns]
-    if absent:
-        raise ExportError(
-            f"{where}: missing feature column(s) {', '.join(map(repr, absent))} "
-            f"(the model reads {', '.join(features)})"
-        )
+    _require_columns(features, set(columns), where)
     if all(pd.api.types.is_numeric_dtype(df[f]) for f in features):
         arr = df[features].to_numpy(dtype=np.float64)  # what to_numeric would give, sooner
     else:
@@ -262,6 +252,24 @@ def table_inputs(
     labels = df[label].tolist() if isinstance(label, str) and label in columns else None
     names = {"row": list(range(len(arr)))}
     return names, _chunks(arr), labels
+
+
+def feature_columns(spec: dict[str, Any], info: dict[str, Any]) -> list[str]:
+    """The feature columns the model reads (``input_spec.features``, in its order)."""
+    features = spec.get("features")
+    if not isinstance(features, list) or not features:
+        raise ExportError(f"node {info['node']}: input_spec has no feature columns")
+    return features
+
+
+def _require_columns(features: list[str], present: set[str], where: str) -> None:
+    """An :class:`ExportError` naming the feature columns ``present`` lacks."""
+    absent = [f for f in features if f not in present]
+    if absent:
+        raise ExportError(
+            f"{where}: missing feature column(s) {', '.join(map(repr, absent))} "
+            f"(the model reads {', '.join(features)})"
+        )
 
 
 def model_inputs(
@@ -304,12 +312,7 @@ def records_array(
     present: set[str] = set()
     for record in records:
         present.update(record)
-    absent = [f for f in features if f not in present]
-    if absent:
-        raise ExportError(
-            f"{where}: missing feature column(s) {', '.join(map(repr, absent))} "
-            f"(the model reads {', '.join(features)})"
-        )
+    _require_columns(features, present, where)
     arr = np.empty((len(records), len(features)))
     bad: set[int] = set()
     for i, record in enumerate(records):
@@ -329,7 +332,7 @@ def records_array(
     if bad:
         names = [features[j] for j in sorted(bad)]
         raise ExportError(f"{where}: column(s) {', '.join(map(repr, names))} hold non-numbers")
-    return arr, sorted(str(k) for k in present if k not in set(features))
+    return arr, sorted(str(k) for k in present - set(features))
 
 
 def _vector(values: Any, n: int, default: float, field: str, info: dict[str, Any]) -> np.ndarray:

@@ -6,7 +6,8 @@ written).
 The serving process and its workers are not the daemon: they count in
 ``prometheus_client``'s multiprocess mode, each process into its own files in
 ``PROMETHEUS_MULTIPROC_DIR``, which the daemon sets when it starts ``p2pfl serve``
-(:data:`ENV`) and reads back with a ``MultiProcessCollector`` (:class:`~p2pfl.sites.daemon.
+(:data:`~p2pfl.sites.runs.processes.METRICS_ENV`; ``prometheus_client`` reads it when it is
+imported) and reads back with a ``MultiProcessCollector`` (:class:`~p2pfl.sites.daemon.
 observe.SiteMetrics`). Without it (``p2pfl serve`` run by hand, a test's server) the counts
 stay in the process. Labels are bounded: ``route`` is one of :data:`ROUTES`, ``code`` one
 of the statuses the server sends."""
@@ -14,10 +15,6 @@ of the statuses the server sends."""
 from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
-
-ENV = "PROMETHEUS_MULTIPROC_DIR"
-"""The variable naming the folder the serving processes count into (``prometheus_client``
-reads it when it is imported: the daemon sets it in the serving process's environment)."""
 
 ROUTES = (
     "v1_predict",

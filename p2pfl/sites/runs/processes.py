@@ -27,8 +27,8 @@ from p2pfl.sites.daemon.process_guard import track
 log = logging.getLogger("p2pfl.sites.daemon")
 
 METRICS_ENV = "PROMETHEUS_MULTIPROC_DIR"
-"""``prometheus_client``'s multiprocess folder: where ``p2pfl serve`` counts its answers
-(:mod:`~p2pfl.sites.models.serving_meter`, whose ``ENV`` it is)."""
+"""``prometheus_client``'s multiprocess folder, set in ``p2pfl serve``'s environment: where
+its processes count their answers (:mod:`~p2pfl.sites.models.serving_meter`)."""
 SERVING_METRICS = "serving-metrics"
 """That folder, in ``state_dir``: emptied when the daemon starts."""
 

@@ -223,9 +223,10 @@ class WorkerSlots:
             if measured:
                 st.metrics = measured
                 self.ctx.metrics.set_run_metrics(st.run_id, measured)
-        if records and self.ctx.status_of(st) == "running":
-            self.ctx.tell_status(st)  # the round it reached, and what it measured
-        if records and worker.running and self.ctx.status_of(st) == "running":
+        if not records or self.ctx.status_of(st) != "running":
+            return
+        self.ctx.tell_status(st)  # the round it reached, and what it measured
+        if worker.running:
             decision = self.ctx.decide(st, "round", st.members)
             if decision.vote == "reject":
                 for reason in decision.reasons:

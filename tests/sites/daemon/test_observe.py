@@ -303,6 +303,9 @@ def test_run_metrics_keep_the_newest_runs_and_the_served_model_follows_the_store
         (("model", "m2"), ("run_id", "run2"))
     ]
     assert not any(name == "p2pfl_served_model_metric" for name, _ in samples)
+    served[0] = ServedModel("m3", "run3", "accuracy", 0.5)  # after an unjudged one
+    samples = _samples(m.render().decode())
+    assert samples[("p2pfl_served_model_metric", (("metric", "accuracy"),))] == 0.5
 
 
 def test_the_serving_processes_answers_reach_the_daemons_metrics(tmp_path):
