@@ -1,8 +1,11 @@
 """A fixed training budget (docs/wire.md, "Rounds and catch-up"), on a real swarm (node
 processes, a real broker on loopback, synthetic data). Node ``c`` is made to lag by
 construction: it is frozen (SIGSTOP) as soon as it is ready, until both its neighbours have
-finished round 5 (the others' devices are emulated four times slower than this machine, so
-they are still under way when it resumes). A Local node never skips a round however far behind its
+finished round 8 (the others' devices are emulated four times slower than this machine, so
+they are still under way when it resumes). A freeze past the broker's keep-alive leaves c
+reconnecting while it runs its first rounds alone, four times faster than they do: its
+neighbours are LAG_ROUNDS + 5 rounds ahead, not LAG_ROUNDS, so that c still finds itself
+behind when it hears them. A Local node never skips a round however far behind its
 neighbours it runs; a method that keeps in step skips ahead, and the run's summary says so.
 """
 
@@ -30,7 +33,7 @@ FAST = ["a", "b", "d"]
 
 
 def _run(tmp_path, broker, method_overrides: list[str]):
-    """Start every node; freeze c from its ``ready`` until b and d have finished round 5;
+    """Start every node; freeze c from its ``ready`` until b and d have finished round 8;
     wait for all to exit; return the config, every node's records, the summary and the
     summary's console text."""
     overrides = [
@@ -51,7 +54,7 @@ def _run(tmp_path, broker, method_overrides: list[str]):
         os.killpg(slow.proc.pid, signal.SIGSTOP)
         try:
             for peer in neighbours(cfg, SLOW):
-                wait_round(out, peer, LAG_ROUNDS + 2, 120)
+                wait_round(out, peer, LAG_ROUNDS + 5, 120)
         finally:
             os.killpg(slow.proc.pid, signal.SIGCONT)
         deadline = time.monotonic() + 300
