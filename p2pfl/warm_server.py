@@ -21,12 +21,16 @@ from p2pfl.sites.runs.warm_worker import HANDLED, MAX_REQUEST_BYTES, READY
 
 
 def _preload() -> None:
-    """What ``p2pfl node`` imports before it trains: torch and the node's modules."""
+    """What ``p2pfl node`` imports before it trains: torch, the node's modules and what the
+    first optimizer imports (:func:`~p2pfl.learning.train.load_optimizer_machinery`)."""
     import torch  # noqa: F401
 
     import p2pfl.check.checked  # noqa: F401
     import p2pfl.cli  # noqa: F401
     import p2pfl.node.daemon  # noqa: F401
+    from p2pfl.learning.train import load_optimizer_machinery
+
+    load_optimizer_machinery()
 
 
 def _run_child(

@@ -10,7 +10,7 @@ then ``python scripts/where_time_goes.py prof.txt --rate 50 [--json out.json]`` 
 each bucket, the seconds of samples (summed over threads: concurrent training threads add
 up) and its share. Only stacks under a child process of the profiled command count (the
 node processes, not the launcher). A stack goes to the first bucket, in the order below,
-one of whose frames it holds.
+one of whose patterns it holds (a tuple of patterns: all of them).
 """
 
 from __future__ import annotations
@@ -21,7 +21,10 @@ import json
 import re
 from pathlib import Path
 
-BUCKETS: list[tuple[str, list[str]]] = [
+BUCKETS: list[tuple[str, list[str | tuple[str, ...]]]] = [
+    # an import inside a round's training is on that round's clock (an emulated slower
+    # device stretches it by 1 / speed): p2pfl.learning.train.load_optimizer_machinery
+    ("training: imports", [("train_local (", "_find_and_load (")]),
     ("start-up: reading the data", ["load_arrays (", "load_node_data ("]),
     (
         "start-up: checks (check_model/check_topology)",
@@ -56,8 +59,9 @@ BUCKETS: list[tuple[str, list[str]]] = [
 def bucket(stack: str) -> str:
     """The bucket of one py-spy stack (frames joined by ``;``, line numbers dropped)."""
     for name, patterns in BUCKETS:
-        if any(p in stack for p in patterns):
-            return name
+        for p in patterns:
+            if all(part in stack for part in ((p,) if isinstance(p, str) else p)):
+                return name
     if "_worker (concurrent" in stack:
         return "other (worker threads)"
     return "other (event loop, asyncio)"

@@ -82,6 +82,15 @@ def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
+def load_optimizer_machinery() -> None:
+    """Build one throwaway optimizer: the first one a process builds makes ``torch.optim``
+    import ``torch._dynamo`` (about 1.5 s of CPU here, in torch 2.x). A node calls this while
+    it loads, so that the cost is not inside its first round's training: there every node's
+    first round would carry it, and an emulated slower device (docs/design.md, "Emulated
+    devices and links") would stretch it by ``1 / speed`` (15 s at 0.1)."""
+    torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+
+
 def make_optimizer(model: torch.nn.Module, cfg: TrainingConfig, lr: float) -> torch.optim.Optimizer:
     if cfg.optimizer == "adam":
         return torch.optim.Adam(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)

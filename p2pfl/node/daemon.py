@@ -56,6 +56,7 @@ from p2pfl.learning.artifacts import ExportError, write_model_artifacts
 from p2pfl.learning.data import NodeData, load_node_data
 from p2pfl.learning.layout import describe_layout
 from p2pfl.learning.node_inputs import check_dataset, check_node_data
+from p2pfl.learning.train import load_optimizer_machinery
 from p2pfl.metrics import (
     node_log_path,
     node_meta_path,
@@ -152,6 +153,7 @@ class Node:
         self.method = node_method(
             self.method_cls, self.cfg, self.id, self.data, self.rng, self.device, source
         )
+        load_optimizer_machinery()  # off round 1's clock
         if self.cfg.dp is not None:  # σ planned once, before round 1
             self.privacy = self._plan_privacy(self.cfg.dp, len(self.data.train_y), source)
             log.info("%s: privacy.dp: %s", self.id, self.privacy.describe())

@@ -18,12 +18,16 @@ def test_node_process_stacks_fall_into_buckets_and_the_launcher_is_left_out(tmp_
                 "config_fingerprint (p2pfl/services/checkpoint.py:3) 10",
                 f"{node};Node._load (p2pfl/node/daemon.py:1);check_model (p2pfl/check/preflight.py:2) 5",
                 f"{node};Handle._run (asyncio/events.py:1) 5",
+                # an import inside a round's training: its own bucket, not training's
+                f"{node};train_local (p2pfl/learning/train.py:5);make_optimizer (x.py:1);"
+                "_find_and_load (<frozen importlib._bootstrap>:1) 10",
             ]
         )
     )
     res = where.where(profile, rate=10.0)
-    assert res["training"] == {"cpu_s": 3.0, "share": 0.6}
+    assert res["training"] == {"cpu_s": 3.0, "share": 0.5}
+    assert res["training: imports"]["cpu_s"] == 1.0
     assert res["checkpoint: fingerprint"]["cpu_s"] == 1.0  # before the state copy around it
     assert res["start-up: checks (check_model/check_topology)"]["cpu_s"] == 0.5
     assert res["other (event loop, asyncio)"]["cpu_s"] == 0.5
-    assert res["total"]["cpu_s"] == 5.0
+    assert res["total"]["cpu_s"] == 6.0
