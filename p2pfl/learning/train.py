@@ -84,10 +84,10 @@ def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
 
 def load_optimizer_machinery() -> None:
     """Build one throwaway optimizer: the first one a process builds makes ``torch.optim``
-    import ``torch._dynamo`` (about 1.5 s of CPU here, in torch 2.x). A node calls this while
-    it loads, so that the cost is not inside its first round's training: there every node's
-    first round would carry it, and an emulated slower device (docs/design.md, "Emulated
-    devices and links") would stretch it by ``1 / speed`` (15 s at 0.1)."""
+    import ``torch._dynamo`` (about 1.5 s of CPU here, in torch 2.x). A node calls this once
+    it is ready, before its first round, so that the cost is not inside that round's
+    training: there an emulated slower device (docs/design.md, "Emulated devices and
+    links") would stretch it by ``1 / speed`` (15 s at 0.1)."""
     torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
 
 

@@ -153,7 +153,6 @@ class Node:
         self.method = node_method(
             self.method_cls, self.cfg, self.id, self.data, self.rng, self.device, source
         )
-        load_optimizer_machinery()  # off round 1's clock
         if self.cfg.dp is not None:  # σ planned once, before round 1
             self.privacy = self._plan_privacy(self.cfg.dp, len(self.data.train_y), source)
             log.info("%s: privacy.dp: %s", self.id, self.privacy.describe())
@@ -360,6 +359,9 @@ class Node:
                 time.monotonic() - t_start,
                 self.neighbours,
             )
+            # ready when its peers are (a spread start would leave it out of round 1's
+            # roster), then off round 1's training clock, while the event loop serves
+            await asyncio.to_thread(load_optimizer_machinery)
             await self._drive(driver)
             try:
                 await self.transport.set_status("done", round=cfg.rounds)
