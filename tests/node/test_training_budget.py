@@ -113,7 +113,10 @@ def test_a_method_that_skips_says_so_in_its_summary(tmp_path, broker):
         tmp_path, broker, ["algorithm.name=uapdfl", "algorithm.params={}", "timing.mode=async"]
     )
     slow = [r["round"] for r in records[SLOW]]
-    assert slow[-1] == ROUNDS and any("caught_up_from" in r for r in records[SLOW]), slow
+    # c skipped: it caught up, or, frozen before its first round began (a node makes its
+    # first optimizer's imports between ready and round 1), it joined late
+    skipped = slow[0] > 1 or any("caught_up_from" in r for r in records[SLOW])
+    assert slow[-1] == ROUNDS and skipped, slow
     # every node that skipped (c, and any other that fell behind under the machine's load)
     # is counted, with the rounds it has no record of
     gaps = {nid: ROUNDS - len(recs) for nid, recs in records.items() if len(recs) < ROUNDS}
