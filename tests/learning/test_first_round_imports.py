@@ -1,7 +1,7 @@
 """A node's first round imports nothing: what torch imports the first time an optimizer is
-built is imported while the node loads (:func:`p2pfl.learning.train.load_optimizer_machinery`),
-so that no round's training time (stretched by ``1 / speed`` on an emulated slower device)
-carries an import."""
+built is imported once the node is ready, before round 1
+(:func:`p2pfl.learning.train.load_optimizer_machinery`), so that no round's training time
+(stretched by ``1 / speed`` on an emulated slower device) carries an import."""
 
 from __future__ import annotations
 
