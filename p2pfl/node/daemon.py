@@ -362,6 +362,7 @@ class Node:
             # ready when its peers are (a spread start would leave it out of round 1's
             # roster), then off round 1's training clock, while the event loop serves
             await asyncio.to_thread(load_optimizer_machinery)
+            svc.device.emulated.start_clock()
             await self._drive(driver)
             try:
                 await self.transport.set_status("done", round=cfg.rounds)

@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class EmulatedDevice:
-    """One node's emulated speed and availability, from its start (``time.monotonic``)."""
+    """One node's emulated speed and availability; offline windows count from ``started``
+    (``time.monotonic``): its creation, then the start of its rounds (:meth:`start_clock`)."""
 
     speed: float = 1.0
     offline: list[tuple[float, float]] = field(default_factory=list)
@@ -48,6 +49,12 @@ class EmulatedDevice:
     def extra_compute_s(self, took_s: float) -> float:
         """The wait that makes ``took_s`` of compute here last ``took_s / speed``."""
         return max(0.0, took_s) * (1.0 / self.speed - 1.0)
+
+    def start_clock(self) -> None:
+        """The node starts its rounds now: its offline windows count from here, so a window
+        at the run's start is not spent on start-up (docs/design.md, "Emulated devices and
+        links"), however long the process took to load."""
+        self.started = time.monotonic()
 
     def offline_left(self, now: float | None = None) -> float:
         """Seconds until the current offline window ends (0: online now)."""

@@ -335,9 +335,11 @@ class DecentralizedRounds:
         """Every round from the one this node joins at to the last: the round after the
         latest one its neighbours report (or its checkpoint holds, when resuming); a node
         that finds itself :data:`~p2pfl.services.peers.LAG_ROUNDS` behind its neighbours
-        catches up to their round (docs/wire.md, "Rounds and catch-up"). A method that does
-        not keep in step (:attr:`DecentralizedAlgorithm.keeps_in_step` False: Local) does
-        neither: it starts at round 1 (or after its checkpoint) and runs every round."""
+        catches up to their round, or to the last round once a neighbour is done
+        (:meth:`~p2pfl.services.peers.PeerView.catch_up_to`; docs/wire.md, "Rounds and
+        catch-up"). A method that does not keep in step
+        (:attr:`DecentralizedAlgorithm.keeps_in_step` False: Local) does neither: it starts
+        at round 1 (or after its checkpoint) and runs every round."""
         svc, rounds = self.services, self.services.cfg.rounds
         in_step = self.alg.keeps_in_step
         swarm = svc.peers.swarm_round(svc.neighbours) if in_step else 0
@@ -350,15 +352,15 @@ class DecentralizedRounds:
         self._started = True
         while r <= rounds:
             await svc.device.sit_out_offline(r)
-            ahead = svc.peers.behind(r, svc.neighbours) if in_step else None
-            if ahead is not None and ahead + 1 <= rounds:
+            target = svc.peers.catch_up_to(r, svc.neighbours, rounds) if in_step else None
+            if target is not None:
                 log.warning(
-                    "%s: neighbours are at round %d, this node at %d: catching up",
+                    "%s: catching up to round %d from round %d (neighbours ahead or done)",
                     self.id,
-                    ahead + 1,
+                    target,
                     r,
                 )
-                skipped_from, r = r, ahead + 1
+                skipped_from, r = r, target
                 self._skip_to(r)
                 await svc.ledger.report_round(r - 1, joined=r)
             record = await self.run_round(r)
