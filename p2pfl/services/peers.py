@@ -102,14 +102,16 @@ class PeerView:
         """The round a node about to run ``round_no`` of a ``last_round``-round run skips to
         (docs/wire.md, "Rounds and catch-up"), None when it runs ``round_no``:
 
-        - the round after :meth:`behind`'s, when an online peer is :data:`LAG_ROUNDS` ahead;
+        - the round after :meth:`behind`'s, when an online peer is :data:`LAG_ROUNDS` ahead,
+          or ``last_round`` when that peer reports round ``last_round − LAG_ROUNDS + 1`` or
+          later: a node that far behind would only run its last rounds behind the swarm;
         - ``last_round``, when a peer of ``peers`` is ``done``, none is online, and
           ``round_no`` is at least :data:`LAG_ROUNDS` − 1 rounds before it: the node would
           otherwise train the rest of the run alone, with nobody to merge with. A done
           peer's round claim is not read; the run's length is the node's own."""
         ahead = self.behind(round_no, peers)
         if ahead is not None and ahead + 1 <= last_round:
-            return ahead + 1
+            return last_round if ahead + LAG_ROUNDS - 1 >= last_round else ahead + 1
         if round_no + LAG_ROUNDS - 1 <= last_round:
             statuses = {self.status(p) for p in peers}
             if "done" in statuses and "online" not in statuses:

@@ -21,6 +21,12 @@ def test_a_node_in_step_runs_its_round_and_one_lag_rounds_behind_catches_up():
     # c finished round 5 + LAG_ROUNDS - 1: a is LAG_ROUNDS behind it
     presence["c"]["round"] = 5 + LAG_ROUNDS - 1
     assert view.catch_up_to(5, ["b", "c"], ROUNDS) == 5 + LAG_ROUNDS
+    # a peer LAG_ROUNDS ahead and within LAG_ROUNDS - 1 of the end sends a to the end
+    near_end = ROUNDS - LAG_ROUNDS + 1
+    presence["c"]["round"] = near_end
+    assert view.catch_up_to(near_end - LAG_ROUNDS + 1, ["b", "c"], ROUNDS) == ROUNDS
+    presence["c"]["round"] = near_end - 1
+    assert view.catch_up_to(near_end - LAG_ROUNDS, ["b", "c"], ROUNDS) == near_end
     # an offline peer, however far ahead, is not followed
     presence["c"]["status"] = "offline"
     assert view.catch_up_to(5, ["b", "c"], ROUNDS) is None
