@@ -31,8 +31,9 @@ A site votes only before the deadline, and joins a committed run only when it ho
 of its own on it: one cast in this life, or kept in its ledger across a restart. A daemon
 that comes back on an empty ``state_dir`` hears its old accept among the retained messages,
 and does not train that run again (:data:`NO_VOTE`). A commit turn comes no sooner than
-:data:`SETTLE_S` after the spec was heard, so the retained commit of a finished run arrives
-first.
+:data:`SETTLE_S` after the spec was heard, or after the last message the broker sent as
+retained (a spec published live comes after those), so the retained commit of a finished
+run arrives first.
 
 A commit is taken from the proposer or from a site whose ``accept`` this daemon heard, and
 only once every member it names has been heard accepting; one published before the deadline
@@ -302,7 +303,7 @@ class RunAgreement:
                 accepted.add(self.ctx.name)  # its own vote may not be back from the broker
             order = committers(st.run_id, st.proposer, accepted)
             now = time.time()
-            settled = time.monotonic() - st.heard_at >= SETTLE_S
+            settled = self._settled(st)
             before = self.ctx.name == st.proposer and now < st.deadline
             ready = before and st.decided()
             if ready and st.spec.members == "any" and not self._all_heard_voted(st):
@@ -320,6 +321,13 @@ class RunAgreement:
             elif now > st.deadline + (len(order) + 2) * grace:
                 return
             await asyncio.sleep(0.25)
+
+    def _settled(self, st: RunState) -> bool:
+        """Whether a retained commit of ``st`` would be in by now: :data:`SETTLE_S` after its
+        spec was heard, or after the last message the broker sent this subscription as
+        retained (a spec heard live, after them, has no retained commit still on the way)."""
+        now = time.monotonic()
+        return now - st.heard_at >= SETTLE_S or now - self.ctx.link.retained_at >= SETTLE_S
 
     def _all_heard_voted(self, st: RunState) -> bool:
         """Whether every site this daemon has heard from has voted on ``st`` (not pending)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +42,10 @@ class BrokerLink:
         self.certs = certs
         self.identity = identity
         self.connected = asyncio.Event()
+        self.retained_at = time.monotonic()
+        """When the last message the broker sent as retained came (monotonic), or the link
+        last subscribed: what the broker held for this subscription came before a message
+        heard live after that."""
         self._client: aiomqtt.Client | None = None
 
     async def run(self, on_message: Callable[[str, bytes], None]) -> None:
@@ -63,11 +68,14 @@ class BrokerLink:
                     tls_context=tls,
                     max_queued_outgoing_messages=1000,
                 ) as client:
+                    self.retained_at = time.monotonic()
                     await client.subscribe(M.subscription(self.swarm), qos=1)
                     self._client = client
                     self.connected.set()
                     backoff = 0.5
                     async for message in client.messages:
+                        if message.retain:  # sent for the subscription, not published now
+                            self.retained_at = time.monotonic()
                         payload = message.payload
                         if not isinstance(payload, (bytes, bytearray)):
                             payload = b"" if payload is None else str(payload).encode()
