@@ -250,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         help="sites start their warm worker with the daemon (limits.warm_worker: true)",
     )
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory (its logs)")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="p2pfl-bench-fed-"))
     broker = make_broker("mosquitto", workdir=work / "broker").start()
@@ -308,7 +309,10 @@ def main(argv: list[str] | None = None) -> int:
         }
     finally:
         broker.stop()
-        shutil.rmtree(work, ignore_errors=True)
+        if args.keep:
+            print(f"work directory kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
     print("\n| measure | value |\n|---|---|")
     for count, fr in result["first_round"].items():
         print(
