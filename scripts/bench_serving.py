@@ -26,9 +26,8 @@ hospital-a's, node n0's), is promoted, and is served by ``python -m p2pfl serve 
 --listen 127.0.0.1:PORT``, a process of its own (server and clients share no GIL). Also
 recorded: the server's CPU ms per answer (``/proc``), and, in this process, the time of the
 server's predict path without HTTP (``ModelServer.predict``) and of the model's forward pass
-alone, and one client's p50 through a ``ModelServer`` in this process without and with
-``TCP_NODELAY`` on its handler (``disable_nagle_algorithm``; the server sets it): what the
-rest of the latency is.
+alone, and one client's p50 through a ``ModelServer`` in this process (``http_p50_ms``):
+what the rest of the latency is.
 
 Prints a table (model, clients, training, p50 ms, p99 ms, req/s, errors) and writes ``--json``:
 every repeat's figures, their medians over ``--repeats``, and the machine (cpu count, torch
@@ -441,20 +440,16 @@ def breakdown(site: Path, content_type: str, bodies: list[bytes], n: int = 300) 
         }
     finally:
         server.close()
-    for label, nodelay in (("http_p50_ms_nagle", False), ("http_p50_ms_nodelay", True)):
-        out[label] = _http_p50(site, content_type, bodies, nodelay, n)
+    out["http_p50_ms"] = _http_p50(site, content_type, bodies, n)
     return out
 
 
-def _http_p50(site: Path, content_type: str, bodies: list[bytes], nodelay: bool, n: int) -> float:
-    """One client's median ms over ``n`` requests to a ``ModelServer`` in this process, its
-    handler's ``disable_nagle_algorithm`` set to ``nodelay`` (then restored)."""
+def _http_p50(site: Path, content_type: str, bodies: list[bytes], n: int) -> float:
+    """One client's median ms over ``n`` requests to a ``ModelServer`` in this process."""
     from p2pfl.sites.models import serving
     from p2pfl.sites.models.store import ModelStore
 
     body = yaml.safe_load(site.read_text())
-    before = serving._Handler.disable_nagle_algorithm
-    serving._Handler.disable_nagle_algorithm = nodelay
     server = serving.ModelServer(ModelStore(body["state_dir"], body["site"]), "127.0.0.1", 0)
     server.start()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -478,7 +473,6 @@ def _http_p50(site: Path, content_type: str, bodies: list[bytes], nodelay: bool,
         server.shutdown()
         thread.join(10)
         server.close()
-        serving._Handler.disable_nagle_algorithm = before
 
 
 # ----------------------------------------------------------------------------- main
@@ -659,13 +653,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(
         "\nin this process, median ms: predict path without HTTP / forward pass alone / "
-        "1 client over HTTP with Nagle's algorithm on / with TCP_NODELAY (as served)"
+        "1 client over HTTP"
     )
     for name, b in result["breakdown"].items():
-        print(
-            f"  {name}: {b['predict_ms']} / {b['forward_ms']} / {b['http_p50_ms_nagle']} / "
-            f"{b['http_p50_ms_nodelay']}"
-        )
+        print(f"  {name}: {b['predict_ms']} / {b['forward_ms']} / {b['http_p50_ms']}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=1))

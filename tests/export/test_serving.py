@@ -184,6 +184,10 @@ def test_bad_requests_are_refused_with_a_reason(tabular_store):
         assert status == 415
         status, answer = post(json.dumps([{"age": 1, "bmi": 2, "bp": 3}] * 200))
         assert status == 413 and "max_request_bytes 4096" in answer["error"]
+        status, answer = _raw_post(server, None)  # no length: neither Content-Length nor chunked
+        assert status == 411 and "Content-Length required" in answer["error"]
+        status, answer = _raw_post(server, [b"[" + b" " * 3000, b" " * 3000 + b"]"])  # chunked
+        assert status == 413 and "the body: more than serving.max_request_bytes" in answer["error"]
         assert _request(server, "GET", "/v1/nothing")[0] == 404
         assert _request(server, "POST", "/v1/model", "{}")[0] == 405
         status, answer = _request(server, "GET", "/v1/predict")
@@ -237,6 +241,29 @@ def test_an_image_model_takes_image_bytes(tmp_path):
         assert status == 400 and "not trained on tabular data" in bad["error"]
         server.shutdown()
         thread.join(10)
+
+
+def _raw_post(server, chunks):
+    """A POST to /v1/predict without a body's length (``chunks`` None) or chunked."""
+    host, port = server.address
+    conn = http.client.HTTPConnection(host, port, timeout=30)
+    try:
+        if chunks is None:
+            conn.putrequest("POST", "/v1/predict")
+            conn.putheader("Content-Type", "application/json")
+            conn.endheaders()
+        else:
+            conn.request(
+                "POST",
+                "/v1/predict",
+                body=iter(chunks),
+                headers={"Content-Type": "application/json"},
+                encode_chunked=True,
+            )
+        answer = conn.getresponse()
+        return answer.status, json.loads(answer.read())
+    finally:
+        conn.close()
 
 
 def _serve_in_thread(server):

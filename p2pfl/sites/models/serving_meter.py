@@ -27,7 +27,7 @@ ROUTES = (
     "unknown_model",
     "none",
 )
-"""What a request asked (:func:`~p2pfl.sites.models.serving.route`; ``none``: no route)."""
+"""What a request asked (:func:`~p2pfl.sites.models.serving_http.route`; ``none``: no route)."""
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 """Upper bounds (s) of the latency histogram: one record takes about a millisecond here,

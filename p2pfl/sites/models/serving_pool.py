@@ -74,12 +74,13 @@ def serve(
         _serve_here(server)
         return
     # what every worker imports, imported once before the fork
+    import aiohttp.web  # noqa: F401
     import onnxruntime  # noqa: F401
     import pandas  # noqa: F401
 
     import p2pfl.export.predict  # noqa: F401  (torch)
 
-    server.httpd.socket.setblocking(False)  # a worker that loses an accept race waits again
+    server.sock.setblocking(False)  # a worker that loses an accept race waits again
     _Pool(server, workers).run()
 
 
@@ -126,7 +127,7 @@ class _Pool:
                     self._fork(old_mask)
         finally:
             self._stop()
-            self.server.httpd.server_close()
+            self.server.sock.close()
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
 
     def _fork(self, old_mask: set[signal.Signals]) -> None:
