@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import time
 from http import HTTPStatus
@@ -29,10 +30,14 @@ from aiohttp import web
 from p2pfl.errors import P2PFLError
 from p2pfl.sites.models import oip, serving_meter
 
+log = logging.getLogger(__name__)
+
 IDLE_S = 30.0
 """A keep-alive connection silent this long is closed."""
 STOP_S = 5.0
 """How long a stopping server lets the requests under way finish."""
+ACCEPT_RETRY_S = 1.0
+"""After an accept that failed for want of descriptors, the wait before the next."""
 
 
 class BadRequest(P2PFLError, ValueError):
@@ -106,10 +111,35 @@ async def serve(app: Answers, sock: socket.socket, stopping: asyncio.Event) -> N
         shutdown_timeout=STOP_S,
     )
     await runner.setup()
+    loop = asyncio.get_running_loop()
+    connections = runner.server
+    assert connections is not None
+    opening: set[asyncio.Task] = set()
+
+    def accept_one() -> None:
+        """One connection a wakeup: the pool's workers, every one woken by a connection,
+        take the waiting ones in turn (a server's own accept loop takes them all, and one
+        worker would answer a burst of clients while the others idle)."""
+        try:
+            conn, _ = sock.accept()
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            return  # another worker took it
+        except OSError as exc:  # out of descriptors: not a busy loop, try again later
+            log.warning("serving: accepting a connection failed (%s); again in 1 s", exc)
+            loop.remove_reader(sock.fileno())
+            loop.call_later(ACCEPT_RETRY_S, loop.add_reader, sock.fileno(), accept_one)
+            return
+        conn.setblocking(False)
+        task = loop.create_task(loop.connect_accepted_socket(connections, conn))
+        opening.add(task)
+        task.add_done_callback(opening.discard)
+
+    sock.setblocking(False)
+    loop.add_reader(sock.fileno(), accept_one)
     try:
-        await web.SockSite(runner, sock).start()
         await stopping.wait()
     finally:
+        loop.remove_reader(sock.fileno())
         await runner.cleanup()
 
 
