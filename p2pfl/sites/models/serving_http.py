@@ -127,12 +127,21 @@ async def serve(app: Answers, sock: socket.socket, stopping: asyncio.Event) -> N
         except OSError as exc:  # out of descriptors: not a busy loop, try again later
             log.warning("serving: accepting a connection failed (%s); again in 1 s", exc)
             loop.remove_reader(sock.fileno())
-            loop.call_later(ACCEPT_RETRY_S, loop.add_reader, sock.fileno(), accept_one)
+            loop.call_later(ACCEPT_RETRY_S, listen_again)
             return
         conn.setblocking(False)
         task = loop.create_task(loop.connect_accepted_socket(connections, conn))
         opening.add(task)
-        task.add_done_callback(opening.discard)
+        task.add_done_callback(opened)
+
+    def listen_again() -> None:
+        if not stopping.is_set():
+            loop.add_reader(sock.fileno(), accept_one)
+
+    def opened(task: asyncio.Task) -> None:
+        opening.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # the client left at once
+            log.debug("serving: a connection closed as it opened: %s", task.exception())
 
     sock.setblocking(False)
     loop.add_reader(sock.fileno(), accept_one)
