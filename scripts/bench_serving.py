@@ -397,9 +397,10 @@ class TrainingLoad:
 
 # ----------------------------------------------------------------------------- breakdown
 def breakdown(site: Path, content_type: str, bodies: list[bytes], n: int = 300) -> dict:
-    """In this process, no HTTP: the median ms of the server's predict path
-    (``ModelServer.predict``: parse, normalise, forward, answer) and of the forward pass
-    alone (``Classifier.probabilities`` on the prepared input)."""
+    """In this process: the median ms of the server's predict path without HTTP
+    (``ModelServer.predict``: parse, normalise, forward, answer), of the forward pass alone
+    (``Classifier.probabilities`` on the prepared input), and of one request from one
+    keep-alive client to that server over HTTP (``http_p50_ms``)."""
     from p2pfl.export.predict import image_batches, model_inputs, records_array
     from p2pfl.sites.models.serving import ModelServer
     from p2pfl.sites.models.store import ModelStore
@@ -438,41 +439,28 @@ def breakdown(site: Path, content_type: str, bodies: list[bytes], n: int = 300) 
             "predict_ms": timed(lambda i: server.predict(content_type, bodies[i % len(bodies)])),
             "forward_ms": timed(lambda i: model.probabilities([prepared[i % len(prepared)]])),
         }
+        # the same server over HTTP, one keep-alive client
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        conn = http.client.HTTPConnection(*server.address, timeout=30)
+        try:
+            out["http_p50_ms"] = timed(lambda i: _post(conn, content_type, bodies[i % len(bodies)]))
+        finally:
+            conn.close()
+            server.shutdown()
+            thread.join(10)
     finally:
         server.close()
-    out["http_p50_ms"] = _http_p50(site, content_type, bodies, n)
     return out
 
 
-def _http_p50(site: Path, content_type: str, bodies: list[bytes], n: int) -> float:
-    """One client's median ms over ``n`` requests to a ``ModelServer`` in this process."""
-    from p2pfl.sites.models import serving
-    from p2pfl.sites.models.store import ModelStore
-
-    body = yaml.safe_load(site.read_text())
-    server = serving.ModelServer(ModelStore(body["state_dir"], body["site"]), "127.0.0.1", 0)
-    server.start()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    conn = http.client.HTTPConnection(*server.address, timeout=30)
-    try:
-        times = []
-        for i in range(n):
-            t0 = time.perf_counter()
-            conn.request(
-                "POST", "/v1/predict", bodies[i % len(bodies)], {"Content-Type": content_type}
-            )
-            answer = conn.getresponse()
-            answer.read()
-            if answer.status != 200:
-                raise SystemExit(f"in-process server answered {answer.status}")
-            times.append(time.perf_counter() - t0)
-        return round(1000 * statistics.median(times), 3)
-    finally:
-        conn.close()
-        server.shutdown()
-        thread.join(10)
-        server.close()
+def _post(conn: http.client.HTTPConnection, content_type: str, body: bytes) -> None:
+    """One ``POST /v1/predict`` on ``conn``, its answer read; a SystemExit unless a 200."""
+    conn.request("POST", "/v1/predict", body, {"Content-Type": content_type})
+    answer = conn.getresponse()
+    answer.read()
+    if answer.status != 200:
+        raise SystemExit(f"in-process server answered {answer.status}")
 
 
 # ----------------------------------------------------------------------------- main

@@ -120,8 +120,8 @@ class ModelServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._shut = False
-        self._served = threading.Event()
-        self._served.set()  # no serve_forever running
+        self._idle = threading.Event()
+        self._idle.set()  # set while no serve_forever runs
         try:
             self.sock = socket.create_server((host, port), backlog=LISTEN_BACKLOG)
         except OSError as exc:
@@ -141,14 +141,14 @@ class ModelServer:
     def serve_forever(self) -> None:
         """Answer requests (:mod:`~p2pfl.sites.models.serving_http`) on an event loop of
         this thread's own until :meth:`shutdown` (from another thread)."""
-        self._served.clear()
+        self._idle.clear()
         loop = _new_loop()
         try:
             loop.run_until_complete(self._serve())
         finally:
             self._loop = self._stopping = None
             loop.close()
-            self._served.set()
+            self._idle.set()
 
     async def _serve(self) -> None:
         self._stopping = asyncio.Event()
@@ -163,7 +163,7 @@ class ModelServer:
         if loop is not None and stopping is not None:
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                 loop.call_soon_threadsafe(stopping.set)
-        self._served.wait()
+        self._idle.wait()
 
     def close(self) -> None:
         self._stop.set()
