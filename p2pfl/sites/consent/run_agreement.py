@@ -30,7 +30,9 @@ Agreement on retained messages (:mod:`p2pfl.sites.consent.messages`) under
 A site votes only before the deadline, and joins a committed run only when it holds a vote
 of its own on it: one cast in this life, or kept in its ledger across a restart. A daemon
 that comes back on an empty ``state_dir`` hears its old accept among the retained messages,
-and does not train that run again (:data:`NO_VOTE`). A commit turn comes no sooner than
+and does not vote again nor train that run again (:data:`NO_VOTE`): on a spec heard among
+them, it votes only once they are all in (:meth:`RunAgreement._settled`), and only if no
+vote of its own came with them. A commit turn comes no sooner than
 :data:`SETTLE_S` after the spec was heard, or after the last message the broker sent as
 retained (a spec published live comes after those), so the retained commit of a finished
 run arrives first.
@@ -150,12 +152,15 @@ class RunAgreement:
         if msg.run_id in self.ctx.runs or msg.run_id in self._checking:
             return
         self._checking.add(msg.run_id)
-        self.ctx.spawn(None, self._check_spec(msg, payload, topic))
+        retained = self.ctx.link.retained
+        self.ctx.spawn(None, self._check_spec(msg, payload, topic, retained))
 
-    async def _check_spec(self, msg: M.SiteMessage, payload: bytes, topic: str) -> None:
+    async def _check_spec(
+        self, msg: M.SiteMessage, payload: bytes, topic: str, retained: bool
+    ) -> None:
         """Validate a spec by its method's card (nothing imported), check its outside code
         in a child process where this site is asked and its policy allows plugins, then
-        take it."""
+        take it (``retained``: it came among the messages the broker held)."""
         try:
             spec = spec_from_dict(msg.body.get("spec"), f"spec of run {msg.run_id}")
             asked = spec.members == "any" or self.ctx.name in spec.members
@@ -168,7 +173,7 @@ class RunAgreement:
         finally:
             self._checking.discard(msg.run_id)
         try:
-            self._take_spec(msg, payload, topic, spec, outside)
+            self._take_spec(msg, payload, topic, spec, outside, retained)
         except (LedgerError, ValueError, KeyError, TypeError) as exc:
             self.ctx.drop(topic, "bad_body", str(exc))
 
@@ -179,6 +184,7 @@ class RunAgreement:
         topic: str,
         spec: RunSpec,
         outside: OutsideCode | None = None,
+        retained: bool = False,
     ) -> None:
         if run_id(spec) != msg.run_id:
             self.ctx.drop(topic, "mismatch", "the run_id is not the spec's hash")
@@ -206,10 +212,27 @@ class RunAgreement:
         asked = spec.members == "any" or self.ctx.name in spec.members
         if not fresh and self.ctx.name in entry.votes:  # this ledger voted, before a restart
             st.decision = self.ctx.decide(st, "vote")
-        elif asked and self.ctx.name not in st.votes and time.time() < st.deadline:
-            self.vote(st)
+        elif asked and not retained:
+            self._vote_if_open(st)
+        elif asked:  # among the retained messages: its own old vote may come after it
+            self.ctx.spawn(st, self._vote_when_settled(st))
         self.ctx.spawn(st, self._commit_turns(st))
         self.ctx.count_runs()
+
+    def _vote_if_open(self, st: RunState) -> None:
+        """Vote on ``st`` unless a vote of this site's is heard (one it cast before its
+        state_dir was reset among them), the run ended here, or the deadline is past."""
+        if self.ctx.name in st.votes or self.ctx.final(st):
+            return
+        if time.time() < st.deadline:
+            self.vote(st)
+
+    async def _vote_when_settled(self, st: RunState) -> None:
+        """Vote on a spec heard among the retained messages once they are all in
+        (:meth:`_settled`): the broker may send this site's own old vote after the spec."""
+        while not self._settled(st):
+            await asyncio.sleep(0.1)
+        self._vote_if_open(st)
 
     def vote(self, st: RunState, operator: bool | None = None) -> None:
         """Decide on ``st`` and publish the vote (``operator``: a pending one decided)."""

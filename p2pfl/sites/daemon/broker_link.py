@@ -46,6 +46,9 @@ class BrokerLink:
         """When the last message the broker sent as retained came (monotonic), or the link
         last subscribed: what the broker held for this subscription came before a message
         heard live after that."""
+        self.retained = False
+        """Whether the message being handed to ``on_message`` now came as retained (held by
+        the broker for this subscription), not published live."""
         self._client: aiomqtt.Client | None = None
 
     async def run(self, on_message: Callable[[str, bytes], None]) -> None:
@@ -74,7 +77,8 @@ class BrokerLink:
                     self.connected.set()
                     backoff = 0.5
                     async for message in client.messages:
-                        if message.retain:  # sent for the subscription, not published now
+                        self.retained = bool(message.retain)
+                        if self.retained:  # sent for the subscription, not published now
                             self.retained_at = time.monotonic()
                         payload = message.payload
                         if not isinstance(payload, (bytes, bytearray)):

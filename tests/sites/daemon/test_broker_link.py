@@ -24,15 +24,17 @@ async def test_retained_at_moves_on_retained_messages_only(broker, monkeypatch):
     async with aiomqtt.Client(host, int(port)) as other:
         await other.publish("p2pfl/fed/sites/spec/held", b"held", qos=1, retain=True)
         link = BrokerLink("fed", "s1", broker.address, None, None)
-        heard: asyncio.Queue[tuple[str, float]] = asyncio.Queue()
-        runs = asyncio.ensure_future(link.run(lambda t, _: heard.put_nowait((t, link.retained_at))))
+        heard: asyncio.Queue[tuple[str, float, bool]] = asyncio.Queue()
+        runs = asyncio.ensure_future(
+            link.run(lambda t, _: heard.put_nowait((t, link.retained_at, link.retained)))
+        )
         try:
             # read at the link's creation (1), its subscription (2), the held message (3)
-            topic, at = await asyncio.wait_for(heard.get(), 30)
-            assert topic.endswith("/held") and at == 3
+            topic, at, retained = await asyncio.wait_for(heard.get(), 30)
+            assert topic.endswith("/held") and at == 3 and retained
             await other.publish("p2pfl/fed/sites/spec/live", b"live", qos=1, retain=True)
-            topic, at = await asyncio.wait_for(heard.get(), 30)
-            assert topic.endswith("/live") and at == 3  # published now: not held
+            topic, at, retained = await asyncio.wait_for(heard.get(), 30)
+            assert topic.endswith("/live") and at == 3 and not retained  # published now
         finally:
             runs.cancel()
             await asyncio.gather(runs, return_exceptions=True)

@@ -334,14 +334,16 @@ def test_a_site_leaves_when_its_policy_fails_at_a_round(sites):
     assert s1.wait_status(rid, {"cancelled"}, 30)["why"].startswith("cancelled by this site")
 
 
-def test_a_site_whose_state_was_reset_does_not_rejoin_an_old_run(sites):
+@pytest.mark.parametrize("vote_deadline_s", [6, 60], ids=["after_deadline", "before_deadline"])
+def test_a_site_whose_state_was_reset_does_not_rejoin_an_old_run(sites, vote_deadline_s):
     """The broker keeps a finished run's spec, votes and commit. A site daemon restarted on
-    an empty state_dir hears them, its own old accept among them, after the vote's deadline:
-    it holds no vote of its own, so it neither votes, nor commits, nor trains that run again."""
+    an empty state_dir hears them, its own old accept among them, after the vote's deadline
+    or before it: it holds no vote of its own, so it neither votes, nor commits, nor trains
+    that run again."""
     import shutil
 
     s1, s2 = sites("s1"), sites("s2")
-    rid = s1.ask("submit", spec=spec())["run_id"]
+    rid = s1.ask("submit", spec=spec(vote_deadline_s=vote_deadline_s))["run_id"]
     s2.wait_status(rid, {"finished"}, 180)
     s2.stop()
     shutil.rmtree(s2.state_dir)
