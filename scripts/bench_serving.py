@@ -5,7 +5,9 @@
 For each model, the hospitals example's ``HospitalMLP`` (a patient record as JSON, from the
 example's ``data/new-patients.csv``) and the digits example's ``DigitsCNN`` (one 8x8 PNG
 image's bytes, from its ``data/holdout/``), with ``--clients`` concurrent clients (default 1
-and 16: threads, each with its own keep-alive ``http.client.HTTPConnection``):
+and 16: threads, each with its own keep-alive ``http.client.HTTPConnection``, spread evenly
+over ``--client-processes`` client processes, each its own interpreter: 16 threads in one
+process wait on one GIL, and that wait, not the server's, showed in the p99):
 
 1. **idle machine**: latency p50 and p99 (ms, request sent to answer read), throughput
    (answers/s over ``--duration`` s, after ``--warmup`` s not counted) and errors (non-200
@@ -42,6 +44,7 @@ import argparse
 import contextlib
 import http.client
 import json
+import multiprocessing
 import os
 import platform
 import shutil
@@ -258,6 +261,40 @@ def client(
     out.extend(records)
 
 
+def client_process(
+    port: int,
+    content_type: str,
+    bodies: list[bytes],
+    offsets: list[int],
+    ready,
+    go,
+    t_end,
+    results,
+) -> None:
+    """One client process: a :func:`client` thread per offset in ``offsets``; says
+    ``ready``, starts when ``go`` is set, stops at ``t_end.value`` (``time.perf_counter``,
+    the system's monotonic clock, the same in every process), puts its records on
+    ``results``."""
+    start = threading.Barrier(len(offsets) + 1)
+    end: list[float] = [0.0]
+    out: list = []
+    threads = [
+        threading.Thread(
+            target=client, args=(port, content_type, bodies, off, start, end, out), daemon=True
+        )
+        for off in offsets
+    ]
+    for t in threads:
+        t.start()
+    ready.put(os.getpid())
+    go.wait()
+    end[0] = t_end.value
+    start.wait()
+    for t in threads:
+        t.join()
+    results.put(out)
+
+
 def percentile(values: list[float], q: float) -> float:
     """The ``q``-th percentile (nearest rank) of ``values``."""
     ordered = sorted(values)
@@ -272,34 +309,49 @@ def measure(
     clients: int,
     duration: float,
     warmup: float,
+    processes: int = 1,
 ) -> dict:
-    """``clients`` clients for ``warmup`` + ``duration`` s; figures of the last ``duration``."""
-    out: list = []
-    t_count: list[float] = [0.0]
-    t_end: list[float] = [0.0]
-
-    def go() -> None:  # the barrier's action: one clock for every client
-        now = time.perf_counter()
-        t_count[0] = now + warmup
-        t_end[0] = now + warmup + duration
-
-    start = threading.Barrier(clients + 1, action=go)
+    """``clients`` clients for ``warmup`` + ``duration`` s; figures of the last ``duration``.
+    The clients are threads spread evenly over ``processes`` client processes (none of
+    them this one), each its own interpreter and GIL."""
+    ctx = multiprocessing.get_context("forkserver")
+    ready, results = ctx.Queue(), ctx.Queue()
+    go, t_end = ctx.Event(), ctx.Value("d", 0.0)
     step = max(1, len(bodies) // clients)
-    threads = [
-        threading.Thread(
-            target=client,
-            args=(server.port, content_type, bodies, k * step, start, t_end, out),
+    groups = [list(range(k, clients, processes)) for k in range(min(processes, clients))]
+    procs = [
+        ctx.Process(
+            target=client_process,
+            args=(
+                server.port,
+                content_type,
+                bodies,
+                [k * step for k in group],
+                ready,
+                go,
+                t_end,
+                results,
+            ),
+            daemon=True,
         )
-        for k in range(clients)
+        for group in groups
     ]
-    for t in threads:
-        t.start()
-    start.wait()
+    for proc in procs:
+        proc.start()
+    for _ in procs:
+        ready.get(timeout=120)
+    now = time.perf_counter()
+    t_count = [now + warmup]
+    t_end.value = now + warmup + duration
+    go.set()
     time.sleep(max(0.0, t_count[0] - time.perf_counter()))
     cpu0, wall0 = server.cpu_s(), time.perf_counter()
-    for t in threads:
-        t.join()
+    out: list = []
+    for _ in procs:  # read before joining: a child exits only once its records are taken
+        out.extend(results.get(timeout=duration + 120))
     cpu1, wall1 = server.cpu_s(), time.perf_counter()
+    for proc in procs:
+        proc.join()
     counted = [r for r in out if r[0] >= t_count[0]]
     ok = [lat for _, lat, status in counted if status == 200]
     errors = sum(1 for _, _, status in counted if status != 200)
@@ -312,7 +364,7 @@ def measure(
         "errors": errors,
         "server_cpu_ms_per_req": round(1000 * (cpu1 - cpu0) / len(ok), 3) if ok else None,
         "server_cpu_share": round((cpu1 - cpu0) / (wall1 - wall0), 3),
-        "window": [t_count[0], t_end[0]],
+        "window": [t_count[0], t_end.value],
     }
 
 
@@ -509,6 +561,12 @@ def main(argv: list[str] | None = None) -> int:
         default=WORKER_NICE,
         help="the training swarm's niceness (default: a site's limits.worker_nice)",
     )
+    ap.add_argument(
+        "--client-processes",
+        type=int,
+        default=1,
+        help="client processes the clients' threads are spread over (each its own GIL)",
+    )
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args(argv)
@@ -575,7 +633,12 @@ def main(argv: list[str] | None = None) -> int:
                     for name in args.models:
                         for clients in args.clients:
                             fig = measure(
-                                servers[name], *load[name], clients, args.duration, args.warmup
+                                servers[name],
+                                *load[name],
+                                clients,
+                                args.duration,
+                                args.warmup,
+                                args.client_processes,
                             )
                             t0, t1 = fig.pop("window")
                             if cycle is not None:
