@@ -341,10 +341,10 @@ def measure(
     for _ in procs:
         ready.get(timeout=120)
     now = time.perf_counter()
-    t_count = [now + warmup]
+    t_count = now + warmup
     t_end.value = now + warmup + duration
     go.set()
-    time.sleep(max(0.0, t_count[0] - time.perf_counter()))
+    time.sleep(max(0.0, t_count - time.perf_counter()))
     cpu0, wall0 = server.cpu_s(), time.perf_counter()
     out: list = []
     for _ in procs:  # read before joining: a child exits only once its records are taken
@@ -352,7 +352,7 @@ def measure(
     cpu1, wall1 = server.cpu_s(), time.perf_counter()
     for proc in procs:
         proc.join()
-    counted = [r for r in out if r[0] >= t_count[0]]
+    counted = [r for r in out if r[0] >= t_count]
     ok = [lat for _, lat, status in counted if status == 200]
     errors = sum(1 for _, _, status in counted if status != 200)
     return {
@@ -364,7 +364,7 @@ def measure(
         "errors": errors,
         "server_cpu_ms_per_req": round(1000 * (cpu1 - cpu0) / len(ok), 3) if ok else None,
         "server_cpu_share": round((cpu1 - cpu0) / (wall1 - wall0), 3),
-        "window": [t_count[0], t_end.value],
+        "window": [t_count, t_end.value],
     }
 
 
