@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from p2pfl.cpu_set import parse_cpus, pin
 from p2pfl.sites.runs.warm_worker import HANDLED, MAX_REQUEST_BYTES, READY
 
 
@@ -52,6 +53,7 @@ def _run_child(
         if preexec is not None:
             preexec()
         os.nice(request.get("nice", 0))
+        pin(request.get("cpus"))
         out = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
@@ -80,7 +82,8 @@ def _run_child(
 
 def _read_request(conn: socket.socket) -> dict[str, Any] | None:
     """One JSON line of at most :data:`MAX_REQUEST_BYTES`: ``argv`` (strings), ``cwd``,
-    ``log``, ``nice`` (0 to 19; absent: 0); None for anything else."""
+    ``log``, ``nice`` (0 to 19; absent: 0), ``cpus`` (a list of CPU numbers; absent or
+    null: the server's); None for anything else."""
     data = b""
     while not data.endswith(b"\n") and len(data) < MAX_REQUEST_BYTES:
         chunk = conn.recv(4096)
@@ -101,6 +104,11 @@ def _read_request(conn: socket.socket) -> dict[str, Any] | None:
         or not 0 <= request.get("nice", 0) <= 19
     ):
         return None
+    if request.get("cpus") is not None:
+        try:
+            request["cpus"] = parse_cpus(request["cpus"])
+        except ValueError:
+            return None
     return request
 
 

@@ -14,7 +14,8 @@ process wait on one GIL, and that wait, not the server's, showed in the p99):
    or a failed connection: must be 0);
 2. **while a training cycle runs**: the same while ``p2pfl swarm`` of an example topology
    (``--train-example``, default digits-cnn: 4 nodes) trains on the same machine at
-   ``--train-nice`` (default: ``limits.worker_nice``'s, as a site daemon's workers train), one swarm
+   ``--train-nice`` (default: ``limits.worker_nice``'s, as a site daemon's workers train) on
+   ``--train-cpus`` (default: any; a site's ``limits.worker_cpus``), one swarm
    per repeat for all its under-training windows (``--train-rounds``, default 2000, more
    than the windows need: a digits round takes about 0.1 s here, so a 5-round swarm would
    be mostly start-up and linger, not training; it is stopped after the last window, and
@@ -25,7 +26,8 @@ The models are the script's own: each example's ``make_data.py`` and a short ``p
 (``--model-rounds`` rounds) in a temp copy of the example, unless ``--models-dir`` holds run
 directories ``hospitals/`` and ``digits-cnn/``; each goes into a ``ModelStore`` (node
 hospital-a's, node n0's), is promoted, and is served by ``python -m p2pfl serve --site ...
---listen 127.0.0.1:PORT``, a process of its own (server and clients share no GIL). Also
+--listen 127.0.0.1:PORT``, a process of its own (server and clients share no GIL), with the
+site's ``serving.workers`` (``--workers``) and ``serving.cpus`` (``--serve-cpus``). Also
 recorded: the server's CPU ms per answer (``/proc``), and, in this process, the time of the
 server's predict path without HTTP (``ModelServer.predict``) and of the model's forward pass
 alone, and one client's p50 through a ``ModelServer`` in this process (``http_p50_ms``):
@@ -62,6 +64,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from p2pfl.cpu_set import parse_cpus, pin  # noqa: E402
 from p2pfl.sites.daemon.site_file import WORKER_NICE  # noqa: E402
 
 HERE = Path(__file__).resolve().parents[1]
@@ -115,7 +118,7 @@ def last_round(run: Path, node: str) -> int | None:
 
 def site_file(work: Path, name: str, run: Path, serving: dict) -> Path:
     """A site whose store serves ``run``'s model of the example's node, with ``serving``'s
-    fields (``runtime``, ``workers``)."""
+    fields (``runtime``, ``workers``, ``cpus``)."""
     from p2pfl.sites.models.store import ModelStore
 
     site = SITE_OF[name]
@@ -371,10 +374,14 @@ def measure(
 class TrainingLoad:
     """``p2pfl swarm`` of ``example``, ``rounds`` rounds a cycle, restarted whenever one
     ends, from :meth:`start` until :meth:`stop`; each cycle's run goes under ``root``, at
-    ``nice`` (a site daemon's workers train at ``limits.worker_nice``)."""
+    ``nice`` on ``cpus`` (None: any), as a site daemon's workers train at
+    ``limits.worker_nice`` on ``limits.worker_cpus``."""
 
-    def __init__(self, example: Path, rounds: int, root: Path, nice: int = 0):
+    def __init__(
+        self, example: Path, rounds: int, root: Path, nice: int = 0, cpus: list[int] | None = None
+    ):
         self.example, self.rounds, self.root, self.nice = example, rounds, root, nice
+        self.cpus = cpus
         self.runs: list[Path] = []
         self.proc: subprocess.Popen | None = None
         self._stop = threading.Event()
@@ -409,8 +416,12 @@ class TrainingLoad:
                 # new session would be a group of its own, whose niceness the server's
                 # scheduling never sees
                 process_group=0,
-                preexec_fn=(lambda: os.nice(self.nice)) if self.nice else None,
+                preexec_fn=self._setup if self.nice or self.cpus is not None else None,
             )
+
+    def _setup(self) -> None:
+        os.nice(self.nice)
+        pin(self.cpus)
 
     def _keep_running(self) -> None:
         while not self._stop.is_set():
@@ -562,6 +573,17 @@ def main(argv: list[str] | None = None) -> int:
         help="the training swarm's niceness (default: a site's limits.worker_nice)",
     )
     ap.add_argument(
+        "--train-cpus",
+        type=parse_cpus,
+        help="the CPUs the training swarm runs on, e.g. 1 (a site's limits.worker_cpus; "
+        "default: any)",
+    )
+    ap.add_argument(
+        "--serve-cpus",
+        type=parse_cpus,
+        help="the CPUs the server runs on, e.g. 0 (the site's serving.cpus; default: any)",
+    )
+    ap.add_argument(
         "--client-processes",
         type=int,
         default=1,
@@ -592,7 +614,10 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 run = train(example, args.model_rounds, work / "models" / name)
             workers = args.workers if args.workers == "auto" else int(args.workers)
-            site = site_file(work, name, run, {"runtime": args.runtime, "workers": workers})
+            serving = {"runtime": args.runtime, "workers": workers}
+            if args.serve_cpus is not None:
+                serving["cpus"] = args.serve_cpus
+            site = site_file(work, name, run, serving)
             load[name] = requests_of(name, example)
             result["breakdown"][name] = breakdown(site, *load[name])
             servers[name] = Server(site, work / f"serve-{name}.log")
@@ -627,7 +652,11 @@ def main(argv: list[str] | None = None) -> int:
                 cycle = None
                 if training:
                     cycle = TrainingLoad(
-                        train_example, args.train_rounds, work / f"training{rep}", args.train_nice
+                        train_example,
+                        args.train_rounds,
+                        work / f"training{rep}",
+                        args.train_nice,
+                        args.train_cpus,
                     ).start()
                 try:
                     for name in args.models:

@@ -331,6 +331,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     """``p2pfl serve --site``: the site's served model over HTTP (:mod:`p2pfl.sites.models.serving`)
     until SIGTERM or Ctrl-C; the site daemon runs it when ``serving.listen`` is set."""
+    from p2pfl.cpu_set import pin
     from p2pfl.sites.daemon.observe import parse_listen
     from p2pfl.sites.models.serving_pool import serve, usable_cores
     from p2pfl.sites.models.store import ModelStore
@@ -347,6 +348,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         address = parse_listen(listen)
     except ValueError as exc:
         raise SystemExit(f"p2pfl serve: --listen: {exc}") from None
+    pin(site.serving.cpus)  # before the pool is sized: auto is one worker a CPU of the set
     workers = site.serving.workers
     serve(
         ModelStore(site.state_dir, site.site),

@@ -20,6 +20,7 @@ import pandas as pd
 import yaml
 from export_helpers import CLASSES, FEATURES, SPEC, two_tabular_runs
 
+from p2pfl.cpu_set import format_cpus
 from p2pfl.export import classify
 from p2pfl.launch.broker import free_port
 from p2pfl.sites.models.store import ModelStore
@@ -81,6 +82,45 @@ def _ready(port: int) -> bool:
         conn.close()
 
 
+def _served_site(tmp_path: Path, serving: dict) -> Path:
+    """A site file whose state serves a model built like a swarm's, with ``serving``."""
+    site_dir = tmp_path / "site"
+    store = ModelStore(site_dir / "state", "a")
+    first, _ = two_tabular_runs(tmp_path / "runs", SPEC, CLASSES)
+    store.promote(store.add(first.dir, "run1").id)
+    site_file = site_dir / "site.yaml"
+    site_file.write_text(
+        yaml.safe_dump({"site": "a", "swarm": "fed", "state_dir": "state", "serving": serving})
+    )
+    return site_file
+
+
+def test_serving_cpus_pins_the_server_and_auto_sizes_the_pool_to_them(tmp_path):
+    """``serving.cpus`` of one CPU: the server runs there, and ``workers: auto`` is one
+    worker (the process itself), which answers."""
+    cpu = max(os.sched_getaffinity(0))
+    port = free_port()
+    site_file = _served_site(tmp_path, {"listen": f"127.0.0.1:{port}", "cpus": str(cpu)})
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "p2pfl", "serve", "--site", str(site_file)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        _wait(lambda: _ready(port), "the server", log=log)
+        assert os.sched_getaffinity(proc.pid) == {cpu}
+        assert f"1 worker on CPUs {cpu}," in log.read_text()
+        assert not _children(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
 def test_serving_workers_share_one_port_and_outlive_a_killed_worker(tmp_path):
     site_dir = tmp_path / "site"
     store = ModelStore(site_dir / "state", "a")
@@ -95,6 +135,7 @@ def test_serving_workers_share_one_port_and_outlive_a_killed_worker(tmp_path):
     records = df.to_dict(orient="records")
 
     port = free_port()
+    cpus = [max(os.sched_getaffinity(0))]  # serving.cpus: the workers run on its one CPU
     site_file = site_dir / "site.yaml"
     site_file.write_text(
         yaml.safe_dump(
@@ -103,7 +144,7 @@ def test_serving_workers_share_one_port_and_outlive_a_killed_worker(tmp_path):
                 "swarm": "fed",
                 "broker": "127.0.0.1:1883",
                 "state_dir": "state",
-                "serving": {"listen": f"127.0.0.1:{port}", "workers": 2},
+                "serving": {"listen": f"127.0.0.1:{port}", "workers": 2, "cpus": cpus},
             }
         )
     )
@@ -117,6 +158,8 @@ def test_serving_workers_share_one_port_and_outlive_a_killed_worker(tmp_path):
     try:
         _wait(lambda: _ready(port) and len(_children(proc.pid)) == 2, "two workers", log=log)
         workers = _children(proc.pid)
+        assert all(os.sched_getaffinity(pid) == set(cpus) for pid in workers)
+        assert f"2 workers on CPUs {format_cpus(cpus)}," in log.read_text()
 
         def check(answers: list[dict]) -> None:
             for a in answers:

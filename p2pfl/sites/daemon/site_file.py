@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    BeforeValidator,
     Field,
     NonNegativeInt,
     PositiveInt,
@@ -28,6 +29,7 @@ from p2pfl.config.dataset_schema import FILE_DATASETS, DatasetConfig, is_import_
 from p2pfl.config.paths import PathBase, resolve_fields
 from p2pfl.config.schema import ID_PATTERN
 from p2pfl.config.strict import PathNotes, StrictModel
+from p2pfl.cpu_set import check_usable, parse_cpus
 from p2pfl.sites.policy.rules import Policy
 
 SITE_PATHS = ("certs", "state_dir", "policy")
@@ -67,6 +69,10 @@ class SiteBinding(DatasetConfig):
         return data
 
 
+CpuList = Annotated[list[int], BeforeValidator(lambda v: check_usable(parse_cpus(v)))]
+"""A CPU set (:mod:`p2pfl.cpu_set`): ``"0-3,6"`` or ``[0, 1, 2, 3, 6]``, every CPU one this
+machine lets the process that loads the site file use."""
+
 WORKER_NICE = 0
 """``limits.worker_nice``'s default: workers at the daemon's priority. A site that serves
 and trains on one machine may set it higher, so answers come before training steps (on
@@ -95,6 +101,11 @@ class Limits(StrictModel):
         le=19,
         description="steps below the daemon's priority a run's worker trains at (higher: "
         "the daemon and the served model take the CPU first)",
+    )
+    worker_cpus: CpuList | None = Field(
+        default=None,
+        description="the CPUs a run's worker trains on, e.g. '1-3' (absent: any); apart "
+        "from serving.cpus, training leaves the served model its cores",
     )
 
 
@@ -197,7 +208,13 @@ class Serving(StrictModel):
     )
     workers: Literal["auto"] | Annotated[int, Field(ge=1, le=256)] = Field(
         default="auto",
-        description="processes answering requests on the one port (auto: one a usable core)",
+        description="processes answering requests on the one port (auto: one a usable "
+        "core, of serving.cpus when set)",
+    )
+    cpus: CpuList | None = Field(
+        default=None,
+        description="the CPUs the serving processes run on, e.g. '0' (absent: any); apart "
+        "from limits.worker_cpus, a training run does not take the answers' cores",
     )
 
     @field_validator("listen")

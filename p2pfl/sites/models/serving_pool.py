@@ -24,6 +24,7 @@ import signal
 import threading
 import time
 
+from p2pfl.cpu_set import format_cpus, usable_cpus
 from p2pfl.lifeline import die_with_parent, ended_children
 from p2pfl.sites.models.serving import ModelServer
 from p2pfl.sites.models.store import ModelStore
@@ -38,11 +39,9 @@ _SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGCHLD}
 
 
 def usable_cores() -> int:
-    """The cores this process may run on: ``serving.workers: auto``."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+    """The cores this process may run on (``serving.cpus`` once pinned to them):
+    ``serving.workers: auto``."""
+    return max(1, len(usable_cpus()))
 
 
 def serve(
@@ -61,13 +60,14 @@ def serve(
     host, port = server.address
     log.info(
         "%s: serving on http://%s:%d (/v2/models/%s/infer, POST /v1/predict, GET /v1/model), "
-        "%d worker%s, %s",
+        "%d worker%s on CPUs %s, %s",
         store.site,
         host,
         port,
         store.site,
         workers,
         "" if workers == 1 else "s",
+        format_cpus(usable_cpus()),
         runtime,
     )
     if workers <= 1:

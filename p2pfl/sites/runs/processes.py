@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from p2pfl.cpu_set import pin
 from p2pfl.lifeline import die_with_parent
 from p2pfl.sites.daemon.process_guard import track
 
@@ -45,10 +46,11 @@ async def spawn_p2pfl(
     cwd: Path | None = None,
     env: dict[str, str] | None = None,
     nice: int = 0,
+    cpus: list[int] | None = None,
 ) -> asyncio.subprocess.Process:
     """``python -m p2pfl ARGS`` (:func:`spawn_child`)."""
     cmdline = [sys.executable, "-m", "p2pfl", *args]
-    return await spawn_child(cmdline, log_path, cwd, env=env, nice=nice)
+    return await spawn_child(cmdline, log_path, cwd, env=env, nice=nice, cpus=cpus)
 
 
 async def spawn_child(
@@ -59,10 +61,12 @@ async def spawn_child(
     pipe_stdout: bool = False,
     env: dict[str, str] | None = None,
     nice: int = 0,
+    cpus: list[int] | None = None,
 ) -> asyncio.subprocess.Process:
     """``cmdline``, its stdout and stderr appended to ``log_path`` (``pipe_stdout``: its
     stdout a pipe the caller reads, its stderr to the log), with the daemon's environment
-    and ``env``, ``nice`` steps below the daemon's priority. It stays in the daemon's
+    and ``env``, ``nice`` steps below the daemon's priority, on ``cpus`` (None: the
+    daemon's). It stays in the daemon's
     process group and gets SIGTERM when the daemon dies, however it dies
     (:func:`~p2pfl.lifeline.die_with_parent`); the daemon's record of its children lists
     it until it exits (:func:`~p2pfl.sites.daemon.process_guard.track`)."""
@@ -75,7 +79,7 @@ async def spawn_child(
             stdout=asyncio.subprocess.PIPE if pipe_stdout else out,
             stderr=out if pipe_stdout else asyncio.subprocess.STDOUT,
             cwd=str(cwd) if cwd is not None else None,
-            preexec_fn=child_setup(nice),
+            preexec_fn=child_setup(nice, cpus),
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
     finally:
@@ -84,17 +88,19 @@ async def spawn_child(
     return proc
 
 
-def child_setup(nice: int = 0) -> Callable[[], None] | None:
+def child_setup(nice: int = 0, cpus: list[int] | None = None) -> Callable[[], None] | None:
     """The ``preexec_fn`` of the daemon's children: they die with it
-    (:func:`~p2pfl.lifeline.die_with_parent`) and run ``nice`` steps below its priority."""
+    (:func:`~p2pfl.lifeline.die_with_parent`), run ``nice`` steps below its priority and
+    on ``cpus`` (None: the daemon's; :func:`~p2pfl.cpu_set.pin`)."""
     lifeline = die_with_parent()
-    if not nice:
+    if not nice and cpus is None:
         return lifeline
 
     def preexec() -> None:
         if lifeline is not None:
             lifeline()
         os.nice(nice)
+        pin(cpus)
 
     return preexec
 

@@ -125,7 +125,8 @@ class WorkerSlots:
             **cycle_facts,
         }
         try:
-            await worker.start(topology, facts, self.warm, self.ctx.site.limits.worker_nice)
+            limits = self.ctx.site.limits
+            await worker.start(topology, facts, self.warm, limits.worker_nice, limits.worker_cpus)
         except OSError as exc:
             self.end(st, "failed", f"the worker did not start: {exc}")
             return

@@ -6,8 +6,9 @@ this module is the daemon's side and the protocol.
 
 Protocol, on a Unix socket in the site's ``state_dir`` (mode 0600: only the daemon's user):
 one connection per worker; the daemon sends one JSON line ``{"argv": [...], "cwd": DIR,
-"log": FILE}`` (the arguments of ``p2pfl``); the server forks, the child runs
-``p2pfl ARGV`` in ``DIR`` with its output appended to ``FILE``, and the server answers
+"log": FILE, "nice": N, "cpus": [...]}`` (the arguments of ``p2pfl``; ``nice`` and ``cpus``
+optional); the server forks, the child runs ``p2pfl ARGV`` in ``DIR`` with its output
+appended to ``FILE``, ``N`` steps below the server's priority on those CPUs, and the server answers
 ``{"pid": N}``, then ``{"exit": CODE}`` when the child ends (``-SIG`` when a signal ended
 it). A forked worker stays in the daemon's process group and gets SIGTERM when the server
 dies, as the server does when the daemon dies (:func:`~p2pfl.lifeline.die_with_parent`).
@@ -140,13 +141,20 @@ class WarmWorkers:
             await asyncio.shield(self._ready)
         return self.ready
 
-    async def spawn(self, argv: list[str], log_path: Path, cwd: Path, nice: int = 0) -> WarmProcess:
+    async def spawn(
+        self,
+        argv: list[str],
+        log_path: Path,
+        cwd: Path,
+        nice: int = 0,
+        cpus: list[int] | None = None,
+    ) -> WarmProcess:
         """``p2pfl ARGV`` forked by the server in ``cwd``, its output appended to
-        ``log_path``, ``nice`` steps below the server's priority; an ``OSError`` or
-        ``ValueError`` when the server does not answer."""
+        ``log_path``, ``nice`` steps below the server's priority, on ``cpus`` (None: the
+        server's); an ``OSError`` or ``ValueError`` when the server does not answer."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
         reader, writer = await asyncio.open_unix_connection(str(self.socket_path))
-        request = {"argv": argv, "cwd": str(cwd), "log": str(log_path), "nice": nice}
+        request = {"argv": argv, "cwd": str(cwd), "log": str(log_path), "nice": nice, "cpus": cpus}
         writer.write(json.dumps(request).encode() + b"\n")
         await writer.drain()
         line = await asyncio.wait_for(reader.readline(), 10)

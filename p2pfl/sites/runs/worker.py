@@ -54,10 +54,12 @@ class RunWorker:
         facts: dict[str, Any],
         warm: WarmWorkers | None = None,
         nice: int = 0,
+        cpus: list[int] | None = None,
     ) -> None:
         """Write the run's files and start its worker, ``nice`` steps below the daemon's
-        priority (``limits.worker_nice``): forked by ``warm`` where it runs (torch imported
-        already; a server still importing is waited for), else a process of its own."""
+        priority (``limits.worker_nice``), on ``cpus`` (``limits.worker_cpus``; None: any):
+        forked by ``warm`` where it runs (torch imported already; a server still importing
+        is waited for), else a process of its own."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         topo = self.run_dir / "topology.yaml"
         topo.write_text(yaml.safe_dump(topology, sort_keys=False))
@@ -66,12 +68,14 @@ class RunWorker:
         how = "started"
         if warm is not None and await warm.until_ready():
             try:
-                self.proc = await warm.spawn(argv, self.log_path, self.run_dir, nice)
+                self.proc = await warm.spawn(argv, self.log_path, self.run_dir, nice, cpus)
                 how = "forked by the warm worker"
             except (OSError, ValueError, asyncio.TimeoutError) as exc:
                 log.warning("run %s: the warm worker did not answer (%s)", self.run_id, exc)
         if self.proc is None:
-            self.proc = await spawn_p2pfl(argv, self.log_path, cwd=self.run_dir, nice=nice)
+            self.proc = await spawn_p2pfl(
+                argv, self.log_path, cwd=self.run_dir, nice=nice, cpus=cpus
+            )
         self.started_at = time.monotonic()
         log.info("run %s: worker %s (pid %d)", self.run_id, how, self.proc.pid)
 

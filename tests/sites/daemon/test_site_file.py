@@ -3,6 +3,8 @@ policy comes inline or from a file, and a mistake names the file and the field."
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from p2pfl.errors import ConfigError
@@ -58,6 +60,9 @@ def test_an_inline_policy_and_a_policy_file_give_one_digest(tmp_path):
         ("polcy: {}\n", "polcy", "did you mean 'policy'"),
         ("limits: {max_concurrent_runs: 0}\n", "limits.max_concurrent_runs", "greater than 0"),
         ("policy: {approve: sometimes}\n", "policy.approve", "auto"),
+        ("serving: {cpus: '3-1'}\n", "serving.cpus", "runs backwards"),
+        ("serving: {cpus: [0, 0]}\n", "serving.cpus", "names a CPU twice"),
+        ("serving: {cpus: [4095]}\n", "serving.cpus", "CPU 4095 is not one this machine"),
     ],
 )
 def test_a_mistake_names_the_file_and_the_field(tmp_path, extra, where, words):
@@ -65,6 +70,17 @@ def test_a_mistake_names_the_file_and_the_field(tmp_path, extra, where, words):
     with pytest.raises(ConfigError) as err:
         load_site(path)
     assert str(path) in str(err.value) and where in str(err.value) and words in str(err.value)
+
+
+def test_cpu_sets_are_read_as_linux_writes_them(tmp_path):
+    """``limits.worker_cpus`` and ``serving.cpus``: a cpulist string or a list of CPUs,
+    each one this process may use; absent, nothing is pinned."""
+    cpu = min(os.sched_getaffinity(0))
+    text = SITE.replace("{max_concurrent_runs: 2}", f"{{worker_cpus: '{cpu}'}}")
+    site = load_site(_write(tmp_path, text + f"serving: {{cpus: [{cpu}]}}\n"))
+    assert site.limits.worker_cpus == [cpu] and site.serving.cpus == [cpu]
+    plain = load_site(_write(tmp_path / "plain", SITE))
+    assert plain.limits.worker_cpus is None and plain.serving.cpus is None
 
 
 def test_a_bad_broker_or_listen_address_is_refused(tmp_path):

@@ -48,6 +48,23 @@ def test_a_daemon_child_runs_its_niceness_below_the_daemon():
     asyncio.run(main())
 
 
+def test_a_daemon_child_runs_on_its_cpus():
+    """``limits.worker_cpus`` on a worker started cold: the child and what it starts."""
+    cpu = min(os.sched_getaffinity(0))
+
+    async def main() -> None:
+        proc = await spawn_child(
+            [sys.executable, "-c", "import time; time.sleep(30)"], Path(os.devnull), cpus=[cpu]
+        )
+        try:
+            assert os.sched_getaffinity(proc.pid) == {cpu}
+        finally:
+            proc.kill()
+            await proc.wait()
+
+    asyncio.run(main())
+
+
 def test_the_warm_worker_forks_p2pfl_and_reports_how_each_ended(tmp_path):
     async def main() -> None:
         warm = WarmWorkers(tmp_path)
@@ -60,17 +77,24 @@ def test_the_warm_worker_forks_p2pfl_and_reports_how_each_ended(tmp_path):
         assert (await ok.wait(), await bad.wait()) == (0, 2)
         assert "no-such.yaml" in log.read_text()
         server = warm.proc.pid
+        cpu = max(os.sched_getaffinity(0))
         long = await warm.spawn(
-            ["swarm", "topologies/ring-8.yaml", "--out", str(tmp_path)], log, ROOT, nice=7
+            ["swarm", "topologies/ring-8.yaml", "--out", str(tmp_path)],
+            log,
+            ROOT,
+            nice=7,
+            cpus=[cpu],
         )
-        # limits.worker_nice: the worker trains 7 steps below the server's priority (set
-        # by the child after the fork, which the server's answer may precede)
-        want = _niceness(server) + 7
+        # limits.worker_nice and limits.worker_cpus: the worker trains 7 steps below the
+        # server's priority on one CPU (set by the child after the fork, which the
+        # server's answer may precede)
+        want = (_niceness(server) + 7, {cpu})
         for _ in range(200):
-            if _niceness(long.pid) == want:
+            if (_niceness(long.pid), os.sched_getaffinity(long.pid)) == want:
                 break
             await asyncio.sleep(0.05)
-        assert _niceness(long.pid) == want
+        assert (_niceness(long.pid), os.sched_getaffinity(long.pid)) == want
+        assert os.sched_getaffinity(server) == os.sched_getaffinity(0)
         long.send_signal(signal.SIGTERM)
         assert await long.wait() != 0
         await warm.stop()
@@ -83,10 +107,12 @@ def test_the_warm_worker_forks_p2pfl_and_reports_how_each_ended(tmp_path):
 @pytest.mark.one_broker
 def test_a_committed_run_starts_from_the_warm_worker(tmp_path, broker):
     """s1 keeps a warm worker from its start (``true``), s2 starts one at its vote
-    (``auto``); both runs' workers are forked by it and train to the end. A SIGKILLed
-    daemon's warm worker and the worker it forked end with it."""
+    (``auto``); both runs' workers are forked by it and train to the end, s2's on the one
+    CPU of its ``limits.worker_cpus``. A SIGKILLed daemon's warm worker and the worker it
+    forked end with it."""
+    cpu = max(os.sched_getaffinity(0))
     s1 = Site(tmp_path, "s1", broker.address, limits={"warm_worker": True}).start()
-    s2 = Site(tmp_path, "s2", broker.address).start()
+    s2 = Site(tmp_path, "s2", broker.address, limits={"worker_cpus": str(cpu)}).start()
     try:
         wait(lambda: "warm worker ready" in s1.log(), 120, "s1's warm worker")
         rid = s1.ask("submit", spec=spec(members=["s1", "s2"], rounds=2))["run_id"]
@@ -99,6 +125,7 @@ def test_a_committed_run_starts_from_the_warm_worker(tmp_path, broker):
         s2.wait_status(long, {"running"}, 120)
         worker = s2.worker_pid(long)
         server = int(s2.log().split("warm worker ready (pid ")[1].split(")")[0])
+        assert os.sched_getaffinity(worker) == {cpu}
         s2.kill()
         wait(lambda: not _alive(worker) and not _alive(server), 30, "s2's workers to end")
     finally:
