@@ -1,6 +1,7 @@
-"""Task lifetimes: a task that lives exactly as long as an ``async with`` block
-(:func:`background`), and fire-and-forget tasks held by their owner until it closes
-(:class:`TaskSet`)."""
+"""Task lifetimes: a task cancelled and waited for without losing the caller's own
+cancellation (:func:`cancel_and_wait`), a task that lives exactly as long as an ``async
+with`` block (:func:`background`), and fire-and-forget tasks held by their owner until it
+closes (:class:`TaskSet`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,29 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
+
+
+async def cancel_and_wait(task: asyncio.Future[Any]) -> None:
+    """Cancel ``task`` and wait until it has ended: its cancellation is absorbed, and an
+    exception it had already failed with is raised.
+
+    A cancellation of the caller while it waits is not absorbed: the caller still waits for
+    ``task``'s end, then raises :class:`asyncio.CancelledError`. The usual ``task.cancel();
+    with suppress(CancelledError): await task`` loses it: a cancel sent to the caller then
+    goes to ``task`` (what it awaits), which ends cancelled, and the suppress takes that
+    for ``task``'s own; the caller goes on as if never told to stop (a drained site's
+    worker trained to its last round so)."""
+    task.cancel()
+    told_to_stop = False
+    while not task.done():
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:
+            told_to_stop = True
+    if told_to_stop:
+        raise asyncio.CancelledError
+    if not task.cancelled() and task.exception() is not None:
+        raise task.exception()  # type: ignore[misc]
 
 
 @contextlib.asynccontextmanager
@@ -19,9 +43,7 @@ async def background(coro: Coroutine[Any, Any, Any]) -> AsyncIterator[asyncio.Ta
     try:
         yield task
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_and_wait(task)
 
 
 class TaskSet:

@@ -1,4 +1,5 @@
-"""p2pfl.background: a task bound to an ``async with`` block."""
+"""p2pfl.background: a task cancelled and waited for, and a task bound to an ``async with``
+block."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import asyncio
 
 import pytest
 
-from p2pfl.background import background
+from p2pfl.background import background, cancel_and_wait
 
 
 async def test_the_task_runs_inside_and_is_gone_after():
@@ -46,3 +47,61 @@ async def test_a_failure_of_the_task_reaches_the_caller():
     with pytest.raises(ValueError, match="the task's error"):
         async with background(fail()) as task:
             await asyncio.wait({task})
+
+
+def _slow_to_stop(stopping: asyncio.Event, release: asyncio.Event):
+    """A task that, once cancelled, finishes only when ``release`` is set (a pull's clean-up)."""
+
+    async def run() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            stopping.set()
+            await release.wait()
+
+    return run()
+
+
+async def test_a_caller_cancelled_while_it_waits_for_the_task_still_stops():
+    """The caller is cancelled while it waits for the task it cancelled (a drained worker's
+    SIGTERM landing in a pull's clean-up): it still waits for the task's end, then stops,
+    instead of going on as ``with suppress(CancelledError): await task`` let it."""
+    stopping, release = asyncio.Event(), asyncio.Event()
+    went_on = []
+
+    async def caller() -> None:
+        child = asyncio.ensure_future(_slow_to_stop(stopping, release))
+        await asyncio.sleep(0)
+        await cancel_and_wait(child)
+        went_on.append(child.cancelled())
+
+    task = asyncio.ensure_future(caller())
+    await asyncio.wait_for(stopping.wait(), 5)
+    task.cancel()  # what SIGTERM does to a node's task
+    await asyncio.sleep(0)
+    assert not task.done()  # it waits for the child's end...
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task  # ...then stops
+    assert went_on == []
+
+
+async def test_cancel_and_wait_absorbs_the_tasks_cancellation_and_raises_its_failure():
+    async def forever() -> None:
+        await asyncio.Event().wait()
+
+    task = asyncio.ensure_future(forever())
+    await asyncio.sleep(0)
+    await cancel_and_wait(task)
+    assert task.cancelled()
+
+    async def failing_on_cancel() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise ValueError("its clean-up failed") from None
+
+    task = asyncio.ensure_future(failing_on_cancel())
+    await asyncio.sleep(0)
+    with pytest.raises(ValueError, match="its clean-up failed"):
+        await cancel_and_wait(task)

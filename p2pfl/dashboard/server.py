@@ -40,6 +40,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from p2pfl.background import cancel_and_wait
 from p2pfl.config.schema import BrokerAddress
 from p2pfl.dashboard.live import LiveState
 from p2pfl.dashboard.observer import observe, observer_tls_context
@@ -170,9 +171,8 @@ class Dashboard:
         """Stop serving, watching and observing; idempotent."""
         for task in (self._watcher, self._observer):
             if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+                with contextlib.suppress(Exception):
+                    await cancel_and_wait(task)
         self._watcher = self._observer = None
         if self._server is not None:
             self._server.close()

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from p2pfl.attacks import Adversary
-from p2pfl.background import TaskSet
+from p2pfl.background import TaskSet, cancel_and_wait
 from p2pfl.config.schema import TopologyConfig
 from p2pfl.learning.state import State
 from p2pfl.services.ledger import Ledger
@@ -348,6 +347,4 @@ async def unless_abandoned(peer: str, pull: Awaitable[State], stop: Awaitable[st
     finally:
         for task in (transfer, watch):
             if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancel_and_wait(task)

@@ -45,6 +45,7 @@ from typing import Any
 
 import aiomqtt
 
+from p2pfl.background import cancel_and_wait
 from p2pfl.wire.errors import BrokerLostError, TransportError
 from p2pfl.wire.lane import Answer, Pack, Pull, within_limit
 from p2pfl.wire.loop import CLIENT_LOG
@@ -278,9 +279,8 @@ class MqttLane:
         ``offline`` presence first); idempotent."""
         self._closing = True
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            with contextlib.suppress(Exception):
+                await cancel_and_wait(self._task)
         self._connected.clear()
 
     async def _run(self) -> None:

@@ -55,7 +55,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
-from p2pfl.background import TaskSet, background
+from p2pfl.background import TaskSet, background, cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -312,9 +312,7 @@ class Reachability:
                 self.refuted += 1
                 log.info("%s: %s suspected, refuted by %s", self.id, peer, sorted(answers))
         elif early is not None:  # its own probe answered: nothing to confirm
-            early.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await early
+            await cancel_and_wait(early)
         after = self.cut_off(peer)
         if after != before:
             log.warning(
