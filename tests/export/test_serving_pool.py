@@ -82,17 +82,29 @@ def _ready(port: int) -> bool:
         conn.close()
 
 
-def _served_site(tmp_path: Path, serving: dict) -> Path:
-    """A site file whose state serves a model built like a swarm's, with ``serving``."""
+def _served_site(tmp_path: Path, serving: dict) -> tuple[Path, ModelStore, str]:
+    """A site file whose state serves a model built like a swarm's, with ``serving``; its
+    store and the served entry's id."""
     site_dir = tmp_path / "site"
     store = ModelStore(site_dir / "state", "a")
     first, _ = two_tabular_runs(tmp_path / "runs", SPEC, CLASSES)
-    store.promote(store.add(first.dir, "run1").id)
+    entry = store.add(first.dir, "run1")
+    store.promote(entry.id)
     site_file = site_dir / "site.yaml"
     site_file.write_text(
         yaml.safe_dump({"site": "a", "swarm": "fed", "state_dir": "state", "serving": serving})
     )
-    return site_file
+    return site_file, store, entry.id
+
+
+def _serve(site_file: Path, log: Path) -> subprocess.Popen:
+    """``p2pfl serve --site SITE_FILE``, its output in ``log``."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "p2pfl", "serve", "--site", str(site_file)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def test_serving_cpus_pins_the_server_and_auto_sizes_the_pool_to_them(tmp_path):
@@ -100,14 +112,9 @@ def test_serving_cpus_pins_the_server_and_auto_sizes_the_pool_to_them(tmp_path):
     worker (the process itself), which answers."""
     cpu = max(os.sched_getaffinity(0))
     port = free_port()
-    site_file = _served_site(tmp_path, {"listen": f"127.0.0.1:{port}", "cpus": str(cpu)})
+    site_file, _, _ = _served_site(tmp_path, {"listen": f"127.0.0.1:{port}", "cpus": str(cpu)})
     log = tmp_path / "serve.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "p2pfl", "serve", "--site", str(site_file)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    proc = _serve(site_file, log)
     try:
         _wait(lambda: _ready(port), "the server", log=log)
         assert os.sched_getaffinity(proc.pid) == {cpu}
@@ -122,39 +129,19 @@ def test_serving_cpus_pins_the_server_and_auto_sizes_the_pool_to_them(tmp_path):
 
 
 def test_serving_workers_share_one_port_and_outlive_a_killed_worker(tmp_path):
-    site_dir = tmp_path / "site"
-    store = ModelStore(site_dir / "state", "a")
-    first, _ = two_tabular_runs(tmp_path / "runs", SPEC, CLASSES)
-    entry = store.add(first.dir, "run1")
-    store.promote(entry.id)
+    port = free_port()
+    cpus = [max(os.sched_getaffinity(0))]  # serving.cpus: the workers run on its one CPU
+    serving = {"listen": f"127.0.0.1:{port}", "workers": 2, "cpus": cpus}
+    site_file, store, served = _served_site(tmp_path, serving)
     rng = np.random.default_rng(5)
     df = pd.DataFrame({f: rng.normal(50, 10, 12) for f in FEATURES})
     df.to_csv(tmp_path / "rows.csv", index=False)
     rows, out = tmp_path / "rows.csv", tmp_path / "predicted.csv"
-    want = pd.read_csv(classify(store.path(entry.id), "a", rows, out).path)
+    want = pd.read_csv(classify(store.path(served), "a", rows, out).path)
     records = df.to_dict(orient="records")
 
-    port = free_port()
-    cpus = [max(os.sched_getaffinity(0))]  # serving.cpus: the workers run on its one CPU
-    site_file = site_dir / "site.yaml"
-    site_file.write_text(
-        yaml.safe_dump(
-            {
-                "site": "a",
-                "swarm": "fed",
-                "broker": "127.0.0.1:1883",
-                "state_dir": "state",
-                "serving": {"listen": f"127.0.0.1:{port}", "workers": 2, "cpus": cpus},
-            }
-        )
-    )
     log = tmp_path / "serve.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "p2pfl", "serve", "--site", str(site_file)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    proc = _serve(site_file, log)
     try:
         _wait(lambda: _ready(port) and len(_children(proc.pid)) == 2, "two workers", log=log)
         workers = _children(proc.pid)
@@ -163,7 +150,7 @@ def test_serving_workers_share_one_port_and_outlive_a_killed_worker(tmp_path):
 
         def check(answers: list[dict]) -> None:
             for a in answers:
-                assert a["model"] == entry.id
+                assert a["model"] == served
                 row = want.iloc[a["row"]]
                 assert a["predictions"][0]["label"] == row["label"]
                 probs = [row[f"p_{c}"] for c in a["classes"]]
