@@ -30,8 +30,9 @@ async def cancel_and_wait(task: asyncio.Future[Any]) -> None:
             told_to_stop = True
     if told_to_stop:
         raise asyncio.CancelledError
-    if not task.cancelled() and task.exception() is not None:
-        raise task.exception()  # type: ignore[misc]
+    failure = None if task.cancelled() else task.exception()
+    if failure is not None:
+        raise failure
 
 
 @contextlib.asynccontextmanager

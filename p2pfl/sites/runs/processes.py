@@ -66,10 +66,10 @@ async def spawn_child(
     """``cmdline``, its stdout and stderr appended to ``log_path`` (``pipe_stdout``: its
     stdout a pipe the caller reads, its stderr to the log), with the daemon's environment
     and ``env``, ``nice`` steps below the daemon's priority, on ``cpus`` (None: the
-    daemon's). It stays in the daemon's
-    process group and gets SIGTERM when the daemon dies, however it dies
-    (:func:`~p2pfl.lifeline.die_with_parent`); the daemon's record of its children lists
-    it until it exits (:func:`~p2pfl.sites.daemon.process_guard.track`)."""
+    daemon's). It stays in the daemon's process group and gets SIGTERM when the daemon
+    dies, however it dies (:func:`~p2pfl.lifeline.die_with_parent`); the daemon's record
+    of its children lists it until it exits
+    (:func:`~p2pfl.sites.daemon.process_guard.track`)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     out = open(log_path, "ab")  # noqa: SIM115 - the child holds it
     try:

@@ -6,10 +6,10 @@ this module is the daemon's side and the protocol.
 
 Protocol, on a Unix socket in the site's ``state_dir`` (mode 0600: only the daemon's user):
 one connection per worker; the daemon sends one JSON line ``{"argv": [...], "cwd": DIR,
-"log": FILE, "nice": N, "cpus": [...]}`` (the arguments of ``p2pfl``; ``nice`` and ``cpus``
-optional); the server forks, the child runs ``p2pfl ARGV`` in ``DIR`` with its output
-appended to ``FILE``, ``N`` steps below the server's priority on those CPUs, and the server answers
-``{"pid": N}``, then ``{"exit": CODE}`` when the child ends (``-SIG`` when a signal ended
+"log": FILE, "nice": N, "cpus": [...]}`` (the arguments of ``p2pfl``; ``nice`` and
+``cpus`` optional); the server forks, the child runs ``p2pfl ARGV`` in ``DIR`` with its
+output appended to ``FILE``, ``N`` steps below the server's priority, on those CPUs, and
+the server answers ``{"pid": PID}``, then ``{"exit": CODE}`` when the child ends (``-SIG`` when a signal ended
 it). A forked worker stays in the daemon's process group and gets SIGTERM when the server
 dies, as the server does when the daemon dies (:func:`~p2pfl.lifeline.die_with_parent`).
 
