@@ -9,9 +9,10 @@ one connection per worker; the daemon sends one JSON line ``{"argv": [...], "cwd
 "log": FILE, "nice": N, "cpus": [...]}`` (the arguments of ``p2pfl``; ``nice`` and
 ``cpus`` optional); the server forks, the child runs ``p2pfl ARGV`` in ``DIR`` with its
 output appended to ``FILE``, ``N`` steps below the server's priority, on those CPUs, and
-the server answers ``{"pid": PID}``, then ``{"exit": CODE}`` when the child ends (``-SIG`` when a signal ended
-it). A forked worker stays in the daemon's process group and gets SIGTERM when the server
-dies, as the server does when the daemon dies (:func:`~p2pfl.lifeline.die_with_parent`).
+the server answers ``{"pid": PID}``, then ``{"exit": CODE}`` when the child ends (``-SIG``
+when a signal ended it). A forked worker stays in the daemon's process group and gets
+SIGTERM when the server dies, as the server does when the daemon dies
+(:func:`~p2pfl.lifeline.die_with_parent`).
 
 - :class:`WarmWorkers`: the daemon's side: start the server, and :meth:`WarmWorkers.spawn`
   a worker through it, a :class:`WarmProcess` that answers as an
