@@ -1,7 +1,8 @@
 """Task lifetimes: a task cancelled and waited for without losing the caller's own
-cancellation (:func:`cancel_and_wait`), a task that lives exactly as long as an ``async
-with`` block (:func:`background`), and fire-and-forget tasks held by their owner until it
-closes (:class:`TaskSet`)."""
+cancellation (:func:`cancel_and_wait`), a cancellation an await absorbed still obeyed
+(:func:`stop_if_cancelled`), a task that lives exactly as long as an ``async with`` block
+(:func:`background`), and fire-and-forget tasks held by their owner until it closes
+(:class:`TaskSet`)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,20 @@ async def cancel_and_wait(task: asyncio.Future[Any]) -> None:
     failure = None if task.cancelled() else task.exception()
     if failure is not None:
         raise failure
+
+
+def stop_if_cancelled() -> None:
+    """Raise :class:`asyncio.CancelledError` when the current task was asked to stop
+    (``Task.cancel``) and goes on: a cancellation that some await absorbed. Python 3.11's
+    ``asyncio.wait_for`` does so when the awaited result arrives in the same pass of the
+    loop as the cancel: it returns the result and drops the cancellation (CPython
+    gh-86296; 3.12 rewrote it). A loop that calls this at each step stops at the next one
+    however its awaits treated the cancel. Python 3.10 has no ``Task.cancelling``: nothing
+    is checked there."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    if cancelling is not None and cancelling() > 0:
+        raise asyncio.CancelledError
 
 
 @contextlib.asynccontextmanager

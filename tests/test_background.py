@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from p2pfl.background import background, cancel_and_wait
+from p2pfl.background import background, cancel_and_wait, stop_if_cancelled
 
 
 async def test_the_task_runs_inside_and_is_gone_after():
@@ -105,3 +105,33 @@ async def test_cancel_and_wait_absorbs_the_tasks_cancellation_and_raises_its_fai
     await asyncio.sleep(0)
     with pytest.raises(ValueError, match="its clean-up failed"):
         await cancel_and_wait(task)
+
+
+@pytest.mark.skipif(not hasattr(asyncio.Task, "cancelling"), reason="Python 3.11's Task.cancelling")
+async def test_a_cancellation_an_await_absorbed_still_stops_the_loop():
+    """A loop whose await swallowed its cancellation (as 3.11's ``wait_for`` does when the
+    result arrives with the cancel) stops at its next :func:`stop_if_cancelled`; a task
+    never asked to stop goes on."""
+    steps: list[int] = []
+    blocked = asyncio.Event()
+
+    async def rounds() -> None:
+        for step in range(100):
+            try:
+                blocked.set()
+                await asyncio.sleep(0.01)
+            except asyncio.CancelledError:
+                pass  # what a swallowing await leaves: the task goes on
+            steps.append(step)
+            stop_if_cancelled()
+
+    task = asyncio.ensure_future(rounds())
+    await asyncio.wait_for(blocked.wait(), 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert len(steps) == 1
+
+    steps.clear()
+    await rounds()  # not asked to stop: every step
+    assert len(steps) == 100

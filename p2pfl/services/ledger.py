@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from p2pfl.algorithms.base import Method
-from p2pfl.background import TaskSet
+from p2pfl.background import TaskSet, stop_if_cancelled
 from p2pfl.config.schema import TopologyConfig
 from p2pfl.metrics import METHOD_KEY, RecordLog, node_log_path
 from p2pfl.services.checkpoint import Checkpoint, checkpoint_path, save_checkpoint
@@ -309,7 +309,10 @@ class Ledger:
         """Keep the round's record, append it to the node's log in the run directory (whole
         or not at all; kept in memory and retried when the disk is full), log a one-line
         ``summary`` and write the node's checkpoint (:mod:`p2pfl.services.checkpoint`; a disk
-        that refuses it is logged, and the previous checkpoint stays)."""
+        that refuses it is logged, and the previous checkpoint stays). A node told to stop
+        (its rounds' task cancelled, e.g. by SIGTERM) whose cancellation an await absorbed
+        stops here, once the round is kept (:func:`~p2pfl.background.stop_if_cancelled`):
+        a drained site's worker otherwise trained on to its last round."""
         self.records.append(record)
         if self.record_log is not None:
             self.record_log.append(record)
@@ -318,6 +321,7 @@ class Ledger:
         log.info("%s: round %d %s %s", self.id, record["round"], shown, summary)
         if self.out_dir is not None:
             await asyncio.to_thread(self.save_checkpoint, record["round"])
+        stop_if_cancelled()
 
     def save_checkpoint(self, round_no: int) -> None:
         """Write the node's checkpoint of ``round_no`` (blocking); a disk that refuses is

@@ -286,6 +286,12 @@ class WorkerSlots:
                 self._read_records(st)
             if worker.running:
                 st.leaving = "drained"
+                log.info(
+                    "%s: run %s: drained after round %d: stopping its worker",
+                    self.ctx.name,
+                    st.run_id,
+                    worker.last_round,
+                )
                 await worker.stop()
             while not self.ctx.final(st):  # its end is told by _run_worker
                 await asyncio.sleep(0.05)
