@@ -218,8 +218,8 @@ def test_drain_leaves_after_the_current_round_and_a_centralized_run_goes_on(site
     """s3 drains during a FedAvg run: it leaves after the round under way, the others finish.
     A round here takes 30-45 ms on a quiet machine: 200 of them outlast the drain's way (the
     test's poll, the admin socket, the daemon's 0.2 s watch, SIGTERM: s3 leaves after round
-    7-15 here) with room for CI's load. A worker whose node absorbed the SIGTERM trained to
-    round 200 (background.cancel_and_wait)."""
+    7-15 here) with room for CI's load. A worker whose node absorbed the SIGTERM (Python
+    3.11's wait_for) trained to round 200: background.stop_if_cancelled, cancel_and_wait."""
     rounds = 200
     s1, s2, s3 = sites("s1"), sites("s2"), sites("s3")
     body = spec(
