@@ -1,5 +1,5 @@
-"""p2pfl.background: a task cancelled and waited for, and a task bound to an ``async with``
-block."""
+"""p2pfl.background: a task cancelled and waited for, a cancellation an await absorbed
+still obeyed, and a task bound to an ``async with`` block."""
 
 from __future__ import annotations
 
@@ -49,17 +49,13 @@ async def test_a_failure_of_the_task_reaches_the_caller():
             await asyncio.wait({task})
 
 
-def _slow_to_stop(stopping: asyncio.Event, release: asyncio.Event):
-    """A task that, once cancelled, finishes only when ``release`` is set (a pull's clean-up)."""
-
-    async def run() -> None:
-        try:
-            await asyncio.Event().wait()
-        finally:
-            stopping.set()
-            await release.wait()
-
-    return run()
+async def _slow_to_stop(stopping: asyncio.Event, release: asyncio.Event) -> None:
+    """Once cancelled, finishes only when ``release`` is set (a pull's clean-up)."""
+    try:
+        await asyncio.Event().wait()
+    finally:
+        stopping.set()
+        await release.wait()
 
 
 async def test_a_caller_cancelled_while_it_waits_for_the_task_still_stops():
