@@ -70,6 +70,12 @@ class TimingConfig(StrictModel):
         description="async and quorum: a stale peer's (or late upload's) weight in a "
         "method's mean is multiplied by (1 + staleness)^-a (0: stale and fresh alike)",
     )
+    catch_up_training: Literal["paced", "full"] = Field(
+        "paced",
+        description="decentralized methods: the round a node that fell behind catches up "
+        "to trains at its neighbours' pace (paced: 1/k of its steps, k the rounds they ran "
+        'during its previous one) or whole (full); docs/wire.md, "Rounds and catch-up"',
+    )
     quorum: float | None = Field(
         None,
         gt=0,

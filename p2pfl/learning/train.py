@@ -68,6 +68,16 @@ def round_steps(cfg: TrainingConfig, steps_per_epoch: int) -> int:
     return round_epochs(cfg, steps_per_epoch) * steps_per_epoch
 
 
+def paced_steps(full_steps: int, swarm_rounds: int) -> int:
+    """The steps of a catch-up round at the swarm's pace (docs/wire.md, "Rounds and
+    catch-up"): ``max(1, ⌈S / k⌉)`` of a round's ``S = full_steps``, where the node's
+    neighbours ran ``k = swarm_rounds`` rounds during its own previous round. A node ``k``
+    times slower than its swarm thus spends about one of the swarm's rounds on it, as
+    FedProx lets a straggler solve its round's problem inexactly (variable local work)
+    rather than hold the run; ``k ≤ 1``: the whole round."""
+    return max(1, math.ceil(full_steps / max(1, swarm_rounds)))
+
+
 def epochs_for_steps(cfg: TrainingConfig, steps_per_epoch: int) -> int:
     """The epochs a round's steps reach into (the last one cut short under
     ``training.steps``): :func:`round_epochs` where ``steps`` is unset."""
@@ -115,9 +125,11 @@ def train_local(
     optimizer: torch.optim.Optimizer | None = None,
     task_loss: TaskLoss | None = None,
     label_dtype: torch.dtype = torch.long,
+    max_steps: int | None = None,
 ) -> TrainResult:
     """Train ``model`` in place for ``epochs`` (default :func:`round_epochs` of ``cfg`` over
-    the data's :func:`epoch_steps`; under ``training.steps``, exactly that many steps) over
+    the data's :func:`epoch_steps`; under ``training.steps``, exactly that many steps; at
+    most ``max_steps`` steps when given, e.g. a :func:`paced_steps` catch-up round) over
     ``(x, y)`` with cross-entropy plus ``extra_loss(model, xb, yb, logits)``, or with
     ``loss_fn(model, xb, yb) -> (total, task loss)`` in place of both when given;
     ``step_hook(model)`` runs after every optimizer step. A fresh optimizer is made each
@@ -145,7 +157,11 @@ def train_local(
     n = len(y) if isinstance(x, torch.Tensor) and y is not None else len(x)  # type: ignore[arg-type]
     per_epoch = epoch_steps(n, cfg.batch_size)
     limit = cfg.steps if epochs is None else None  # None: whole epochs
+    if max_steps is not None:
+        limit = max_steps if limit is None else min(limit, max_steps)
     for _ in range(epochs or epochs_for_steps(cfg, per_epoch)):
+        if limit is not None and steps >= limit:
+            break  # the budget ended with the last epoch: its losses are the ones kept
         total = ce_total = 0.0
         batches = 0
         for xb, yb in _train_batches(x, y, cfg.batch_size, gen, device, label_dtype):

@@ -98,6 +98,15 @@ class PeerView:
         swarm = self.swarm_round(peers)
         return swarm if swarm + 1 >= round_no + LAG_ROUNDS else None
 
+    def progress(self, peers: list[str], last_round: int) -> int:
+        """How far ``peers`` have gone in a ``last_round``-round run (what a catch-up
+        round's pace is measured by; docs/wire.md, "Rounds and catch-up"): the latest round
+        an online one reports finished, at most ``last_round``, or ``last_round`` when one
+        is ``done`` (a done peer's round claim is not read); 0 when none reports one."""
+        if any(self.status(p) == "done" for p in peers):
+            return last_round
+        return min(self.swarm_round(peers), last_round)
+
     def catch_up_to(self, round_no: int, peers: list[str], last_round: int) -> int | None:
         """The round a node about to run ``round_no`` of a ``last_round``-round run skips to
         (docs/wire.md, "Rounds and catch-up"), None when it runs ``round_no``:

@@ -29,7 +29,16 @@ from p2pfl.config.schema import TopologyConfig
 from p2pfl.learning.data import NodeData
 from p2pfl.learning.state import State
 from p2pfl.learning.task import record_field, task_of
-from p2pfl.learning.train import TrainResult, evaluate, evaluate_task, round_lr, train_local
+from p2pfl.learning.train import (
+    TrainResult,
+    epoch_steps,
+    evaluate,
+    evaluate_task,
+    paced_steps,
+    round_lr,
+    round_steps,
+    train_local,
+)
 from p2pfl.services.device import EmulatedDevice
 from p2pfl.services.optimizer_state import KeptOptimizer
 
@@ -125,10 +134,22 @@ class LocalTraining:
         decentralized merge, or a centralized result's apply)."""
         self.merged_from = list(peers)
 
-    async def train(self, round_no: int) -> TrainOutcome:
+    def round_steps(self) -> int:
+        """The optimizer steps of one of this node's rounds over its training data
+        (:func:`~p2pfl.learning.train.round_steps`)."""
+        n = len(self.data.train_inputs)
+        return round_steps(self.cfg.training, epoch_steps(n, self.cfg.training.batch_size))
+
+    async def train(self, round_no: int, *, pace: int = 1) -> TrainOutcome:
         """One round of local training of the method's model (the method's loss and hooks,
         the round's learning rate, a seed drawn from the node's RNG), then the method's
         ``after_train``; in worker threads.
+
+        ``pace`` > 1 (a catch-up round: the node's neighbours ran ``pace`` rounds during its
+        previous one; docs/wire.md, "Rounds and catch-up") trains at most
+        :func:`~p2pfl.learning.train.paced_steps` of the round's steps, plain or at ``level:
+        update``. DP-SGD (``level: sample``) trains its whole round: its noise is planned
+        for it.
 
         When the loss turns non-finite the node does not go on from a broken model: it
         rolls back to the method's state after its last finite round (model and what the
@@ -144,16 +165,19 @@ class LocalTraining:
         lr = round_lr(self.cfg.training, round_no)
         labels = self._round_labels(round_no)
         seed = int(self.rng.integers(2**31))
+        max_steps = paced_steps(self.round_steps(), pace) if pace > 1 else None
         if privacy is not None:
             update = cast("NodeUpdatePrivacy", privacy)
-            return await self._train_released(round_no, update, lr, labels, seed)
+            return await self._train_released(round_no, update, lr, labels, seed, max_steps)
         t0 = time.monotonic()
-        result = await self._local_steps(lr, labels, seed)
+        result = await self._local_steps(lr, labels, seed, max_steps)
         return await self._trained(round_no, result, lr, t0)
 
-    async def _local_steps(self, lr: float, labels: Any, seed: int) -> TrainResult:
-        """The round's plain local training of the method's model (its loss and hooks), in a
-        worker thread."""
+    async def _local_steps(
+        self, lr: float, labels: Any, seed: int, max_steps: int | None
+    ) -> TrainResult:
+        """The round's plain local training of the method's model (its loss and hooks), at
+        most ``max_steps`` steps when given, in a worker thread."""
         method = self.method
         return await asyncio.to_thread(
             train_local,
@@ -170,6 +194,7 @@ class LocalTraining:
             optimizer=self._kept(lr),
             task_loss=self.task.loss,
             label_dtype=self._label_dtype,
+            max_steps=max_steps,
         )
 
     def _kept(self, lr: float) -> torch.optim.Optimizer | None:
@@ -177,7 +202,13 @@ class LocalTraining:
         return None if self.optimizer is None else self.optimizer.for_round(lr)
 
     async def _train_released(
-        self, round_no: int, privacy: NodeUpdatePrivacy, lr: float, labels: Any, seed: int
+        self,
+        round_no: int,
+        privacy: NodeUpdatePrivacy,
+        lr: float,
+        labels: Any,
+        seed: int,
+        max_steps: int | None,
     ) -> TrainOutcome:
         """:meth:`train` under ``privacy.dp.level: update``: the round's plain training from
         the model the node holds (the reference: what it last merged, applied or
@@ -196,7 +227,7 @@ class LocalTraining:
             return TrainOutcome(idle, lr, facts or {})
         ref = method.model_state()
         t0 = time.monotonic()
-        result = await self._local_steps(lr, labels, seed)
+        result = await self._local_steps(lr, labels, seed, max_steps)
         if math.isfinite(result.loss):
             released = await asyncio.to_thread(self._adopt_release, privacy, ref, seed)
             log.debug(

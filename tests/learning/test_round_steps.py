@@ -55,6 +55,20 @@ def test_a_node_with_one_batch_takes_min_steps_a_round():
     assert train_local(model, x, y, TrainingConfig(batch_size=16), 0.05).steps == 21  # 7 × 3
 
 
+def test_max_steps_cut_a_round_short():
+    """A paced catch-up round (docs/wire.md, "Rounds and catch-up"): at most ``max_steps``
+    steps, within the round's own limit; its losses are those of the last epoch it began,
+    never the empty epoch after the budget ran out."""
+    x, y = _iris_like(36)
+    model = build_model(TopologyConfig(name="t", nodes=1, model={"name": "mlp"}).model, 3, (4,))
+    cfg = TrainingConfig(batch_size=16)  # 21 steps: 7 epochs of 3
+    for budget, steps in ((5, 5), (6, 6), (1, 1), (100, 21)):
+        out = train_local(model, x, y, cfg, 0.05, max_steps=budget)
+        assert out.steps == steps and out.loss > 0 and out.ce_loss > 0, (budget, out)
+    assert train_local(model, x, y, TrainingConfig(steps=4), 0.05, max_steps=9).steps == 4
+    assert train_local(model, x, y, TrainingConfig(steps=9), 0.05, max_steps=4).steps == 4
+
+
 def test_round_steps_follow_the_trainer():
     cfg = TopologyConfig(name="t", nodes=1, training={"batch_size": 8})
     assert round_steps(cfg, 100) == 2 * 13  # ⌈100/8⌉ = 13 a plain epoch

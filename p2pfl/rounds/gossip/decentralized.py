@@ -261,8 +261,10 @@ class DecentralizedRounds:
         heard = self._gossip.get(round_no, {})
         return chosen, cap_gossiped_counts(svc, {p: heard[p] for p in chosen if p in heard}), None
 
-    async def run_round(self, round_no: int) -> dict[str, Any]:
-        """Run round ``round_no``; return its record."""
+    async def run_round(self, round_no: int, *, pace: int = 1) -> dict[str, Any]:
+        """Run round ``round_no``, training at most 1/``pace`` of its steps
+        (:meth:`~p2pfl.services.training.LocalTraining.train`); return its record, which
+        says how it was paced (``catch_up_pace``) when ``pace`` > 1."""
         svc, alg = self.services, self.alg
         meter = svc.ledger.meter()
         svc.robust.begin_round(round_no)
@@ -272,7 +274,7 @@ class DecentralizedRounds:
         trained: TrainOutcome | None = None
         if alg.exchange_after_training:  # peers pull what this node just trained
             svc.ledger.publish_status(round_no, "training")
-            trained = await svc.training.train(round_no)
+            trained = await svc.training.train(round_no, pace=pace)
         t_comm = time.monotonic()
         svc.ledger.publish_status(round_no, "waiting")
         self._keep_snapshot(round_no, alg.snapshot())
@@ -293,7 +295,7 @@ class DecentralizedRounds:
         merged, merge_error = await self._merge(round_no, got, pulled)
         if trained is None:
             svc.ledger.publish_status(round_no, "training")
-            trained = await svc.training.train(round_no)
+            trained = await svc.training.train(round_no, pace=pace)
         svc.ledger.publish_status(round_no, "evaluating")
         evaluated = await svc.training.evaluate()
         fields: dict[str, Any] = {
@@ -306,6 +308,12 @@ class DecentralizedRounds:
             fields["staleness"] = staleness
         if merge_error is not None:
             fields["merge_error"] = merge_error
+        if pace > 1:
+            fields["catch_up_pace"] = {
+                "swarm_rounds": pace,
+                "steps": trained.result.steps,
+                "of": svc.training.round_steps(),
+            }
         # the states the merge left out are robustness facts: they join ``rejected``
         method_rejected = merged.pop("rejected", None)
         return svc.ledger.round_record(
@@ -337,11 +345,15 @@ class DecentralizedRounds:
         that finds itself :data:`~p2pfl.services.peers.LAG_ROUNDS` behind its neighbours
         catches up to their round, or to the last round once a neighbour is done
         (:meth:`~p2pfl.services.peers.PeerView.catch_up_to`; docs/wire.md, "Rounds and
-        catch-up"). A method that does not keep in step
-        (:attr:`DecentralizedAlgorithm.keeps_in_step` False: Local) does neither: it starts
-        at round 1 (or after its checkpoint) and runs every round."""
+        catch-up"), and trains the round it catches up to at the swarm's pace
+        (``timing.catch_up_training: paced``): the neighbours' rounds during its previous
+        one (:meth:`~p2pfl.services.peers.PeerView.progress`) divide its steps. A method
+        that does not keep in step (:attr:`DecentralizedAlgorithm.keeps_in_step` False:
+        Local) does neither: it starts at round 1 (or after its checkpoint) and runs every
+        round."""
         svc, rounds = self.services, self.services.cfg.rounds
         in_step = self.alg.keeps_in_step
+        paced = in_step and svc.cfg.timing.catch_up_training == "paced"
         swarm = svc.peers.swarm_round(svc.neighbours) if in_step else 0
         r = max(swarm, svc.ledger.resumed_round) + 1
         skipped_from: int | None = None
@@ -350,20 +362,26 @@ class DecentralizedRounds:
             self._skip_to(r)
             await svc.ledger.report_round(r - 1, joined=r)
         self._started = True
+        mark = svc.peers.progress(svc.neighbours, rounds)  # where they were as a round began
         while r <= rounds:
             await svc.device.sit_out_offline(r)
             target = svc.peers.catch_up_to(r, svc.neighbours, rounds) if in_step else None
+            pace = 1
             if target is not None:
+                if paced:  # the neighbours' rounds during this node's previous one
+                    pace = max(1, svc.peers.progress(svc.neighbours, rounds) - mark)
                 log.warning(
-                    "%s: catching up to round %d from round %d (neighbours ahead or done)",
+                    "%s: catching up to round %d from round %d (neighbours ahead or done)%s",
                     self.id,
                     target,
                     r,
+                    f", at their pace (1/{pace} of a round's training)" if pace > 1 else "",
                 )
                 skipped_from, r = r, target
                 self._skip_to(r)
                 await svc.ledger.report_round(r - 1, joined=r)
-            record = await self.run_round(r)
+            mark = svc.peers.progress(svc.neighbours, rounds)
+            record = await self.run_round(r, pace=pace)
             if skipped_from is not None:
                 record["caught_up_from"], skipped_from = skipped_from, None
             dropout = " (dropout)" if record.get("dropout") else ""
