@@ -362,7 +362,8 @@ class DecentralizedRounds:
             self._skip_to(r)
             await svc.ledger.report_round(r - 1, joined=r)
         self._started = True
-        mark = svc.peers.progress(svc.neighbours, rounds)  # where they were as a round began
+        # where the neighbours were as this node's round began (paced catch-up only)
+        mark = svc.peers.progress(svc.neighbours, rounds) if paced else 0
         while r <= rounds:
             await svc.device.sit_out_offline(r)
             target = svc.peers.catch_up_to(r, svc.neighbours, rounds) if in_step else None
@@ -380,7 +381,7 @@ class DecentralizedRounds:
                 skipped_from, r = r, target
                 self._skip_to(r)
                 await svc.ledger.report_round(r - 1, joined=r)
-            mark = svc.peers.progress(svc.neighbours, rounds)
+            mark = svc.peers.progress(svc.neighbours, rounds) if paced else 0
             record = await self.run_round(r, pace=pace)
             if skipped_from is not None:
                 record["caught_up_from"], skipped_from = skipped_from, None
