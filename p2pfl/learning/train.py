@@ -68,14 +68,14 @@ def round_steps(cfg: TrainingConfig, steps_per_epoch: int) -> int:
     return round_epochs(cfg, steps_per_epoch) * steps_per_epoch
 
 
-def paced_steps(full_steps: int, swarm_rounds: int) -> int:
-    """The steps of a catch-up round at the swarm's pace (docs/wire.md, "Rounds and
-    catch-up"): ``max(1, ⌈S / k⌉)`` of a round's ``S = full_steps``, where the node's
-    neighbours ran ``k = swarm_rounds`` rounds during its own previous round. A node ``k``
-    times slower than its swarm thus spends about one of the swarm's rounds on it, as
-    FedProx lets a straggler solve its round's problem inexactly (variable local work)
-    rather than hold the run; ``k ≤ 1``: the whole round."""
-    return max(1, math.ceil(full_steps / max(1, swarm_rounds)))
+def catch_up_budget_s(previous_round_s: float, swarm_rounds: int) -> float | None:
+    """The training time of a catch-up round at the swarm's pace (docs/wire.md, "Rounds and
+    catch-up"): ``T / k``, the node's previous round having taken ``T = previous_round_s``
+    while its neighbours ran ``k = swarm_rounds`` rounds: one of their rounds, as this node
+    saw it. None (the whole round) when ``k ≤ 1``: the node is not slower than they are."""
+    if swarm_rounds <= 1:
+        return None
+    return max(0.0, previous_round_s) / swarm_rounds
 
 
 def epochs_for_steps(cfg: TrainingConfig, steps_per_epoch: int) -> int:
@@ -125,11 +125,11 @@ def train_local(
     optimizer: torch.optim.Optimizer | None = None,
     task_loss: TaskLoss | None = None,
     label_dtype: torch.dtype = torch.long,
-    max_steps: int | None = None,
+    budget_s: float | None = None,
+    time_scale: float = 1.0,
 ) -> TrainResult:
     """Train ``model`` in place for ``epochs`` (default :func:`round_epochs` of ``cfg`` over
-    the data's :func:`epoch_steps`; under ``training.steps``, exactly that many steps; at
-    most ``max_steps`` steps when given, e.g. a :func:`paced_steps` catch-up round) over
+    the data's :func:`epoch_steps`; under ``training.steps``, exactly that many steps) over
     ``(x, y)`` with cross-entropy plus ``extra_loss(model, xb, yb, logits)``, or with
     ``loss_fn(model, xb, yb) -> (total, task loss)`` in place of both when given;
     ``step_hook(model)`` runs after every optimizer step. A fresh optimizer is made each
@@ -140,7 +140,12 @@ def train_local(
     ``DataLoader``, its labels as ``label_dtype``. The losses are the mean over the last
     epoch's batches (under ``training.steps``, those of the last epoch begun).
     ``task_loss(outputs, y)``: the topology's loss (:mod:`p2pfl.learning.task`) in place of
-    cross-entropy (``ce_loss`` is then that loss)."""
+    cross-entropy (``ce_loss`` is then that loss).
+
+    ``budget_s`` (a :func:`catch_up_budget_s` round) ends the training before a step once
+    the steps taken, timed here and multiplied by ``time_scale`` (an emulated device's
+    ``1 / speed``), reach it; the first step is always taken. The losses are then those of
+    the last epoch begun."""
     t0 = time.perf_counter()
     model.train()
     model.to(device)
@@ -157,15 +162,17 @@ def train_local(
     n = len(y) if isinstance(x, torch.Tensor) and y is not None else len(x)  # type: ignore[arg-type]
     per_epoch = epoch_steps(n, cfg.batch_size)
     limit = cfg.steps if epochs is None else None  # None: whole epochs
-    if max_steps is not None:
-        limit = max_steps if limit is None else min(limit, max_steps)
+
+    def spent() -> bool:
+        return budget_s is not None and (time.perf_counter() - t0) * time_scale >= budget_s
+
     for _ in range(epochs or epochs_for_steps(cfg, per_epoch)):
-        if limit is not None and steps >= limit:
+        if steps and spent():
             break  # the budget ended with the last epoch: its losses are the ones kept
         total = ce_total = 0.0
         batches = 0
         for xb, yb in _train_batches(x, y, cfg.batch_size, gen, device, label_dtype):
-            if limit is not None and steps >= limit:
+            if (limit is not None and steps >= limit) or (steps and spent()):
                 break
             opt.zero_grad(set_to_none=True)
             if loss_fn is not None:

@@ -34,7 +34,6 @@ from p2pfl.learning.train import (
     epoch_steps,
     evaluate,
     evaluate_task,
-    paced_steps,
     round_lr,
     round_steps,
     train_local,
@@ -140,16 +139,16 @@ class LocalTraining:
         n = len(self.data.train_inputs)
         return round_steps(self.cfg.training, epoch_steps(n, self.cfg.training.batch_size))
 
-    async def train(self, round_no: int, *, pace: int = 1) -> TrainOutcome:
+    async def train(self, round_no: int, *, budget_s: float | None = None) -> TrainOutcome:
         """One round of local training of the method's model (the method's loss and hooks,
         the round's learning rate, a seed drawn from the node's RNG), then the method's
         ``after_train``; in worker threads.
 
-        ``pace`` > 1 (a catch-up round: the node's neighbours ran ``pace`` rounds during its
-        previous one; docs/wire.md, "Rounds and catch-up") trains at most
-        :func:`~p2pfl.learning.train.paced_steps` of the round's steps, plain or at ``level:
-        update``. DP-SGD (``level: sample``) trains its whole round: its noise is planned
-        for it.
+        ``budget_s`` (a catch-up round at the swarm's pace,
+        :func:`~p2pfl.learning.train.catch_up_budget_s`; docs/wire.md, "Rounds and
+        catch-up") ends the steps, plain or at ``level: update``, once they took that long
+        on this device (an emulated one's time stretched by ``1 / speed``). DP-SGD
+        (``level: sample``) trains its whole round: its noise is planned for it.
 
         When the loss turns non-finite the node does not go on from a broken model: it
         rolls back to the method's state after its last finite round (model and what the
@@ -165,19 +164,18 @@ class LocalTraining:
         lr = round_lr(self.cfg.training, round_no)
         labels = self._round_labels(round_no)
         seed = int(self.rng.integers(2**31))
-        max_steps = paced_steps(self.round_steps(), pace) if pace > 1 else None
         if privacy is not None:
             update = cast("NodeUpdatePrivacy", privacy)
-            return await self._train_released(round_no, update, lr, labels, seed, max_steps)
+            return await self._train_released(round_no, update, lr, labels, seed, budget_s)
         t0 = time.monotonic()
-        result = await self._local_steps(lr, labels, seed, max_steps)
+        result = await self._local_steps(lr, labels, seed, budget_s)
         return await self._trained(round_no, result, lr, t0)
 
     async def _local_steps(
-        self, lr: float, labels: Any, seed: int, max_steps: int | None
+        self, lr: float, labels: Any, seed: int, budget_s: float | None
     ) -> TrainResult:
-        """The round's plain local training of the method's model (its loss and hooks), at
-        most ``max_steps`` steps when given, in a worker thread."""
+        """The round's plain local training of the method's model (its loss and hooks),
+        within ``budget_s`` of this device's time when given, in a worker thread."""
         method = self.method
         return await asyncio.to_thread(
             train_local,
@@ -194,7 +192,8 @@ class LocalTraining:
             optimizer=self._kept(lr),
             task_loss=self.task.loss,
             label_dtype=self._label_dtype,
-            max_steps=max_steps,
+            budget_s=budget_s,
+            time_scale=1.0 / self.emulated.speed,
         )
 
     def _kept(self, lr: float) -> torch.optim.Optimizer | None:
@@ -208,7 +207,7 @@ class LocalTraining:
         lr: float,
         labels: Any,
         seed: int,
-        max_steps: int | None,
+        budget_s: float | None,
     ) -> TrainOutcome:
         """:meth:`train` under ``privacy.dp.level: update``: the round's plain training from
         the model the node holds (the reference: what it last merged, applied or
@@ -227,7 +226,7 @@ class LocalTraining:
             return TrainOutcome(idle, lr, facts or {})
         ref = method.model_state()
         t0 = time.monotonic()
-        result = await self._local_steps(lr, labels, seed, max_steps)
+        result = await self._local_steps(lr, labels, seed, budget_s)
         if math.isfinite(result.loss):
             released = await asyncio.to_thread(self._adopt_release, privacy, ref, seed)
             log.debug(

@@ -55,18 +55,20 @@ def test_a_node_with_one_batch_takes_min_steps_a_round():
     assert train_local(model, x, y, TrainingConfig(batch_size=16), 0.05).steps == 21  # 7 × 3
 
 
-def test_max_steps_cut_a_round_short():
-    """A paced catch-up round (docs/wire.md, "Rounds and catch-up"): at most ``max_steps``
-    steps, within the round's own limit; its losses are those of the last epoch it began,
-    never the empty epoch after the budget ran out."""
+def test_a_time_budget_cuts_a_round_short():
+    """A catch-up round at the swarm's pace (docs/wire.md, "Rounds and catch-up"): the
+    steps end once their time, scaled as an emulated device's, reaches ``budget_s``; the
+    first is always taken, and the losses are those of the last epoch begun, never of the
+    empty one after the budget ran out."""
     x, y = _iris_like(36)
     model = build_model(TopologyConfig(name="t", nodes=1, model={"name": "mlp"}).model, 3, (4,))
     cfg = TrainingConfig(batch_size=16)  # 21 steps: 7 epochs of 3
-    for budget, steps in ((5, 5), (6, 6), (1, 1), (100, 21)):
-        out = train_local(model, x, y, cfg, 0.05, max_steps=budget)
-        assert out.steps == steps and out.loss > 0 and out.ce_loss > 0, (budget, out)
-    assert train_local(model, x, y, TrainingConfig(steps=4), 0.05, max_steps=9).steps == 4
-    assert train_local(model, x, y, TrainingConfig(steps=9), 0.05, max_steps=4).steps == 4
+    assert train_local(model, x, y, cfg, 0.05, budget_s=1e9).steps == 21
+    out = train_local(model, x, y, cfg, 0.05, budget_s=1.0, time_scale=1e12)
+    assert out.steps == 1 and out.loss > 0 and out.ce_loss > 0
+    one_batch = TrainingConfig(batch_size=50)  # 20 epochs of one step: the budget ends one
+    out = train_local(model, x, y, one_batch, 0.05, budget_s=1.0, time_scale=1e12)
+    assert out.steps == 1 and out.loss > 0 and out.ce_loss > 0
 
 
 def test_round_steps_follow_the_trainer():

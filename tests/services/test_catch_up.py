@@ -1,7 +1,8 @@
 """Where a decentralized node about to run a round skips to (docs/wire.md, "Rounds and
 catch-up"): :meth:`PeerView.catch_up_to` reads the neighbours' presence only; and the pace
-of the round it catches up to: the neighbours' rounds during its previous one divide its
-training steps (``timing.catch_up_training: paced``), on a node's real round driver."""
+of the round it catches up to (``timing.catch_up_training: paced``): it trains for its
+previous round's time divided by the rounds its neighbours ran meanwhile, on a node's real
+round driver."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 from test_robust_services import services
 
-from p2pfl.learning.train import paced_steps
+from p2pfl.learning.train import catch_up_budget_s
 from p2pfl.rounds.gossip.asynchronous import AsyncDecentralizedRounds
 from p2pfl.services.peers import LAG_ROUNDS, PeerView
 
@@ -79,10 +80,28 @@ def test_progress_is_the_furthest_neighbour_and_a_done_one_is_at_the_end():
     assert view.progress(["b", "c"], ROUNDS) == ROUNDS
 
 
-def test_paced_steps_divide_a_round_by_the_swarms_rounds():
-    assert paced_steps(60, 1) == paced_steps(60, 0) == 60
-    assert paced_steps(60, 7) == 9  # ⌈60 / 7⌉
-    assert paced_steps(3, 50) == 1  # never no training at all
+def test_the_budget_is_one_of_the_swarms_rounds():
+    assert catch_up_budget_s(30.0, 10) == 3.0
+    assert catch_up_budget_s(30.0, 1) is None  # not slower than its neighbours: whole
+    assert catch_up_budget_s(30.0, 0) is None and catch_up_budget_s(30.0, -2) is None
+
+
+STEP_S = 0.1  # each training step of the test's node lasts at least this long
+
+
+def _slow_steps(svc) -> None:
+    """Every optimizer step of ``svc``'s node takes at least :data:`STEP_S` (a slow device
+    whose time is real, not emulated)."""
+    import time
+
+    method, hook = svc.method, svc.method.step_hook()
+
+    def slow(model):
+        time.sleep(STEP_S)
+        if hook is not None:
+            hook(model)
+
+    method.step_hook = lambda: slow  # type: ignore[method-assign]
 
 
 def _swarm_moves(svc, during: dict[int, dict[str, Any]]) -> list[tuple[int, int]]:
@@ -112,27 +131,29 @@ def _swarm_moves(svc, during: dict[int, dict[str, Any]]) -> list[tuple[int, int]
 
 @pytest.mark.parametrize("mode", ["paced", "full"])
 async def test_a_node_catches_up_at_its_neighbours_pace(mode):
-    """Node a runs round 1 while its neighbours run five rounds: it catches up to round 6
-    and trains a fifth of a round; it runs round 7 whole (they did not move); then they
-    finish the run while it runs round 7, and it goes to round 12 (seven of their rounds
-    since its round 7 began) at a seventh of a round. ``full``: whole rounds throughout."""
+    """Node a runs round 1 while its neighbours run the whole run (ten times its pace, at
+    least: they report round 10, then done): it catches up to the last round and trains
+    it for a twelfth of its round 1's time, a few of its steps. ``full``: the whole round."""
     svc = services(["timing.mode=async", f"rounds={ROUNDS}", f"timing.catch_up_training={mode}"])
-    during = {1: {"status": "online", "round": 5}, 7: {"status": "done", "round": ROUNDS}}
-    trained = _swarm_moves(svc, during)
+    _slow_steps(svc)
+    trained = _swarm_moves(svc, {1: {"status": "done", "round": ROUNDS}})
     await AsyncDecentralizedRounds(svc).run()
 
     full = svc.training.round_steps()
-    assert full >= 8  # so that a fifth and a seventh are fewer steps
     records = {r["round"]: r for r in svc.ledger.records}
-    assert sorted(records) == [1, 6, 7, ROUNDS]
-    assert records[6]["caught_up_from"] == 2 and records[ROUNDS]["caught_up_from"] == 8
+    assert sorted(records) == [1, ROUNDS] and records[ROUNDS]["caught_up_from"] == 2
+    assert trained[0] == (1, full) and full >= 10
     if mode == "full":
-        assert trained == [(1, full), (6, full), (7, full), (ROUNDS, full)]
+        assert trained == [(1, full), (ROUNDS, full)]
         assert not any("catch_up_pace" in r for r in records.values())
         return
-    fifth, seventh = math.ceil(full / 5), math.ceil(full / 7)
-    assert trained == [(1, full), (6, fifth), (7, full), (ROUNDS, seventh)]
-    assert records[6]["catch_up_pace"] == {"swarm_rounds": 5, "steps": fifth, "of": full}
-    assert records[ROUNDS]["catch_up_pace"] == {"swarm_rounds": 7, "steps": seventh, "of": full}
-    assert "catch_up_pace" not in records[1] and "catch_up_pace" not in records[7]
+    pace = records[ROUNDS]["catch_up_pace"]
+    # one of the neighbours' rounds as a saw them: round 1's time (and its record) / 12
+    assert pace["swarm_rounds"] == ROUNDS and pace["of"] == full
+    assert records[1]["round_s"] / ROUNDS <= pace["budget_s"] + 1e-3 < records[1]["round_s"] / 2
+    # round 1's steps took at least full × STEP_S: a twelfth of round 1 is fewer steps
+    # unless the rest of round 1 took eleven times as long as its training
+    (_, steps), *_ = [t for t in trained if t[0] == ROUNDS]
+    assert pace["steps"] == steps and 1 <= steps < full, (pace, full, records[1]["round_s"])
+    assert "catch_up_pace" not in records[1]
     assert all(math.isfinite(r["train_loss"]) for r in records.values())

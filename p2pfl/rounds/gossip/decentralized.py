@@ -35,6 +35,7 @@ from p2pfl.algorithms.base import DecentralizedAlgorithm, Method
 from p2pfl.config.schema import TopologyConfig
 from p2pfl.config.topology import neighbours
 from p2pfl.learning.state import PARTS, State
+from p2pfl.learning.train import catch_up_budget_s
 from p2pfl.services.bundle import NodeServices
 from p2pfl.services.exchange import PreparedState
 from p2pfl.services.training import TrainOutcome
@@ -261,10 +262,13 @@ class DecentralizedRounds:
         heard = self._gossip.get(round_no, {})
         return chosen, cap_gossiped_counts(svc, {p: heard[p] for p in chosen if p in heard}), None
 
-    async def run_round(self, round_no: int, *, pace: int = 1) -> dict[str, Any]:
-        """Run round ``round_no``, training at most 1/``pace`` of its steps
-        (:meth:`~p2pfl.services.training.LocalTraining.train`); return its record, which
-        says how it was paced (``catch_up_pace``) when ``pace`` > 1."""
+    async def run_round(
+        self, round_no: int, *, pace: tuple[int, float] | None = None
+    ) -> dict[str, Any]:
+        """Run round ``round_no``; return its record. ``pace``: ``(k, budget_s)`` of a
+        catch-up round trained at the swarm's pace (:meth:`run`), which its record keeps
+        (``catch_up_pace``) with the steps it took."""
+        budget_s = pace[1] if pace is not None else None
         svc, alg = self.services, self.alg
         meter = svc.ledger.meter()
         svc.robust.begin_round(round_no)
@@ -274,7 +278,7 @@ class DecentralizedRounds:
         trained: TrainOutcome | None = None
         if alg.exchange_after_training:  # peers pull what this node just trained
             svc.ledger.publish_status(round_no, "training")
-            trained = await svc.training.train(round_no, pace=pace)
+            trained = await svc.training.train(round_no, budget_s=budget_s)
         t_comm = time.monotonic()
         svc.ledger.publish_status(round_no, "waiting")
         self._keep_snapshot(round_no, alg.snapshot())
@@ -295,7 +299,7 @@ class DecentralizedRounds:
         merged, merge_error = await self._merge(round_no, got, pulled)
         if trained is None:
             svc.ledger.publish_status(round_no, "training")
-            trained = await svc.training.train(round_no, pace=pace)
+            trained = await svc.training.train(round_no, budget_s=budget_s)
         svc.ledger.publish_status(round_no, "evaluating")
         evaluated = await svc.training.evaluate()
         fields: dict[str, Any] = {
@@ -308,9 +312,10 @@ class DecentralizedRounds:
             fields["staleness"] = staleness
         if merge_error is not None:
             fields["merge_error"] = merge_error
-        if pace > 1:
+        if pace is not None:
             fields["catch_up_pace"] = {
-                "swarm_rounds": pace,
+                "swarm_rounds": pace[0],
+                "budget_s": round(pace[1], 3),
                 "steps": trained.result.steps,
                 "of": svc.training.round_steps(),
             }
@@ -346,8 +351,10 @@ class DecentralizedRounds:
         catches up to their round, or to the last round once a neighbour is done
         (:meth:`~p2pfl.services.peers.PeerView.catch_up_to`; docs/wire.md, "Rounds and
         catch-up"), and trains the round it catches up to at the swarm's pace
-        (``timing.catch_up_training: paced``): the neighbours' rounds during its previous
-        one (:meth:`~p2pfl.services.peers.PeerView.progress`) divide its steps. A method
+        (``timing.catch_up_training: paced``): for the time its previous round took
+        divided by the rounds its neighbours ran meanwhile
+        (:meth:`~p2pfl.services.peers.PeerView.progress`;
+        :func:`~p2pfl.learning.train.catch_up_budget_s`). A method
         that does not keep in step (:attr:`DecentralizedAlgorithm.keeps_in_step` False:
         Local) does neither: it starts at round 1 (or after its checkpoint) and runs every
         round."""
@@ -362,26 +369,31 @@ class DecentralizedRounds:
             self._skip_to(r)
             await svc.ledger.report_round(r - 1, joined=r)
         self._started = True
-        # where the neighbours were as this node's round began (paced catch-up only)
-        mark = svc.peers.progress(svc.neighbours, rounds) if paced else 0
+
+        def now() -> tuple[int, float]:  # how far the neighbours are (paced only), and when
+            return (svc.peers.progress(svc.neighbours, rounds) if paced else 0), time.monotonic()
+
+        mark, began = now()  # as this node's round begins
         while r <= rounds:
             await svc.device.sit_out_offline(r)
             target = svc.peers.catch_up_to(r, svc.neighbours, rounds) if in_step else None
-            pace = 1
+            pace: tuple[int, float] | None = None
             if target is not None:
-                if paced:  # the neighbours' rounds during this node's previous one
-                    pace = max(1, svc.peers.progress(svc.neighbours, rounds) - mark)
+                if paced:  # one of the neighbours' rounds, as this node saw them go
+                    at, t = now()
+                    budget_s = catch_up_budget_s(t - began, at - mark)
+                    pace = None if budget_s is None else (at - mark, budget_s)
                 log.warning(
                     "%s: catching up to round %d from round %d (neighbours ahead or done)%s",
                     self.id,
                     target,
                     r,
-                    f", at their pace (1/{pace} of a round's training)" if pace > 1 else "",
+                    "" if pace is None else f", training {pace[1]:.2f} s (their pace)",
                 )
                 skipped_from, r = r, target
                 self._skip_to(r)
                 await svc.ledger.report_round(r - 1, joined=r)
-            mark = svc.peers.progress(svc.neighbours, rounds) if paced else 0
+            mark, began = now()
             record = await self.run_round(r, pace=pace)
             if skipped_from is not None:
                 record["caught_up_from"], skipped_from = skipped_from, None
