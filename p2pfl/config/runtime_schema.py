@@ -73,8 +73,9 @@ class TimingConfig(StrictModel):
     catch_up_training: Literal["paced", "full"] = Field(
         "paced",
         description="decentralized methods: the round a node that fell behind catches up "
-        "to trains at its neighbours' pace (paced: 1/k of its steps, k the rounds they ran "
-        'during its previous one) or whole (full); docs/wire.md, "Rounds and catch-up"',
+        "to trains at its neighbours' pace (paced: for its previous round's time divided by "
+        'the rounds they ran meanwhile) or whole (full); docs/wire.md, "Rounds and '
+        'catch-up"',
     )
     quorum: float | None = Field(
         None,
