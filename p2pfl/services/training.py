@@ -135,7 +135,11 @@ class LocalTraining:
 
     def round_steps(self) -> int:
         """The optimizer steps of one of this node's rounds over its training data
-        (:func:`~p2pfl.learning.train.round_steps`)."""
+        (:func:`~p2pfl.learning.train.round_steps`): under DP-SGD, its Poisson epochs'
+        (:attr:`NodePrivacy.round_steps`, planned with its noise)."""
+        privacy = self.privacy
+        if privacy is not None and privacy.level == "sample":
+            return cast("NodePrivacy", privacy).round_steps
         n = len(self.data.train_inputs)
         return round_steps(self.cfg.training, epoch_steps(n, self.cfg.training.batch_size))
 
